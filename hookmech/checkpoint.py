@@ -1,0 +1,126 @@
+"""Checkpoints: one safetensors file with config, task spec and version in its metadata
+(design.md §6). Loading never unpickles."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from . import __version__
+from .config import ModelConfig
+from .errors import HookmechError
+from .fileio import atomic_path
+from .model import HookedLM
+
+_PICKLE_MAGIC = b"\x80"  # pickle protocol >= 2 starts with PROTO
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default container
+
+
+def save(
+    model: HookedLM,
+    path: str | Path,
+    task_spec: dict[str, Any] | None = None,
+    summary: dict[str, Any] | None = None,
+) -> Path:
+    """Write `model` (weights + config, task spec, summary) to a safetensors file atomically.
+
+    Returns the path written.
+    """
+    metadata = {"hookmech_config": model.cfg.to_json(), "hookmech_version": __version__}
+    if task_spec is not None:
+        metadata["hookmech_task"] = json.dumps(task_spec, sort_keys=True)
+    if summary is not None:
+        metadata["hookmech_summary"] = json.dumps(summary, sort_keys=True)
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    return Path(path)
+
+
+def _refuse_non_safetensors(path: Path) -> None:
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_MAGIC):
+        raise HookmechError(
+            f"{path}: is a pickle/torch.save file, not safetensors; it was not opened "
+            "(convert it with hookmech.load(path, config=...), which reads it with weights_only=True)"
+        )
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """Return ``{"config": ModelConfig, "task": dict|None, "version": str, "summary": dict|None}``
+    from a checkpoint's header, without reading its tensors."""
+    path = Path(path)
+    if not path.is_file():
+        raise HookmechError(f"{path}: no such checkpoint file")
+    _refuse_non_safetensors(path)
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except Exception as error:  # safetensors raises its own error types for junk files
+        raise HookmechError(f"{path}: not a readable safetensors checkpoint ({error})") from None
+    if "hookmech_config" not in metadata:
+        raise HookmechError(f"{path}: safetensors file has no hookmech_config metadata (not a hookmech checkpoint)")
+    try:
+        return {
+            "config": ModelConfig.from_json(metadata["hookmech_config"]),
+            "task": json.loads(metadata["hookmech_task"]) if "hookmech_task" in metadata else None,
+            "summary": json.loads(metadata["hookmech_summary"]) if "hookmech_summary" in metadata else None,
+            "version": metadata.get("hookmech_version"),
+        }
+    except (ValueError, TypeError) as error:
+        raise HookmechError(f"{path}: corrupt hookmech metadata ({error})") from None
+
+
+def _load_state(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as error:
+        raise HookmechError(f"{path}: truncated or corrupt safetensors file ({error})") from None
+
+
+def load(path: str | Path, config: ModelConfig | str | Path | None = None, device: str = "cpu") -> HookedLM:
+    """Return the `HookedLM` stored at `path`, in eval mode, on `device`.
+
+    A ``.pt``/``.pth`` state dict is read with ``torch.load(weights_only=True)`` and needs
+    `config` (a ModelConfig, or a path to its JSON). Any other file must be a hookmech
+    safetensors checkpoint.
+    """
+    path = Path(path)
+    if path.suffix in (".pt", ".pth"):
+        return _load_torch_state(path, config, device)
+    meta = read_metadata(path)
+    model = HookedLM(meta["config"])
+    _load_into(model, _load_state(path), path)
+    return model.to(device).eval()
+
+
+def _load_torch_state(path: Path, config: ModelConfig | str | Path | None, device: str) -> HookedLM:
+    if config is None:
+        raise HookmechError(f"{path}: a torch state dict needs its model config (config=...)")
+    if not isinstance(config, ModelConfig):
+        config = ModelConfig.from_json(Path(config).read_text())
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise HookmechError(f"{path}: refused by torch.load(weights_only=True) ({error})") from None
+    model = HookedLM(config)
+    _load_into(model, state, path)
+    return model.to(device).eval()
+
+
+def _load_into(model: HookedLM, state: dict[str, torch.Tensor], path: Path) -> None:
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing or extra:
+        raise HookmechError(f"{path}: weights do not match the config (missing {missing[:3]}, unexpected {extra[:3]})")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise HookmechError(f"{path}: {name} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}")
+    model.load_state_dict(state)

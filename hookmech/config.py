@@ -1,0 +1,123 @@
+"""The model configuration: a frozen, JSON-serialisable dataclass that rebuilds a model."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import UsageError, unknown
+
+NORMS = ("layernorm", "rmsnorm")
+POS_EMBS = ("learned", "none")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to rebuild a `HookedLM` (TransformerLens names where they exist).
+
+    Per-layer fields (`mixers`, `mixer_kwargs`, `mlp`, `norms`) have `n_layers` entries.
+    """
+
+    d_vocab: int
+    n_ctx: int
+    d_model: int
+    n_layers: int
+    mixers: tuple[str, ...]
+    mixer_kwargs: tuple[dict[str, Any], ...]
+    mlp: tuple[bool, ...]
+    norms: tuple[str, ...]
+    pos_emb: str = "none"
+    tie_embeddings: bool = True
+    mlp_hidden_mult: int = 4
+    final_norm: str = "layernorm"
+    dtype: str = "float32"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "mlp_hidden_mult"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("mixers", "mixer_kwargs", "mlp", "norms"):
+            if len(getattr(self, name)) != self.n_layers:
+                raise UsageError(f"config.{name} needs {self.n_layers} entries, got {len(getattr(self, name))}")
+        for norm in (*self.norms, self.final_norm):
+            if norm not in NORMS:
+                raise unknown("norm", norm, NORMS)
+        if self.pos_emb not in POS_EMBS:
+            raise unknown("position embedding", self.pos_emb, POS_EMBS)
+
+    def to_json(self) -> str:
+        """Return the config as a JSON string (the checkpoint's `hookmech_config`)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ModelConfig":
+        """Rebuild a config from `to_json` output; unknown keys are an error."""
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra_keys = set(data) - known
+        if extra_keys:
+            raise UsageError(f"model config has unknown keys: {', '.join(sorted(extra_keys))}")
+        for name in ("mixers", "mixer_kwargs", "mlp", "norms"):
+            data[name] = tuple(data[name])
+        return cls(**data)
+
+
+def build_config(
+    *,
+    d_vocab: int,
+    n_ctx: int,
+    mixers: str | list[str] = "attention",
+    d_model: int = 64,
+    n_layers: int = 2,
+    layer_options: list[dict[str, Any]] | None = None,
+    n_heads: int | None = None,
+    mlp: bool | None = None,
+    tie_embeddings: bool = True,
+    pos_emb: str | None = None,
+    mlp_hidden_mult: int = 4,
+) -> ModelConfig:
+    """Return a validated `ModelConfig`, filling defaults from what each mixer declares.
+
+    `mixers` is one registry name for every layer or a list with one per layer;
+    `layer_options` one kwargs dict per layer; `n_heads` goes to mixers that take it;
+    `mlp`/`pos_emb` None mean "what the mixers declare".
+    """
+    from .mixers import REGISTRY, check_mixer_options, mixer_options
+
+    if n_layers <= 0:
+        raise UsageError(f"n_layers must be > 0, got {n_layers}")
+    names = [mixers] * n_layers if isinstance(mixers, str) else list(mixers)
+    if len(names) == 1 and n_layers > 1:
+        names = names * n_layers
+    if len(names) != n_layers:
+        raise UsageError(f"got {len(names)} mixers for {n_layers} layers")
+    layer_options = layer_options or [{} for _ in range(n_layers)]
+    classes = []
+    kwargs_per_layer = []
+    for name, options in zip(names, layer_options):
+        if name not in REGISTRY:
+            raise unknown("mixer", name, REGISTRY)
+        cls = REGISTRY[name]
+        options = dict(options)
+        if n_heads is not None and "n_heads" in mixer_options(cls) and "n_heads" not in options:
+            options["n_heads"] = n_heads
+        check_mixer_options(name, cls, options)
+        classes.append(cls)
+        kwargs_per_layer.append(options)
+    if pos_emb is None:
+        pos_emb = "learned" if any(c.default_pos_emb == "learned" for c in classes) else "none"
+    return ModelConfig(
+        d_vocab=d_vocab,
+        n_ctx=n_ctx,
+        d_model=d_model,
+        n_layers=n_layers,
+        mixers=tuple(names),
+        mixer_kwargs=tuple(kwargs_per_layer),
+        mlp=tuple(c.block_mlp if mlp is None else mlp for c in classes),
+        norms=tuple(c.block_norm for c in classes),
+        pos_emb=pos_emb,
+        tie_embeddings=tie_embeddings,
+        mlp_hidden_mult=mlp_hidden_mult,
+    )

@@ -1,0 +1,80 @@
+"""Causal multi-head softmax attention (Vaswani et al. 2017), as in zoology's MHA.
+
+Options from the papers: `window` (local causal attention over the last `window` tokens;
+paper 000's fixture uses window 2 in layer 0, i.e. current and previous token) and a short
+causal convolution on any of q/k/v (`qkv_conv="k"`, paper 003 table 1).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import UsageError
+from ..hooks import AxisHookPoint
+from .base import Mixer
+from .short_conv import ShortConv
+
+
+class Attention(Mixer):
+    """softmax(q kᵀ / √d_head + causal mask) v, per head, then an output projection.
+
+    Inside hooks (shapes for input ``[batch, pos, d_model]``):
+    ``hook_q, hook_k, hook_v, hook_z``: ``[batch, pos, head, d_head]``;
+    ``hook_attn_scores, hook_pattern``: ``[batch, head, query_pos, key_pos]`` (masked
+    scores are -inf), position axis = the query axis.
+    """
+
+    default_pos_emb = "learned"
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int = 1,
+        window: int | None = None,
+        qkv_conv: str = "",
+        conv_size: int = 3,
+        bias: bool = True,
+    ):
+        super().__init__()
+        if n_heads < 1 or d_model % n_heads:
+            raise UsageError(f"attention: d_model {d_model} is not divisible by n_heads {n_heads}")
+        if window is not None and window < 1:
+            raise UsageError(f"attention: window must be >= 1, got {window}")
+        if any(c not in "qkv" for c in qkv_conv) or len(set(qkv_conv)) != len(qkv_conv):
+            raise UsageError(f"attention: qkv_conv must be letters of 'qkv', got {qkv_conv!r}")
+        if conv_size < 1:
+            raise UsageError(f"attention: conv_size must be >= 1, got {conv_size}")
+        self.n_heads, self.d_head, self.window = n_heads, d_model // n_heads, window
+        self.Wqkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.convs = nn.ModuleDict({c: ShortConv(d_model, conv_size) for c in qkv_conv})
+        head_axes = "batch pos head d_head"
+        self.hook_q, self.hook_k, self.hook_v = (AxisHookPoint(head_axes) for _ in range(3))
+        self.hook_attn_scores = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
+        self.hook_pattern = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
+        self.hook_z = AxisHookPoint(head_axes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return the mixed sequence ``[batch, pos, d_model]``."""
+        batch, n_pos, _ = x.shape
+        projected = dict(zip("qkv", self.Wqkv(x).chunk(3, dim=-1)))
+        for name, conv in self.convs.items():
+            projected[name] = conv(projected[name])
+        q, k, v = (projected[c].view(batch, n_pos, self.n_heads, self.d_head) for c in "qkv")
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
+        scores = self.hook_attn_scores(scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
+        return self.out_proj(z.reshape(batch, n_pos, -1))
+
+    def _mask(self, n_pos: int, device: torch.device) -> Tensor:
+        """[query_pos, key_pos] True where the query may attend: causal, within the window."""
+        query = torch.arange(n_pos, device=device)[:, None]
+        key = torch.arange(n_pos, device=device)[None, :]
+        allowed = key <= query
+        if self.window is not None:
+            allowed &= query - key < self.window
+        return allowed

@@ -1,0 +1,194 @@
+"""HookedLM: the backbone every architecture shares (design.md §2).
+
+token embedding (+ learned position embedding) -> n pre-norm blocks -> final norm -> LM head.
+A block is ``r = r + mixer(norm1(r))`` and, where it has one, ``r = r + mlp(norm2(r))``.
+The backbone only reads what each mixer class declares; it never names a mixer.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from torch.nn import functional as F
+from transformer_lens import ActivationCache, HookedRootModule
+
+from .config import ModelConfig
+from .errors import UsageError
+from .hooks import AxisHookPoint
+from .mixers import REGISTRY
+
+Tokens = Int[Tensor, "batch pos"]
+Resid = Float[Tensor, "batch pos d_model"]
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight (Zhang & Sennrich 2019), as in mamba-ssm's blocks."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def make_norm(kind: str, d_model: int) -> nn.Module:
+    """Return a LayerNorm or RMSNorm over the last axis."""
+    return nn.LayerNorm(d_model) if kind == "layernorm" else RMSNorm(d_model)
+
+
+class MLP(nn.Module):
+    """fc1 -> GELU -> fc2, zoology's state mixer."""
+
+    def __init__(self, d_model: int, hidden_mult: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, hidden_mult * d_model)
+        self.fc2 = nn.Linear(hidden_mult * d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    """One pre-norm residual block with hooks at every sublayer boundary (design.md §3)."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.ln1 = make_norm(cfg.norms[layer], cfg.d_model)
+        self.mixer = REGISTRY[cfg.mixers[layer]](d_model=cfg.d_model, **cfg.mixer_kwargs[layer])
+        self.hook_resid_pre = AxisHookPoint()
+        self.hook_mixer_in = AxisHookPoint()
+        self.hook_mixer_out = AxisHookPoint()
+        self.hook_resid_post = AxisHookPoint()
+        self.has_mlp = cfg.mlp[layer]
+        if self.has_mlp:
+            self.ln2 = make_norm(cfg.norms[layer], cfg.d_model)
+            self.mlp = MLP(cfg.d_model, cfg.mlp_hidden_mult)
+            self.hook_resid_mid = AxisHookPoint()
+            self.hook_mlp_in = AxisHookPoint()
+            self.hook_mlp_out = AxisHookPoint()
+
+    def forward(self, resid: Tensor) -> Tensor:
+        resid = self.hook_resid_pre(resid)
+        mixer_out = self.hook_mixer_out(self.mixer(self.hook_mixer_in(self.ln1(resid))))
+        if not self.has_mlp:
+            return self.hook_resid_post(resid + mixer_out)
+        resid = self.hook_resid_mid(resid + mixer_out)
+        mlp_out = self.hook_mlp_out(self.mlp(self.hook_mlp_in(self.ln2(resid))))
+        return self.hook_resid_post(resid + mlp_out)
+
+
+class FinalNorm(nn.Module):
+    """The final norm, with `hook_normalized` (TransformerLens's `ln_final.hook_normalized`)."""
+
+    def __init__(self, kind: str, d_model: int):
+        super().__init__()
+        self.norm = make_norm(kind, d_model)
+        self.hook_normalized = AxisHookPoint()
+
+    def forward(self, resid: Tensor) -> Tensor:
+        return self.hook_normalized(self.norm(resid))
+
+
+class HookedLM(HookedRootModule):
+    """A causal language model whose every intermediate activation is a named hook.
+
+    `run_with_hooks`, `run_with_cache` and `hooks()` are TransformerLens's own.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.hook_embed = AxisHookPoint()
+        if cfg.pos_emb == "learned":
+            self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
+            self.hook_pos_embed = AxisHookPoint()
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
+        self.ln_final = FinalNorm(cfg.final_norm, cfg.d_model)
+        if not cfg.tie_embeddings:
+            self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        self.apply(self._init_weights)
+        self._rescale_output_projections()
+        self.setup()
+
+    # -- initialisation (zoology / GPT-2: normal 0.02, output projections scaled) --------
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def _rescale_output_projections(self) -> None:
+        # Residual branches add up over 2 sublayers per layer; scaling their output
+        # projections keeps the residual stream's variance independent of depth.
+        std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for name, param in self.named_parameters():
+            if name.endswith(("out_proj.weight", "fc2.weight")):
+                nn.init.normal_(param, std=std)
+
+    # -- forward ------------------------------------------------------------------------
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        """Return the residual stream entering block 0, ``[batch, pos, d_model]``."""
+        if tokens.shape[1] > self.cfg.n_ctx:
+            raise UsageError(f"sequence of {tokens.shape[1]} tokens exceeds n_ctx {self.cfg.n_ctx}")
+        resid = self.hook_embed(self.embed(tokens))
+        if self.cfg.pos_emb == "learned":
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            resid = resid + self.hook_pos_embed(self.pos_embed(positions).expand_as(resid))
+        return resid
+
+    def unembed_resid(self, resid: Tensor) -> Tensor:
+        """Return logits ``[..., d_vocab]`` of a final-normed residual ``[..., d_model]``."""
+        if self.cfg.tie_embeddings:
+            return resid @ self.embed.weight.T
+        return self.unembed(resid)
+
+    def forward(
+        self,
+        input: Tensor,
+        *,
+        start_at_layer: int | None = None,
+        stop_at_layer: int | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """Run the model.
+
+        `input` is tokens ``[batch, pos]``, or, with `start_at_layer=l`, the residual
+        stream entering block l ``[batch, pos, d_model]`` (hooks of block l fire on it).
+        Returns logits ``[batch, pos, d_vocab]``; with `positions` ``[batch]`` only the
+        logits at each row's position, ``[batch, d_vocab]``; with `stop_at_layer=l` the
+        residual entering block l instead of logits.
+        """
+        resid = self.embed_tokens(input) if start_at_layer is None else input
+        for block in self.blocks[start_at_layer or 0 : stop_at_layer]:
+            resid = block(resid)
+        if stop_at_layer is not None:
+            return resid
+        normed = self.ln_final(resid)
+        if positions is not None:
+            normed = normed[torch.arange(normed.shape[0], device=normed.device), positions]
+        return self.unembed_resid(normed)
+
+    def run_with_cache(self, *model_args, return_cache_object: bool = True, **kwargs):
+        """Run the model, returning ``(output, cache)``.
+
+        As TransformerLens's HookedTransformer: the cache is an `ActivationCache` unless
+        `return_cache_object=False` (then a plain dict of hook name -> tensor).
+        """
+        output, cache_dict = super().run_with_cache(*model_args, **kwargs)
+        if not return_cache_object:
+            return output, cache_dict
+        return output, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    def layer_of_hook(self, hook_name: str) -> int | None:
+        """Return l for a hook inside ``blocks.{l}``, None for hooks outside the blocks."""
+        if hook_name.startswith("blocks."):
+            return int(hook_name.split(".")[1])
+        return None

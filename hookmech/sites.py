@@ -1,0 +1,182 @@
+"""Sites and positions: the short names people type, and the hooks they mean (design.md §3).
+
+Sites:  ``L1.block_in`` <-> ``blocks.1.hook_resid_pre``; ``L1.mixer.q`` <-> ``blocks.1.mixer.hook_q``;
+``embed``, ``pos_embed``, ``final_norm``. Wildcards: ``L*.block_in``, ``L1.*``, ``all`` (block-level
+sites), ``L1.mixer.*`` / ``L*.mixer.state`` (inside hooks, named explicitly). Hook names are
+accepted as they are.
+
+Positions (per row of a batch): a role (``key``, ``value``, ``query``, ``divider``), an integer
+(``5``; negative counts back from each row's last token, ``-1`` = the query in AR), ``all``
+(every position, one patch each), ``whole`` (every position in one joint patch), and joints
+``key+value`` (several positions patched together).
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .errors import UsageError, suggest
+
+#: block-level site -> hook attribute inside ``blocks.{l}``, in forward order
+BLOCK_SITES = {
+    "block_in": "hook_resid_pre",
+    "mixer_in": "hook_mixer_in",
+    "mixer_out": "hook_mixer_out",
+    "resid_mid": "hook_resid_mid",
+    "mlp_in": "hook_mlp_in",
+    "mlp_out": "hook_mlp_out",
+    "block_out": "hook_resid_post",
+}
+GLOBAL_SITES = {"embed": "hook_embed", "pos_embed": "hook_pos_embed", "final_norm": "ln_final.hook_normalized"}
+_HOOK_TO_BLOCK_SITE = {hook: site for site, hook in BLOCK_SITES.items()}
+_HOOK_TO_GLOBAL_SITE = {hook: site for site, hook in GLOBAL_SITES.items()}
+_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.(hook_\w+)$")
+_MIXER_HOOK = re.compile(r"^blocks\.(\d+)\.mixer\.hook_(\w+)$")
+_BLOCK_SITE = re.compile(r"^L(\d+)\.(\w+)$")
+_MIXER_SITE = re.compile(r"^L(\d+)\.mixer\.(\w+)$")
+
+
+def hook_to_site(hook: str) -> str:
+    """Return the short site name of a hook name (``blocks.1.hook_resid_pre`` -> ``L1.block_in``)."""
+    if hook in _HOOK_TO_GLOBAL_SITE:
+        return _HOOK_TO_GLOBAL_SITE[hook]
+    if match := _MIXER_HOOK.match(hook):
+        return f"L{match.group(1)}.mixer.{match.group(2)}"
+    if (match := _BLOCK_HOOK.match(hook)) and match.group(2) in _HOOK_TO_BLOCK_SITE:
+        return f"L{match.group(1)}.{_HOOK_TO_BLOCK_SITE[match.group(2)]}"
+    return hook
+
+
+def site_to_hook(site: str) -> str:
+    """Return the hook name of a site (``L1.block_in`` -> ``blocks.1.hook_resid_pre``).
+
+    Names that are already hook names are returned unchanged; a malformed name is a UsageError.
+    """
+    if site in GLOBAL_SITES:
+        return GLOBAL_SITES[site]
+    if match := _MIXER_SITE.match(site):
+        return f"blocks.{match.group(1)}.mixer.hook_{match.group(2)}"
+    if (match := _BLOCK_SITE.match(site)) and match.group(2) in BLOCK_SITES:
+        return f"blocks.{match.group(1)}.{BLOCK_SITES[match.group(2)]}"
+    if site.startswith(("blocks.", "hook_", "ln_final.")):
+        return site
+    raise UsageError(f"malformed site {site!r}{suggest(site, [*BLOCK_SITES, *GLOBAL_SITES])}")
+
+
+def _is_inside(site: str) -> bool:
+    return ".mixer." in site
+
+
+def resolve_sites(patterns: Iterable[str], hook_names: Iterable[str]) -> list[str]:
+    """Expand site patterns against a model's hooks; return hook names in forward order.
+
+    `hook_names` is the model's hook list in forward order (``model.hook_dict``). Block-level
+    wildcards never reach inside hooks; inside hooks need ``L{l}.mixer.<name or *>``. An
+    unknown site is a UsageError naming close matches.
+    """
+    ordered = list(hook_names)
+    sites = [hook_to_site(hook) for hook in ordered]
+    block_level = [s for s in sites if _BLOCK_SITE.match(s) and not _is_inside(s)]
+    chosen: set[str] = set()
+    for pattern in patterns:
+        pattern = pattern.strip()
+        if pattern == "all":
+            chosen.update(block_level)
+            continue
+        if any(ch in pattern for ch in "*?["):
+            pool = [s for s in sites if _is_inside(s)] if _is_inside(pattern) else block_level
+            matches = fnmatch.filter(pool, pattern)
+            if not matches:
+                raise UsageError(f"site pattern {pattern!r} matches no site of this model{suggest(pattern, sites)}")
+            chosen.update(matches)
+            continue
+        try:
+            site = hook_to_site(site_to_hook(pattern))
+        except UsageError:
+            site = pattern
+        if site not in sites:
+            raise UsageError(f"unknown site {pattern!r}{suggest(pattern, sites)}")
+        chosen.add(site)
+    order = {site: index for index, site in enumerate(sorted(sites, key=_forward_key(sites)))}
+    return [site_to_hook(site) for site in sorted(chosen, key=order.__getitem__)]
+
+
+def _forward_key(sites: Sequence[str]):
+    """Sort key: embeddings, then per layer inside-mixer hooks in model order after mixer_in
+    and the block sites in forward order, then the final norm."""
+    model_order = {site: index for index, site in enumerate(sites)}
+    block_rank = {name: rank for rank, name in enumerate(BLOCK_SITES)}
+
+    def key(site: str) -> tuple:
+        if site in ("embed", "pos_embed"):
+            return (-1, 0, model_order[site])
+        if site == "final_norm":
+            return (1 << 30, 0, 0)
+        if match := _MIXER_SITE.match(site):
+            return (int(match.group(1)), block_rank["mixer_in"], 1, model_order[site])
+        if match := _BLOCK_SITE.match(site):
+            return (int(match.group(1)), block_rank.get(match.group(2), 99), 0, 0)
+        return (1 << 29, 0, model_order[site])
+
+    return key
+
+
+# -- positions ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PositionPatch:
+    """One patch's positions: `label` as reported, `mask` ``[N, T]`` True where patched."""
+
+    label: str
+    mask: Tensor
+
+
+def _single_mask(spec: str, roles: dict[str, Tensor], lengths: Tensor, n_pos: int) -> Tensor:
+    rows = torch.arange(len(lengths))
+    mask = torch.zeros(len(lengths), n_pos, dtype=torch.bool)
+    if spec == "whole":
+        return mask | (torch.arange(n_pos)[None, :] < lengths[:, None])
+    if re.fullmatch(r"-?\d+", spec):
+        index = int(spec)
+        positions = lengths + index if index < 0 else torch.full_like(lengths, index)
+        if ((positions < 0) | (positions >= lengths)).any():
+            raise UsageError(f"position {index} is outside some rows (lengths {int(lengths.min())}..{int(lengths.max())})")
+        mask[rows, positions] = True
+        return mask
+    if spec not in roles:
+        raise UsageError(f"unknown position {spec!r}{suggest(spec, [*roles, 'all', 'whole'])}; "
+                         f"this task's roles: {', '.join(roles)}")
+    mask[rows, roles[spec]] = True
+    return mask
+
+
+def position_patches(
+    specs: Iterable[str], roles: dict[str, Tensor], lengths: Tensor, n_pos: int
+) -> list[PositionPatch]:
+    """Turn position specs into per-row masks ``[N, T]``, one `PositionPatch` per patch.
+
+    ``all`` expands to one patch per position 0..T-1 (rows shorter than a position are not
+    patched there); ``a+b`` patches a and b jointly.
+    """
+    patches = []
+    for spec in specs:
+        spec = spec.strip()
+        if spec == "all":
+            patches.extend(
+                PositionPatch(str(p), torch.zeros(len(lengths), n_pos, dtype=torch.bool).index_fill_(1, torch.tensor([p]), True)
+                              & (p < lengths)[:, None])
+                for p in range(n_pos)
+            )
+            continue
+        parts = spec.split("+")
+        mask = torch.zeros(len(lengths), n_pos, dtype=torch.bool)
+        for part in parts:
+            mask |= _single_mask(part.strip(), roles, lengths, n_pos)
+        patches.append(PositionPatch(spec, mask))
+    if not patches:
+        raise UsageError("no position given")
+    return patches

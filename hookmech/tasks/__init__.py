@@ -1,0 +1,45 @@
+"""Synthetic recall tasks: `make(name, **options)`, `from_spec`, `from_checkpoint`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import HookmechError, unknown
+from .ar import AssociativeRecall
+from .base import Task, check_task_options
+from .batch import Batch
+
+REGISTRY: dict[str, type[Task]] = {
+    "ar": AssociativeRecall,
+}
+
+
+def make(name: str, **options: Any) -> Task:
+    """Return the task `name` built with `options` (unknown names/options are UsageErrors)."""
+    if name not in REGISTRY:
+        raise unknown("task", name, REGISTRY)
+    cls = REGISTRY[name]
+    check_task_options(cls, options)
+    return cls(**options)
+
+
+def from_spec(spec: dict[str, Any]) -> Task:
+    """Rebuild a task from its `spec` dict (``{"name": ..., **options}``)."""
+    options = dict(spec)
+    name = options.pop("name", None)
+    if name is None:
+        raise HookmechError("task spec has no 'name'")
+    return make(name, **options)
+
+
+def from_checkpoint(path: str | Path) -> Task:
+    """Rebuild the task stored in a checkpoint's metadata."""
+    from ..checkpoint import read_metadata
+
+    spec = read_metadata(path).get("task")
+    if spec is None:
+        raise HookmechError(f"{path}: checkpoint stores no task spec")
+    return from_spec(spec)
+
+
+__all__ = ["REGISTRY", "Batch", "Task", "from_checkpoint", "from_spec", "make"]

@@ -1,0 +1,50 @@
+"""What every task offers: a JSON spec, a vocabulary size, and seeded batches."""
+from __future__ import annotations
+
+import abc
+import inspect
+from typing import Any, ClassVar
+
+from ..errors import UsageError, suggest
+from .batch import Batch
+
+
+class Task(abc.ABC):
+    """A synthetic recall task. Subclasses set `name`, `roles` and implement `sample`."""
+
+    name: ClassVar[str]
+    #: the roles a batch of this task carries
+    roles: ClassVar[tuple[str, ...]]
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> dict[str, Any]:
+        """The task as JSON-able options: ``make(**spec)`` rebuilds it (checkpoint metadata)."""
+
+    @property
+    @abc.abstractmethod
+    def d_vocab(self) -> int:
+        """Size of the model's vocabulary: content tokens plus specials."""
+
+    @property
+    @abc.abstractmethod
+    def n_ctx(self) -> int:
+        """Longest sequence the task produces."""
+
+    @abc.abstractmethod
+    def sample(self, n: int, seed: int) -> Batch:
+        """Return `n` rows, a deterministic function of (task spec, n, seed)."""
+
+    def describe_tokens(self, tokens: list[int]) -> str:
+        """Return a human-readable rendering of one row of token ids."""
+        return " ".join(str(t) for t in tokens)
+
+
+def check_task_options(cls: type, options: dict[str, Any]) -> None:
+    """Raise a UsageError naming the task if `options` holds a key `cls` does not take."""
+    known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    for key in options:
+        if key not in known:
+            raise UsageError(
+                f"task {cls.name!r} takes no option {key!r}{suggest(key, known)}; its options: {', '.join(known)}"
+            )
