@@ -10,6 +10,8 @@ from .errors import UsageError, unknown
 
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBS = ("learned", "none")
+#: how mixers spell their head count (zoology and the reference implementations differ)
+HEAD_OPTIONS = ("n_heads", "num_heads")
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,9 @@ def build_config(
             raise unknown("mixer", name, REGISTRY)
         cls = REGISTRY[name]
         options = dict(options)
-        if n_heads is not None and "n_heads" in mixer_options(cls) and "n_heads" not in options:
-            options["n_heads"] = n_heads
+        head_option = next((name for name in HEAD_OPTIONS if name in mixer_options(cls)), None)
+        if n_heads is not None and head_option is not None and head_option not in options:
+            options[head_option] = n_heads
         check_mixer_options(name, cls, options)
         classes.append(cls)
         kwargs_per_layer.append(options)

@@ -180,3 +180,30 @@ def position_patches(
     if not patches:
         raise UsageError("no position given")
     return patches
+
+
+def list_sites(model) -> list[dict]:
+    """Return one dict per hook of `model` (forward order): ``site, hook, shape, axes, pos_axis``.
+
+    Shapes are measured with one forward pass of a single all-zeros sequence of `n_ctx`
+    tokens (so the batch axis is 1 and the position axis n_ctx).
+    """
+    hooks = resolve_sites([*_all_site_names(model)], model.hook_dict)
+    tokens = torch.zeros(1, model.cfg.n_ctx, dtype=torch.long, device=next(model.parameters()).device)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, return_cache_object=False)
+    rows = []
+    for hook in hooks:
+        point = model.hook_dict[hook]
+        rows.append({
+            "site": hook_to_site(hook),
+            "hook": hook,
+            "shape": list(cache[hook].shape) if hook in cache else None,
+            "axes": getattr(point, "axes", ""),
+            "pos_axis": getattr(point, "pos_axis", 1),
+        })
+    return rows
+
+
+def _all_site_names(model) -> list[str]:
+    return [hook_to_site(hook) for hook in model.hook_dict]

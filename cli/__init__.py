@@ -1,0 +1,1 @@
+"""The `hookmech` command line (packaged as `hookmech.cli`): parsing and printing only."""

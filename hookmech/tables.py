@@ -1,0 +1,35 @@
+"""Plain-text tables for terminal output."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def format_cell(value: Any) -> str:
+    """Render one cell: floats with 4 decimals, None as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Return a left-aligned text table with a header rule."""
+    cells = [[format_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+    return "\n".join(lines)
+
+
+PATCH_COLUMNS = ("site", "pos", "attribution", "p_clean", "p_corrupt", "p_patched", "n", "passes_filter")
+
+
+def format_records(records: Sequence[dict[str, Any]]) -> str:
+    """Return patching records as a table (one row per site × position)."""
+    headers = ["site", "pos", "attrib", "p_clean", "p_corrupt", "p_patched", "n", "filter"]
+    return format_table(headers, [[r[c] for c in PATCH_COLUMNS] for r in records])

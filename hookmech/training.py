@@ -1,0 +1,307 @@
+"""The trainer (design.md §5): AdamW, linear warm-up + cosine decay to 0, loss on the answer only.
+
+A run lives in one folder::
+
+    run.json              what was asked (model config, task spec, trainer options)
+    model.safetensors     the latest weights (a normal hookmech checkpoint)
+    resume.safetensors    weights + optimizer moments + step, written atomically together
+    metrics.jsonl         one JSON object per evaluation (each step once, also after a resume)
+    summary.json          written last: the run is finished
+
+Training data is a pure function of (seed, step): a fixed training set sampled once with
+seed (seed, 0) and replayed in a per-epoch order drawn from (seed, 3, epoch), or, with
+``n_train=0``, fresh documents drawn from (seed, 2, step). So a killed run resumed from its
+last checkpoint ends with exactly the weights of an uninterrupted one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+from torch.nn import functional as F
+
+from .cache import answer_probs, run_chunks
+from .checkpoint import save
+from .config import ModelConfig
+from .errors import HookmechError, UsageError
+from .fileio import atomic_path, write_text_atomic
+from .model import HookedLM
+from .tasks import Task
+from .tasks.ar import rng_for
+from .tasks.batch import Batch
+
+# seed streams: independent documents for each purpose
+_TRAIN_SET, _DEV_SET, _FRESH, _EPOCH_ORDER = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Trainer options (defaults: the paper's recipe, design.md §5)."""
+
+    lr: float = 1e-3
+    warmup_frac: float = 0.1
+    epochs: int | None = 16
+    steps: int | None = None
+    n_train: int = 100_032
+    n_dev: int = 320
+    batch_size: int = 32
+    seed: int = 0
+    eval_every: int = 200
+    ckpt_every: int = 1000
+
+    def __post_init__(self) -> None:
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise UsageError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_frac <= 1:
+            raise UsageError(f"warmup_frac must be in [0, 1], got {self.warmup_frac}")
+        if (self.epochs is None) == (self.steps is None):
+            raise UsageError("give exactly one of epochs and steps")
+        if self.n_train == 0 and self.steps is None:
+            raise UsageError("n_train 0 (fresh documents every step) needs steps, not epochs")
+        for name in ("epochs", "steps"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UsageError(f"{name} must be > 0, got {value}")
+        for name in ("n_dev", "batch_size", "eval_every", "ckpt_every"):
+            if getattr(self, name) <= 0:
+                raise UsageError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.n_train < 0:
+            raise UsageError(f"n_train must be >= 0, got {self.n_train}")
+        if self.seed < 0:
+            raise UsageError(f"seed must be >= 0, got {self.seed}")
+
+    def total_steps(self) -> int:
+        """Number of optimizer steps of the whole run."""
+        if self.steps is not None:
+            return self.steps
+        return self.epochs * self.steps_per_epoch()
+
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.n_train / self.batch_size)
+
+
+def learning_rate(step: int, config: TrainConfig) -> float:
+    """Return the learning rate of optimizer step `step` (0-based): linear warm-up over
+    the first `warmup_frac` of steps, then cosine decay to 0 at the last step."""
+    total = config.total_steps()
+    warmup = int(round(config.warmup_frac * total))
+    if step < warmup:
+        return config.lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return config.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class DataStream:
+    """Training batches as a pure function of the step."""
+
+    def __init__(self, task: Task, config: TrainConfig):
+        self.task, self.config = task, config
+        self.train_set = task.sample(config.n_train, seed=(config.seed, _TRAIN_SET)) if config.n_train else None
+        self._order: tuple[int, Tensor] | None = None
+
+    def batch(self, step: int) -> Batch:
+        """Return the batch of optimizer step `step`."""
+        cfg = self.config
+        if self.train_set is None:
+            return self.task.sample(cfg.batch_size, seed=(cfg.seed, _FRESH, step))
+        per_epoch = cfg.steps_per_epoch()
+        epoch, index = divmod(step, per_epoch)
+        if self._order is None or self._order[0] != epoch:
+            order = rng_for((cfg.seed, _EPOCH_ORDER, epoch)).permutation(cfg.n_train)
+            self._order = (epoch, torch.from_numpy(order))
+        rows = self._order[1][index * cfg.batch_size : (index + 1) * cfg.batch_size]
+        return self.train_set.select(rows)
+
+
+def answer_loss(model: HookedLM, batch: Batch) -> Tensor:
+    """Cross-entropy of the answer at each row's query position (the only supervised token)."""
+    logits = model(batch.tokens, positions=batch.query_pos)
+    return F.cross_entropy(logits.float(), batch.answers)
+
+
+@torch.no_grad()
+def evaluate(model: HookedLM, batch: Batch, chunk: int = 512) -> dict[str, float]:
+    """Return dev accuracy (argmax at the query == answer) and mean p(answer) over `batch`."""
+    was_training = model.training
+    model.eval()
+    correct, p_sum = 0, 0.0
+    device = next(model.parameters()).device
+    for rows in run_chunks(len(batch), chunk):
+        part = batch.select(rows).to(device)
+        logits = model(part.tokens, positions=part.query_pos)
+        correct += (logits.argmax(-1) == part.answers).sum().item()
+        p_sum += answer_probs(logits, part.answers).double().sum().item()
+    model.train(was_training)
+    return {"dev_acc": correct / len(batch), "dev_p_answer": p_sum / len(batch)}
+
+
+# -- resume state ---------------------------------------------------------------------------
+def _save_resume(path: Path, model: HookedLM, optimizer: torch.optim.Optimizer, extra: dict[str, Any]) -> None:
+    tensors = {f"model.{name}": t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"optim.{index}.{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"resume": json.dumps(extra)})
+
+
+def _load_resume(path: Path, model: HookedLM, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            extra = json.loads(handle.metadata()["resume"])
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    except Exception as error:
+        raise HookmechError(f"{path}: unreadable resume state ({error}); delete it to restart the run") from None
+    model.load_state_dict({name[6:]: t for name, t in tensors.items() if name.startswith("model.")})
+    state: dict[int, dict[str, Tensor]] = {}
+    for name, tensor in tensors.items():
+        if name.startswith("optim."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = tensor
+    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+    return extra
+
+
+def _run_record(model_config: ModelConfig, task: Task, config: TrainConfig) -> dict[str, Any]:
+    return {
+        "model_config": json.loads(model_config.to_json()),
+        "task": task.spec,
+        "train": dataclasses.asdict(config),
+    }
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep only the metrics lines of steps <= last_step (a resumed run rewrites the rest)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
+
+
+def train(
+    task: Task,
+    model_config: ModelConfig,
+    config: TrainConfig,
+    out_dir: str | Path,
+    *,
+    device: str = "cpu",
+    progress: bool | None = None,
+    on_step: Callable[[int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Train a model in `out_dir` (resuming or skipping as the folder says) and return its summary.
+
+    The summary holds at least ``dev_acc``, ``dev_p_answer``, ``steps``, ``seconds``,
+    ``status``. `on_step(step)` is called after each optimizer step (tests use it to
+    interrupt a run). Raises `HookmechError` if the loss becomes NaN (the last good
+    checkpoint is kept).
+    """
+    out = Path(out_dir)
+    log = log or (lambda message: print(message, file=sys.stderr))
+    summary_path, resume_path, metrics_path = out / "summary.json", out / "resume.safetensors", out / "metrics.jsonl"
+    record = _run_record(model_config, task, config)
+    run_path = out / "run.json"
+    if run_path.exists() and json.loads(run_path.read_text()) != json.loads(json.dumps(record)):
+        raise HookmechError(f"{out} holds a different run (its run.json differs); choose another -o folder")
+    if summary_path.exists():
+        log(f"{out}: already trained (summary.json exists); not retraining")
+        return json.loads(summary_path.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_path, json.dumps(record, indent=2, sort_keys=True))
+
+    torch.manual_seed(config.seed)
+    model = HookedLM(model_config).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    start, seconds_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
+    if resume_path.exists():
+        extra = _load_resume(resume_path, model, optimizer)
+        start, seconds_before = extra["step"], extra["seconds"]
+        loss_sum, loss_count = extra["loss_sum"], extra["loss_count"]
+        log(f"{out}: resuming from step {start}")
+    _truncate_metrics(metrics_path, start)
+
+    data = DataStream(task, config)
+    dev = task.sample(config.n_dev, seed=(config.seed, _DEV_SET))
+    total = config.total_steps()
+    began = time.perf_counter()
+    last_eval: dict[str, float] = {}
+    bar = _progress_bar(total, start, progress)
+
+    def elapsed() -> float:
+        return seconds_before + time.perf_counter() - began
+
+    def checkpoint(step: int) -> None:
+        _save_resume(resume_path, model, optimizer,
+                     {"step": step, "seconds": elapsed(), "loss_sum": loss_sum, "loss_count": loss_count})
+        save(model, out / "model.safetensors", task_spec=task.spec, summary={"steps": step, **last_eval})
+
+    for step in range(start, total):
+        batch = data.batch(step).to(device)
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, config)
+        loss = answer_loss(model, batch)
+        if not torch.isfinite(loss):
+            bar.close()
+            _write_summary(summary_path, {"status": "nan", "steps": step, "seconds": elapsed(), **last_eval})
+            raise HookmechError(
+                f"loss became {loss.item()} at step {step}; run stopped, last good checkpoint kept in {out}"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+        done = step + 1
+        bar.update(1)
+        if done % config.eval_every == 0 or done == total:
+            last_eval = evaluate(model, dev)
+            entry = {"step": done, "loss": loss_sum / loss_count, "lr": learning_rate(step, config),
+                     **last_eval, "seconds": round(elapsed(), 3)}
+            with open(metrics_path, "a") as handle:
+                handle.write(json.dumps(entry) + "\n")
+            loss_sum, loss_count = 0.0, 0
+            bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{last_eval['dev_acc']:.3f}")
+        if done % config.ckpt_every == 0 or done == total:
+            checkpoint(done)
+        if on_step is not None:
+            on_step(done)
+    bar.close()
+    summary = {"status": "finished", "steps": total, "seconds": round(elapsed(), 3), **evaluate(model, dev)}
+    save(model, out / "model.safetensors", task_spec=task.spec, summary=summary)
+    _write_summary(summary_path, summary)
+    return summary
+
+
+def _write_summary(path: Path, summary: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        """No progress bar: nothing to update."""
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        """No progress bar: nothing to show."""
+
+    def close(self) -> None:
+        """No progress bar: nothing to close."""
+
+
+def _progress_bar(total: int, start: int, progress: bool | None):
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, file=sys.stderr)

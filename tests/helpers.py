@@ -1,0 +1,14 @@
+"""Helpers shared by the tests."""
+from __future__ import annotations
+
+import torch
+
+import hookmech
+from hookmech.config import build_config
+
+
+def make_model(task, seed: int = 0, **overrides) -> hookmech.HookedLM:
+    """A random-init model for `task` (eval mode), deterministic in `seed`."""
+    torch.manual_seed(seed)
+    options = {"d_vocab": task.d_vocab, "n_ctx": task.n_ctx, "d_model": 32, "n_layers": 2, **overrides}
+    return hookmech.HookedLM(build_config(**options)).eval()

@@ -1,0 +1,116 @@
+"""The HDF5 activation cache: format v1, atomic writing, lazy reading, patching from it."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import hookmech
+from hookmech.cache import CacheFile, write_cache
+from hookmech.errors import HookmechError
+from hookmech.patching import patch
+from hookmech.sites import resolve_sites
+
+
+@pytest.fixture
+def cached(tmp_path, ar_model, ar_task):
+    batch = ar_task.sample(37, seed=1)
+    hooks = resolve_sites(["all"], ar_model.hook_dict)
+    path = write_cache(ar_model, batch, tmp_path / "c.h5", hooks, model_sha256="abc", task_spec=ar_task.spec, chunk=16)
+    return path, batch, hooks
+
+
+def test_format_v1_layout(cached, ar_model, ar_task):
+    path, batch, hooks = cached
+    with h5py.File(path, "r") as h5:
+        assert h5.attrs["format"] == "hookmech-cache" and h5.attrs["format_version"] == 1
+        assert h5.attrs["model_sha256"] == "abc"
+        assert json.loads(h5.attrs["task"]) == ar_task.spec
+        assert json.loads(h5.attrs["model_config"]) == json.loads(ar_model.cfg.to_json())
+        assert "hookmech_version" in h5.attrs
+        for name in ("tokens/clean", "tokens/corrupt"):
+            assert h5[name].dtype == np.int32 and h5[name].shape == tuple(batch.tokens.shape)
+        for name in ("lengths", "answers", "doc_index", *(f"roles/{r}" for r in batch.roles)):
+            assert h5[name].dtype == np.int32 and h5[name].shape == (37,)
+        for which in ("clean", "corrupt"):
+            assert set(h5[f"acts/{which}"]) == set(hooks)
+            assert h5[f"acts/{which}/blocks.1.hook_resid_pre"].shape == (37, batch.tokens.shape[1], 32)
+            assert h5[f"acts/{which}/blocks.1.hook_resid_pre"].chunks[0] == 16
+            assert h5[f"p_answer/{which}"].dtype == np.float32
+        np.testing.assert_array_equal(h5["tokens/corrupt"][()], batch.corrupt_tokens.numpy())
+
+
+def test_cached_activations_match_run_with_cache(cached, ar_model):
+    path, batch, _ = cached
+    _, reference = ar_model.run_with_cache(batch.corrupt_tokens)
+    with hookmech.cache.open(path) as cache:
+        stored = cache.read("blocks.1.hook_mlp_out", "corrupt", slice(0, 37))
+        torch.testing.assert_close(stored, reference["blocks.1.hook_mlp_out"])
+        at_value = cache.at("L1.block_in", "value", which="corrupt")
+        rows = torch.arange(37)
+        torch.testing.assert_close(at_value, reference["blocks.1.hook_resid_pre"][rows, batch.roles["value"]])
+
+
+def test_patching_from_cache_equals_patching_from_scratch(cached, ar_model):
+    path, batch, _ = cached
+    from_cache = patch(ar_model, path, ["all"], ["key", "value", "query", "divider"])
+    from_scratch = patch(ar_model, batch, ["all"], ["key", "value", "query", "divider"])
+    for a, b in zip(from_cache, from_scratch):
+        for key in ("p_clean", "p_corrupt", "p_patched"):
+            assert a[key] == pytest.approx(b[key], abs=1e-6)
+
+
+def test_patching_a_site_the_cache_lacks_computes_it(tmp_path, ar_model, ar_task):
+    batch = ar_task.sample(12, seed=2)
+    path = write_cache(ar_model, batch, tmp_path / "c.h5", ["blocks.0.hook_resid_pre"])
+    from_cache = patch(ar_model, path, ["L1.mixer.z"], ["value"])
+    from_scratch = patch(ar_model, batch, ["L1.mixer.z"], ["value"])
+    assert from_cache[0]["p_patched"] == pytest.approx(from_scratch[0]["p_patched"], abs=1e-6)
+
+
+def test_failed_write_leaves_no_file(tmp_path, ar_model, ar_task):
+    batch = ar_task.sample(4, seed=0)
+    with pytest.raises(Exception):
+        write_cache(ar_model, batch, tmp_path / "c.h5", ["blocks.9.hook_resid_pre"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_reading_one_slice_does_not_read_the_rest(cached, monkeypatch):
+    path, _, _ = cached
+    reads = []
+    original = h5py.Dataset.__getitem__
+
+    def counting(self, key):
+        reads.append(self.name)
+        return original(self, key)
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", counting)
+    with CacheFile(path) as cache:
+        cache["blocks.1.hook_resid_pre"][0:2]
+    assert reads == ["/acts/clean/blocks.1.hook_resid_pre"]
+
+
+@pytest.mark.parametrize("content", [b"", b"not hdf5 at all"])
+def test_non_cache_files_are_refused(tmp_path, content):
+    path = tmp_path / "bad.h5"
+    path.write_bytes(content)
+    with pytest.raises(HookmechError):
+        CacheFile(path)
+
+
+def test_hdf5_of_another_kind_is_refused(tmp_path):
+    path = tmp_path / "other.h5"
+    with h5py.File(path, "w") as h5:
+        h5["x"] = np.zeros(3)
+    with pytest.raises(HookmechError, match="not a hookmech cache"):
+        CacheFile(path)
+
+
+def test_fp16_storage(tmp_path, ar_model, ar_task):
+    batch = ar_task.sample(6, seed=0)
+    path = write_cache(ar_model, batch, tmp_path / "c.h5", ["blocks.1.hook_resid_pre"], dtype="float16", compression="gzip")
+    with h5py.File(path, "r") as h5:
+        assert h5["acts/clean/blocks.1.hook_resid_pre"].dtype == np.float16

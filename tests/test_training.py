@@ -1,0 +1,154 @@
+"""The trainer: schedule, determinism, resume == uninterrupted, skip when finished, NaN stop."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import hookmech
+from hookmech.config import build_config
+from hookmech.errors import HookmechError, UsageError
+from hookmech.training import DataStream, TrainConfig, learning_rate, train
+
+
+def small_setup(**train_options):
+    task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3)
+    model_config = build_config(d_vocab=task.d_vocab, n_ctx=task.n_ctx, d_model=16, n_layers=2, tie_embeddings=False)
+    options = {"lr": 3e-3, "epochs": None, "steps": 30, "n_train": 0, "n_dev": 32, "batch_size": 8,
+               "eval_every": 7, "ckpt_every": 10, **train_options}
+    return task, model_config, TrainConfig(**options)
+
+
+def weights(path):
+    return hookmech.load(path).state_dict()
+
+
+def test_learning_rate_schedule_by_hand():
+    config = TrainConfig(lr=1.0, warmup_frac=0.1, epochs=None, steps=100, n_train=0)
+    assert learning_rate(0, config) == pytest.approx(0.1)
+    assert learning_rate(9, config) == pytest.approx(1.0)
+    assert learning_rate(10, config) == pytest.approx(1.0)
+    assert learning_rate(55, config) == pytest.approx(0.5)
+    assert learning_rate(99, config) == pytest.approx(0.5 * (1 + math.cos(math.pi * 89 / 90)))
+
+
+def test_fixed_training_set_is_replayed_each_epoch_in_a_new_order():
+    task, _, _ = small_setup()
+    config = TrainConfig(epochs=2, n_train=24, batch_size=8)
+    stream = DataStream(task, config)
+    first = torch.cat([stream.batch(step).tokens for step in range(3)])
+    second = torch.cat([stream.batch(step).tokens for step in range(3, 6)])
+    def as_set(tokens):
+        return sorted(map(tuple, tokens.tolist()))
+    assert as_set(first) == as_set(second) == as_set(stream.train_set.tokens)
+    assert not torch.equal(first, second)
+    assert config.total_steps() == 6
+
+
+def test_training_is_deterministic(tmp_path):
+    task, model_config, config = small_setup()
+    train(task, model_config, config, tmp_path / "a", progress=False)
+    train(task, model_config, config, tmp_path / "b", progress=False)
+    for name, tensor in weights(tmp_path / "a" / "model.safetensors").items():
+        assert torch.equal(tensor, weights(tmp_path / "b" / "model.safetensors")[name])
+
+
+@pytest.mark.parametrize("n_train", [0, 40])
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, n_train):
+    task, model_config, config = small_setup(n_train=n_train)
+    train(task, model_config, config, tmp_path / "whole", progress=False)
+
+    def kill_at_25(step):
+        if step == 25:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(task, model_config, config, tmp_path / "broken", progress=False, on_step=kill_at_25)
+    assert not (tmp_path / "broken" / "summary.json").exists()
+    train(task, model_config, config, tmp_path / "broken", progress=False)
+    whole = weights(tmp_path / "whole" / "model.safetensors")
+    for name, tensor in weights(tmp_path / "broken" / "model.safetensors").items():
+        assert torch.equal(tensor, whole[name]), name
+    steps = [json.loads(line)["step"] for line in (tmp_path / "broken" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [7, 14, 21, 28, 30]
+    whole_metrics = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
+    broken_metrics = (tmp_path / "broken" / "metrics.jsonl").read_text().splitlines()
+    for a, b in zip(whole_metrics, broken_metrics):
+        a, b = json.loads(a), json.loads(b)
+        assert (a["step"], a["loss"], a["dev_acc"]) == (b["step"], b["loss"], b["dev_acc"])
+
+
+def test_finished_run_is_not_retrained(tmp_path):
+    task, model_config, config = small_setup()
+    first = train(task, model_config, config, tmp_path / "run", progress=False)
+    stamp = (tmp_path / "run" / "model.safetensors").stat().st_mtime_ns
+    messages = []
+    again = train(task, model_config, config, tmp_path / "run", progress=False, log=messages.append)
+    assert again == first and "already trained" in messages[0]
+    assert (tmp_path / "run" / "model.safetensors").stat().st_mtime_ns == stamp
+    assert {"dev_acc", "dev_p_answer", "steps", "seconds"} <= set(first)
+
+
+def test_resume_state_lives_beside_the_model(tmp_path):
+    task, model_config, config = small_setup()
+    train(task, model_config, config, tmp_path / "run", progress=False)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "run" / "model.safetensors"), framework="pt") as handle:
+        assert not any(key.startswith("optim.") for key in handle.keys())
+    assert (tmp_path / "run" / "resume.safetensors").exists()
+
+
+def test_folder_of_another_run_is_refused(tmp_path):
+    task, model_config, config = small_setup()
+    train(task, model_config, config, tmp_path / "run", progress=False)
+    _, _, other = small_setup(lr=1e-2)
+    with pytest.raises(HookmechError, match="different run"):
+        train(task, model_config, other, tmp_path / "run", progress=False)
+
+
+def test_nan_loss_stops_with_a_clear_message_keeping_the_last_checkpoint(tmp_path, monkeypatch):
+    task, model_config, config = small_setup(lr=1e-3)
+    import hookmech.training as training
+
+    real_loss = training.answer_loss
+
+    def loss_that_explodes(model, batch):
+        loss = real_loss(model, batch)
+        if loss_that_explodes.calls >= 12:
+            return loss * float("nan")
+        loss_that_explodes.calls += 1
+        return loss
+
+    loss_that_explodes.calls = 0
+    monkeypatch.setattr(training, "answer_loss", loss_that_explodes)
+    with pytest.raises(HookmechError, match="nan"):
+        train(task, model_config, config, tmp_path / "run", progress=False)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "nan" and summary["steps"] == 12
+    assert hookmech.load(tmp_path / "run" / "model.safetensors").cfg == model_config
+
+
+@pytest.mark.parametrize("options", [{"lr": 0}, {"lr": -1}, {"steps": 0}, {"batch_size": 0}, {"n_dev": 0},
+                                     {"warmup_frac": 2}, {"epochs": 3}, {"steps": None, "epochs": 2, "n_train": 0}])
+def test_invalid_options_are_refused(options):
+    base = {"epochs": None, "steps": 10, "n_train": 0}
+    with pytest.raises(UsageError):
+        TrainConfig(**{**base, **options})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_issue_recipe_learns_induction(tmp_path, seed):
+    """The fixture recipe (issue 2): dev accuracy >= 0.95 and value attribution >= 0.8."""
+    task = hookmech.tasks.make("ar", vocab_size=64, num_kv_pairs=4)
+    model_config = build_config(d_vocab=task.d_vocab, n_ctx=task.n_ctx, layer_options=[{"window": 2}, {}],
+                                tie_embeddings=False)
+    config = TrainConfig(lr=3e-3, warmup_frac=0.5, epochs=None, steps=4000, n_train=0, seed=seed)
+    summary = train(task, model_config, config, tmp_path / "run", progress=False)
+    model = hookmech.load(tmp_path / "run" / "model.safetensors")
+    records = {r["pos"]: r for r in hookmech.patching.patch(model, task.sample(320, seed=1), ["L1.block_in"], ["key", "value"])}
+    assert summary["dev_acc"] >= 0.95
+    assert records["value"]["attribution"] >= 0.8 and records["key"]["attribution"] <= 0.2
