@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from . import __version__
-from .errors import HookmechError
+from .errors import HookmechError, UsageError
 from .fileio import atomic_path
 from .sites import site_to_hook
 from .tasks.batch import Batch
@@ -65,6 +65,9 @@ def write_cache(
     Returns the path written.
     """
     hooks = list(dict.fromkeys(hooks))
+    for hook in hooks:
+        if getattr(model.hook_dict.get(hook), "pos_axis", 1) is None:
+            raise UsageError(f"{hook} has no position axis (it does not depend on the input): nothing to cache per example")
     n_rows, n_pos = batch.tokens.shape
     device = next(model.parameters()).device
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:

@@ -12,6 +12,9 @@ NORMS = ("layernorm", "rmsnorm")
 POS_EMBS = ("learned", "none")
 #: how mixers spell their head count (zoology and the reference implementations differ)
 HEAD_OPTIONS = ("n_heads", "num_heads")
+#: the option by which long-convolution mixers learn the longest sequence (zoology's l_max);
+#: the paper's code sets it to the task's context size
+CONTEXT_OPTION = "l_max"
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ def build_config(
     """Return a validated `ModelConfig`, filling defaults from what each mixer declares.
 
     `mixers` is one registry name for every layer or a list with one per layer;
-    `layer_options` one kwargs dict per layer; `n_heads` goes to mixers that take it;
+    `layer_options` one kwargs dict per layer; `n_heads` goes to mixers that take a head
+    count, and `n_ctx` becomes `l_max` of mixers that take one (unless set);
     `mlp`/`pos_emb` None mean "what the mixers declare".
     """
     from .mixers import REGISTRY, check_mixer_options, mixer_options
@@ -106,6 +110,8 @@ def build_config(
         head_option = next((name for name in HEAD_OPTIONS if name in mixer_options(cls)), None)
         if n_heads is not None and head_option is not None and head_option not in options:
             options[head_option] = n_heads
+        if CONTEXT_OPTION in mixer_options(cls) and CONTEXT_OPTION not in options:
+            options[CONTEXT_OPTION] = n_ctx
         check_mixer_options(name, cls, options)
         classes.append(cls)
         kwargs_per_layer.append(options)

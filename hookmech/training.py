@@ -138,7 +138,7 @@ def evaluate(model: HookedLM, batch: Batch, chunk: int = 512) -> dict[str, float
     correct, p_sum = 0, 0.0
     device = next(model.parameters()).device
     for rows in run_chunks(len(batch), chunk):
-        part = batch.select(rows).to(device)
+        part = batch.select(rows).trimmed().to(device)
         logits = model(part.tokens, positions=part.query_pos)
         correct += (logits.argmax(-1) == part.answers).sum().item()
         p_sum += answer_probs(logits, part.answers).double().sum().item()
@@ -247,7 +247,7 @@ def train(
         save(model, out / "model.safetensors", task_spec=task.spec, summary={"steps": step, **last_eval})
 
     for step in range(start, total):
-        batch = data.batch(step).to(device)
+        batch = data.batch(step).trimmed().to(device)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, config)
         loss = answer_loss(model, batch)

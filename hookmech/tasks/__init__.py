@@ -6,11 +6,15 @@ from typing import Any
 
 from ..errors import HookmechError, unknown
 from .ar import AssociativeRecall
+from .atr import AssociativeTreecall
+from .mqar import MultiQueryAR
 from .base import Task, check_task_options
 from .batch import Batch
 
 REGISTRY: dict[str, type[Task]] = {
     "ar": AssociativeRecall,
+    "mqar": MultiQueryAR,
+    "atr": AssociativeTreecall,
 }
 
 

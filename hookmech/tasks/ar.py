@@ -18,6 +18,7 @@ import torch
 from ..errors import UsageError
 from .base import Task
 from .batch import Batch
+from .draws import check_split, held_out, split_allows
 
 #: rows drawn per chunk when sampling without replacement (bounds memory for big vocabularies)
 _CHUNK_ELEMENTS = 1 << 22
@@ -68,12 +69,27 @@ class AssociativeRecall(Task):
 
     Token ids: content 0..vocab_size-1, then pad, BOS, divider.
     Roles: `key` (k_q in context), `value` (v_q), `divider`, `query` (the final k_q).
+
+    Options beyond the paper's default (tinylang `language/ar.py`):
+    `query_by="value"` asks a value and answers its key (the document keeps its
+    k v k v … order, so role `key` — the queried token in context — now follows its
+    partner at role `value`); `split="train"|"dev"|"test"` restricts which pairs may be
+    queried: a fixed 20% of all (key, value) type pairs, chosen by `split_seed`, are
+    queried only in test (documents still hold them anywhere as distractors).
     """
 
     name = "ar"
     roles = ("key", "value", "query", "divider")
 
-    def __init__(self, vocab_size: int = 8192, num_kv_pairs: int = 16, corrupt: str = "key"):
+    def __init__(
+        self,
+        vocab_size: int = 8192,
+        num_kv_pairs: int = 16,
+        corrupt: str = "key",
+        query_by: str = "key",
+        split: str | None = None,
+        split_seed: int = 0,
+    ):
         if vocab_size < 4 or vocab_size % 2:
             raise UsageError(f"ar: vocab_size must be even and >= 4, got {vocab_size}")
         if num_kv_pairs < 1:
@@ -85,12 +101,24 @@ class AssociativeRecall(Task):
             )
         if corrupt not in ("key", "value"):
             raise UsageError(f"ar: corrupt must be 'key' or 'value', got {corrupt!r}")
+        if query_by not in ("key", "value"):
+            raise UsageError(f"ar: query_by must be 'key' or 'value', got {query_by!r}")
+        check_split("ar", split)
+        if split_seed < 0:
+            raise UsageError(f"ar: split_seed must be >= 0, got {split_seed}")
         self.vocab_size, self.num_kv_pairs, self.corrupt = vocab_size, num_kv_pairs, corrupt
+        self.query_by, self.split, self.split_seed = query_by, split, split_seed
         self.pad_id, self.bos_id, self.divider_id = vocab_size, vocab_size + 1, vocab_size + 2
 
     @property
     def spec(self) -> dict[str, Any]:
-        return {"name": self.name, "vocab_size": self.vocab_size, "num_kv_pairs": self.num_kv_pairs, "corrupt": self.corrupt}
+        spec = {"name": self.name, "vocab_size": self.vocab_size, "num_kv_pairs": self.num_kv_pairs, "corrupt": self.corrupt}
+        # options at their defaults stay out, so specs (and run folders) made before they existed still match
+        if self.query_by != "key":
+            spec["query_by"] = self.query_by
+        if self.split is not None:
+            spec.update(split=self.split, split_seed=self.split_seed)
+        return spec
 
     @property
     def d_vocab(self) -> int:
@@ -110,7 +138,10 @@ class AssociativeRecall(Task):
         keys = distinct_draws(rng, n, pairs + 1, half)
         # likewise a spare value, for corrupt="value"
         values = distinct_draws(rng, n, pairs + 1, half) + half
-        queried = rng.integers(0, pairs, size=n)
+        if self.split is None:
+            queried = rng.integers(0, pairs, size=n)
+        else:
+            queried = self._draw_split_queries(rng, keys, values)
         rows = np.arange(n)
 
         tokens = np.empty((n, self.n_ctx), dtype=np.int64)
@@ -118,15 +149,22 @@ class AssociativeRecall(Task):
         tokens[:, 1 : 2 * pairs + 1 : 2] = keys[:, :pairs]
         tokens[:, 2 : 2 * pairs + 2 : 2] = values[:, :pairs]
         tokens[:, 2 * pairs + 1] = self.divider_id
-        tokens[:, 2 * pairs + 2] = keys[rows, queried]
-
-        key_pos = 1 + 2 * queried
-        value_pos = key_pos + 1
-        corrupt = tokens.copy()
-        if self.corrupt == "key":
-            corrupt[rows, key_pos] = keys[:, pairs]
+        if self.query_by == "key":
+            tokens[:, 2 * pairs + 2] = keys[rows, queried]
+            answers = values[rows, queried]
+            key_pos = 1 + 2 * queried
+            value_pos = key_pos + 1
         else:
-            corrupt[rows, value_pos] = values[:, pairs]
+            tokens[:, 2 * pairs + 2] = values[rows, queried]
+            answers = keys[rows, queried]
+            value_pos = 1 + 2 * queried
+            key_pos = value_pos + 1
+
+        # the corrupted position gets the spare token of its own class (absent from the document)
+        corrupt = tokens.copy()
+        corrupt_pos = key_pos if self.corrupt == "key" else value_pos
+        holds_key = corrupt_pos % 2 == 1
+        corrupt[rows, corrupt_pos] = np.where(holds_key, keys[:, pairs], values[:, pairs])
 
         def as_tensor(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))
@@ -134,7 +172,7 @@ class AssociativeRecall(Task):
         return Batch(
             tokens=as_tensor(tokens),
             corrupt_tokens=as_tensor(corrupt),
-            answers=as_tensor(values[rows, queried]),
+            answers=as_tensor(answers),
             lengths=torch.full((n,), self.n_ctx, dtype=torch.int64),
             doc_index=torch.arange(n, dtype=torch.int64),
             roles={
@@ -144,6 +182,25 @@ class AssociativeRecall(Task):
                 "divider": torch.full((n,), self.n_ctx - 2, dtype=torch.int64),
             },
         )
+
+    def _draw_split_queries(self, rng: np.random.Generator, keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Return ``[n]`` queried pair indices allowed by the split, redrawing (in place) the
+        documents that hold no allowed pair."""
+        pairs, half = self.num_kv_pairs, self.vocab_size // 2
+        if half * half <= 1 << 20:
+            every = np.arange(half * half)
+            if not split_allows(held_out(every // half, every % half, self.split_seed), self.split).any():
+                raise UsageError(f"ar: vocab_size {self.vocab_size} leaves no pair for split {self.split!r}")
+        redo = np.arange(len(keys))
+        while True:
+            allowed = split_allows(held_out(keys[:, :pairs], values[:, :pairs] - half, self.split_seed), self.split)
+            redo = redo[~allowed[redo].any(axis=1)]
+            if not len(redo):
+                break
+            keys[redo] = distinct_draws(rng, len(redo), pairs + 1, half)
+            values[redo] = distinct_draws(rng, len(redo), pairs + 1, half) + half
+        scores = np.where(allowed, rng.random(allowed.shape), -1.0)
+        return scores.argmax(axis=1)
 
     def describe_tokens(self, tokens: list[int]) -> str:
         names = {self.pad_id: "PAD", self.bos_id: "BOS", self.divider_id: "DIV"}

@@ -1,7 +1,7 @@
 """A batch of (document, query) rows with its corrupted twin and role positions (design.md §4)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import Tensor
@@ -50,6 +50,20 @@ class Batch:
             doc_index=self.doc_index[index],
             roles={name: pos[index] for name, pos in self.roles.items()},
         )
+
+    def trimmed(self) -> "Batch":
+        """Return the batch cut to its longest row: all-padding columns dropped from every
+        ``[N, T]`` field (subclasses' too). Causal models give the same predictions."""
+        n_pos, full = int(self.lengths.max()), self.tokens.shape[1]
+        if n_pos == full:
+            return self
+        cut = {
+            f.name: getattr(self, f.name)[:, :n_pos]
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), Tensor) and getattr(self, f.name).dim() == 2
+            and getattr(self, f.name).shape[1] == full
+        }
+        return replace(self, **cut)
 
     def to(self, device: torch.device | str) -> "Batch":
         """Return the batch with every tensor on `device`."""
