@@ -1,0 +1,73 @@
+"""Options and helpers shared by the commands."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def split_flag(values) -> list[str]:
+    """Flatten repeated and comma-separated flag values."""
+    from hookmech.options import split_list
+
+    return split_list(values)
+
+
+def set_threads(threads: int | None) -> None:
+    """Pin torch's CPU threads (None: leave torch's default)."""
+    import torch
+
+    if threads is not None:
+        if threads < 1:
+            from hookmech.errors import UsageError
+
+            raise UsageError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+def check_device(device: str) -> str:
+    """Return `device` if torch can use it here, else raise a UsageError."""
+    import torch
+
+    from hookmech.errors import UsageError
+
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"unknown device {device!r} (try cpu or cuda)") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here")
+    return device
+
+
+device_option = click.option("--device", default="cpu", show_default=True, help="torch device to run on")
+threads_option = click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+
+
+def load_model_and_task(ckpt: str, device: str):
+    """Return (model on `device`, task) of a checkpoint."""
+    from hookmech.checkpoint import load
+    from hookmech.tasks import from_checkpoint
+
+    return load(ckpt, device=check_device(device)), from_checkpoint(ckpt)
+
+
+class progress:
+    """A tqdm bar on a terminal, nothing otherwise; yields an `advance(n)` callback."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.label, self.bar = total, label, None
+
+    def __enter__(self):
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc=self.label, unit="ex", file=sys.stderr)
+            return self.bar.update
+        return lambda n: None
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()

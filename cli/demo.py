@@ -1,0 +1,17 @@
+"""`hookmech demo`."""
+from __future__ import annotations
+
+import click
+
+from .common import CONTEXT, set_threads, threads_option
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--fixtures", type=click.Path(file_okay=False), default=None, help="fixtures folder (default: the repository's)")
+@threads_option
+def demo(fixtures, threads):
+    """Run the paper's mechanistic evaluation on the bundled fixture checkpoints."""
+    from hookmech.demo import run_demo
+
+    set_threads(threads)
+    run_demo(fixtures, out=click.echo)
