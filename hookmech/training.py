@@ -198,13 +198,15 @@ def train(
     device: str = "cpu",
     progress: bool | None = None,
     on_step: Callable[[int], None] | None = None,
+    on_eval: Callable[[int, HookedLM], dict[str, Any]] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Train a model in `out_dir` (resuming or skipping as the folder says) and return its summary.
 
     The summary holds at least ``dev_acc``, ``dev_p_answer``, ``steps``, ``seconds``,
     ``status``. `on_step(step)` is called after each optimizer step (tests use it to
-    interrupt a run). Raises `HookmechError` if the loss becomes NaN (the last good
+    interrupt a run); `on_eval(step, model)` at each evaluation, its dict is added to that
+    step's metrics line (e.g. attributions measured during training). Raises `HookmechError` if the loss becomes NaN (the last good
     checkpoint is kept).
     """
     out = Path(out_dir)
@@ -267,6 +269,9 @@ def train(
             last_eval = evaluate(model, dev)
             entry = {"step": done, "loss": loss_sum / loss_count, "lr": learning_rate(step, config),
                      **last_eval, "seconds": round(elapsed(), 3)}
+            if on_eval is not None:
+                entry.update(on_eval(done, model))
+                model.train()
             with open(metrics_path, "a") as handle:
                 handle.write(json.dumps(entry) + "\n")
             loss_sum, loss_count = 0.0, 0
