@@ -19,6 +19,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    # mkstemp creates 0600; give the file the permissions a plain open() would
+    os.chmod(tmp_name, 0o666 & ~_current_umask())
     tmp = Path(tmp_name)
     try:
         yield tmp
@@ -26,6 +28,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
