@@ -118,11 +118,17 @@ class HookedLM(HookedRootModule):
     # -- initialisation (zoology / GPT-2: normal 0.02, output projections scaled) --------
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
+        # A mixer marks parameters whose own initialisation matters (Mamba's dt bias) with
+        # `_no_reinit`, the convention of zoology and mamba-ssm.
+        def reinit(param: nn.Parameter | None) -> bool:
+            return param is not None and not getattr(param, "_no_reinit", False)
+
         if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=0.02)
-            if module.bias is not None:
+            if reinit(module.weight):
+                nn.init.normal_(module.weight, std=0.02)
+            if reinit(module.bias):
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
+        elif isinstance(module, nn.Embedding) and reinit(module.weight):
             nn.init.normal_(module.weight, std=0.02)
 
     def _rescale_output_projections(self) -> None:

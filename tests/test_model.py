@@ -168,3 +168,12 @@ def test_invalid_configs_are_refused(bad):
 def test_sequence_longer_than_context_is_refused(ar_model):
     with pytest.raises(UsageError):
         ar_model(torch.zeros(1, ar_model.cfg.n_ctx + 1, dtype=torch.long))
+
+
+def test_backbone_init_keeps_the_mixers_marked_initialisation(ar_task):
+    """zoology/mamba-ssm convention: a `_no_reinit` parameter (Mamba's dt bias) survives the
+    backbone's normal(0.02)/zeros re-initialisation."""
+    model = make_model(ar_task, mixers="mamba", d_model=16)
+    dt_bias = model.blocks[0].mixer.dt_proj.bias
+    dt = torch.nn.functional.softplus(dt_bias)
+    assert dt.min() >= 1e-4 - 1e-7 and dt.max() <= 0.1 + 1e-6 and dt.std() > 0

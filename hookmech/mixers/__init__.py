@@ -6,10 +6,26 @@ Every mixer is built as ``REGISTRY[name](d_model=..., **kwargs)`` and maps
 from __future__ import annotations
 
 from .attention import Attention
+from .mamba import Mamba
+from .baseconv import BaseConv
+from .h3 import H3
+from .hyena import Hyena
+from .based import Based
+from .deltanet import DeltaNet
+from .mamba2 import Mamba2
+from .rwkv import RWKV6
 from .base import Mixer, check_mixer_options, mixer_options
 
 REGISTRY: dict[str, type[Mixer]] = {
+    "mamba2": Mamba2,
+    "rwkv": RWKV6,
     "attention": Attention,
+    "mamba": Mamba,
+    "baseconv": BaseConv,
+    "h3": H3,
+    "hyena": Hyena,
+    "based": Based,
+    "deltanet": DeltaNet,
 }
 
 __all__ = ["REGISTRY", "Mixer", "check_mixer_options", "mixer_options"]

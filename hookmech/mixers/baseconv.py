@@ -1,0 +1,76 @@
+"""BaseConv (Arora et al. 2024, "Zoology", §4 / eq. 2), as zoology's ``mixers/base_conv.py``:
+
+    y = conv(u) ⊙ linear(u) + u
+
+`conv` is a short causal depthwise convolution (``kernel_size`` k >= 1; the paper's default
+3), or, with ``kernel_size=-1``, a long convolution over the whole sequence: an implicit
+filter (Hyena's positional MLP with exponential decay, `long_conv.ImplicitFilter`, width 16)
+or, with ``implicit_long_conv=False``, an explicit filter of l_max taps per channel. As in
+zoology, the long convolution carries its own skip term, ``conv(u) = h * u + u``, and the
+short one does not. Paper 000's BaseConv model alternates k=3 and k=-1 layers (appendix B).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..errors import UsageError
+from ..hooks import AxisHookPoint
+from .base import Mixer
+from .long_conv import ImplicitFilter, fft_causal_conv
+from .short_conv import ShortConv
+
+
+class BaseConv(Mixer):
+    """``conv(u) * projection(u) + u`` (no output projection, as in zoology).
+
+    Inside hooks (input ``[batch, pos, d_model]``):
+    ``hook_proj`` (linear branch) and ``hook_conv`` (convolution branch, incl. the long
+    convolution's skip term): ``[batch, pos, d_model]``; long convolution only:
+    ``hook_filter`` ``[lag, d_model]``, no position axis (it depends on positions, not inputs).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        l_max: int = 1024,
+        kernel_size: int = 3,
+        implicit_long_conv: bool = True,
+        use_act: bool = False,
+    ):
+        super().__init__()
+        if kernel_size == 0 or kernel_size < -1:
+            raise UsageError(f"baseconv: kernel_size must be >= 1 (short conv) or -1 (long conv), got {kernel_size}")
+        if l_max < 1:
+            raise UsageError(f"baseconv: l_max must be >= 1, got {l_max}")
+        self.l_max, self.kernel_size, self.use_act = l_max, kernel_size, use_act
+        self.long, self.implicit = kernel_size == -1, implicit_long_conv
+        self.projection = nn.Linear(d_model, d_model)
+        if not self.long:
+            self.conv = ShortConv(d_model, kernel_size)
+        elif implicit_long_conv:
+            self.conv = ImplicitFilter(d_model, l_max)
+        else:
+            # zoology's LongConvolution: one free tap per channel and lag
+            self.filter = nn.Parameter(torch.randn(l_max, d_model))
+        self.hook_proj = AxisHookPoint()
+        self.hook_conv = AxisHookPoint()
+        if self.long:
+            self.hook_filter = AxisHookPoint("lag d_model", pos_axis=None)
+
+    def forward(self, u: Tensor) -> Tensor:
+        """Return the mixed sequence ``[batch, pos, d_model]``."""
+        n_pos = u.shape[1]
+        if self.long:
+            if n_pos > self.l_max:
+                raise UsageError(f"baseconv: sequence of {n_pos} positions exceeds l_max {self.l_max}")
+            h = self.conv(n_pos) if self.implicit else self.filter[:n_pos]
+            u_conv = fft_causal_conv(u, self.hook_filter(h)) + u
+        else:
+            u_conv = self.conv(u)
+        u_conv = self.hook_conv(u_conv)
+        u_proj = self.hook_proj(self.projection(u))
+        if self.use_act:
+            return F.silu(u_conv) * F.silu(u_proj) + u
+        return u_conv * u_proj + u

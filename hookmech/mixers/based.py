@@ -1,0 +1,188 @@
+"""Based linear attention (Arora et al. 2024, "Simple linear attention language models
+balance the recall-throughput tradeoff"), as zoology's `zoology/mixers/based.py`.
+
+Per head, with a feature map phi on queries and keys (paper eq. 2–3):
+
+    y_t = phi(q_t)ᵀ S_t / (phi(q_t)ᵀ z_t + eps),   S_t = Σ_{s<=t} phi(k_s) v_sᵀ,   z_t = Σ_{s<=t} phi(k_s)
+
+phi is the 2nd-order Taylor expansion of exp (paper §4.1), so that
+phi(q)ᵀ phi(k) = 1 + qᵀk/√d + (qᵀk)²/(2d) ≈ exp(qᵀk/√d), d = feature_dim:
+
+    phi(x) = [1, x / d^¼, vec(x xᵀ) / (√2 √d)]          (1 + d + d² features)
+
+Two views compute the same y (paper 000 appendix B uses `train_view="quadratic"`):
+- quadratic: A = causal(phi(Q) phi(K)ᵀ), y = A V / (A 1 + eps), like softmax attention;
+- linear: the recurrence above, chunked (intra-chunk quadratic, inter-chunk state).
+The recurrent state (S_t, z_t) is materialised per position only when its hook is active.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import UsageError
+from ..hooks import AxisHookPoint
+from .base import Mixer
+from .state_patch import hook_state_with_propagation
+
+TRAIN_VIEWS = ("quadratic", "linear")
+FEATURE_MAPS = ("taylor_exp",)
+
+
+class TaylorExp(nn.Module):
+    """2nd-order Taylor feature map of exp(qᵀk/√d): ``[..., d] -> [..., 1 + d + d²]``."""
+
+    def __init__(self, input_dim: int):
+        super().__init__()
+        self.input_dim = input_dim
+        self.r2 = math.sqrt(2)
+        self.rd = math.sqrt(input_dim)
+        self.rrd = math.sqrt(self.rd)
+
+    @property
+    def output_dim(self) -> int:
+        return 1 + self.input_dim + self.input_dim**2
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return phi(x) ``[..., 1 + d + d²]`` for x ``[..., d]``."""
+        x2 = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(start_dim=-2) / self.r2
+        return torch.cat([torch.ones_like(x[..., :1]), x / self.rrd, x2 / self.rd], dim=-1)
+
+
+class Based(Mixer):
+    """Causal linear attention with a Taylor-exp feature map, then an output projection.
+
+    Inside hooks (shapes for input ``[batch, pos, d_model]``; F = 1 + feature_dim + feature_dim²):
+    ``hook_q, hook_k``: ``[batch, pos, head, feature_dim]`` (before the feature map);
+    ``hook_v, hook_y``: ``[batch, pos, head, d_head]`` (y: normalised output, before out_proj);
+    ``hook_phi_q, hook_phi_k``: ``[batch, pos, head, F]``;
+    ``hook_kv_state``: ``[batch, pos, head, F, d_head]``, S_t after position t;
+    ``hook_k_state``: ``[batch, pos, head, F]``, the normaliser z_t after position t.
+    The states are materialised only when their hook is active; a patched state is
+    continued by the recurrence from the patched position on.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        feature_dim: int = 8,
+        num_key_value_heads: int = 1,
+        num_heads: int = 1,
+        feature_name: str = "taylor_exp",
+        train_view: str = "quadratic",
+        eps: float = 1e-12,
+        chunk_size: int = 64,
+    ):
+        super().__init__()
+        if feature_name not in FEATURE_MAPS:
+            raise UsageError(f"based: feature_name must be one of {FEATURE_MAPS}, got {feature_name!r}")
+        if train_view not in TRAIN_VIEWS:
+            raise UsageError(f"based: train_view must be one of {TRAIN_VIEWS}, got {train_view!r}")
+        if feature_dim < 1:
+            raise UsageError(f"based: feature_dim must be >= 1, got {feature_dim}")
+        if num_heads < 1 or d_model % num_heads:
+            raise UsageError(f"based: d_model {d_model} is not divisible by num_heads {num_heads}")
+        # zoology sizes k by num_heads and views it by num_key_value_heads: they must agree.
+        if num_key_value_heads != num_heads:
+            raise UsageError(
+                f"based: num_key_value_heads ({num_key_value_heads}) must equal num_heads ({num_heads})"
+            )
+        if eps < 0:
+            raise UsageError(f"based: eps must be >= 0, got {eps}")
+        if chunk_size < 1:
+            raise UsageError(f"based: chunk_size must be >= 1, got {chunk_size}")
+        self.feature_dim, self.num_heads = feature_dim, num_heads
+        self.d_head = d_model // num_heads
+        self.train_view, self.eps, self.chunk_size = train_view, eps, chunk_size
+        self.feature_map = TaylorExp(feature_dim)
+        # zoology's names and bias-free projections; its proj_o is our out_proj (backbone init).
+        self.proj_q = nn.Linear(d_model, feature_dim * num_heads, bias=False)
+        self.proj_k = nn.Linear(d_model, feature_dim * num_heads, bias=False)
+        self.proj_v = nn.Linear(d_model, num_heads * self.d_head, bias=False)
+        self.out_proj = nn.Linear(num_heads * self.d_head, d_model, bias=False)
+        self.hook_q = AxisHookPoint("batch pos head feature_dim")
+        self.hook_k = AxisHookPoint("batch pos head feature_dim")
+        self.hook_v = AxisHookPoint("batch pos head d_head")
+        self.hook_phi_q = AxisHookPoint("batch pos head feature")
+        self.hook_phi_k = AxisHookPoint("batch pos head feature")
+        self.hook_kv_state = AxisHookPoint("batch pos head feature d_head")
+        self.hook_k_state = AxisHookPoint("batch pos head feature")
+        self.hook_y = AxisHookPoint("batch pos head d_head")
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return the mixed sequence ``[batch, pos, d_model]``."""
+        batch, n_pos, _ = x.shape
+        q = self.hook_q(self.proj_q(x).view(batch, n_pos, self.num_heads, self.feature_dim))
+        k = self.hook_k(self.proj_k(x).view(batch, n_pos, self.num_heads, self.feature_dim))
+        v = self.hook_v(self.proj_v(x).view(batch, n_pos, self.num_heads, self.d_head))
+        phi_q = self.hook_phi_q(self.feature_map(q))
+        phi_k = self.hook_phi_k(self.feature_map(k))
+        if self.hook_kv_state.is_active or self.hook_k_state.is_active:
+            y = self._recurrent_view(phi_q, phi_k, v)
+        elif self.train_view == "quadratic":
+            y = based_quadratic(phi_q, phi_k, v, self.eps)
+        else:
+            y = based_chunked(phi_q, phi_k, v, self.eps, self.chunk_size)
+        y = self.hook_y(y)
+        return self.out_proj(y.reshape(batch, n_pos, -1))
+
+    def _recurrent_view(self, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
+        """y from per-position states that pass through their hooks; ``[batch, pos, head, d_head]``."""
+        kv_updates = phi_k.unsqueeze(-1) * v.unsqueeze(-2)  # [b, t, h, F, d]
+        kv_state = propagate_additive(kv_updates, self.hook_kv_state)
+        k_state = propagate_additive(phi_k, self.hook_k_state)
+        numerator = torch.einsum("bthf,bthfd->bthd", phi_q, kv_state)
+        denominator = torch.einsum("bthf,bthf->bth", phi_q, k_state)
+        return numerator / (denominator.unsqueeze(-1) + self.eps)
+
+
+def based_quadratic(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Tensor:
+    """Quadratic view: ``causal(phi_q phi_kᵀ) v / (row sums + eps)``.
+
+    phi_q, phi_k ``[batch, pos, head, F]``, v ``[batch, pos, head, d_head]``;
+    returns ``[batch, pos, head, d_head]``.
+    """
+    n_pos = phi_q.shape[1]
+    scores = torch.einsum("bqhf,bkhf->bhqk", phi_q, phi_k)
+    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=phi_q.device).tril()
+    scores = scores.masked_fill(~causal, 0.0)
+    numerator = torch.einsum("bhqk,bkhd->bqhd", scores, v)
+    return numerator / (scores.sum(-1).transpose(1, 2).unsqueeze(-1) + eps)
+
+
+def based_chunked(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, chunk_size: int) -> Tensor:
+    """Linear view, chunked: within a chunk the quadratic form, across chunks the state
+    (S, z) carried forward, so memory is O(pos · chunk) rather than O(pos²).
+
+    Shapes as `based_quadratic`; returns ``[batch, pos, head, d_head]``.
+    """
+    batch, n_pos, n_heads, n_feat = phi_q.shape
+    kv_state = phi_q.new_zeros(batch, n_heads, n_feat, v.shape[-1])
+    k_state = phi_q.new_zeros(batch, n_heads, n_feat)
+    outputs = []
+    for start in range(0, n_pos, chunk_size):
+        cq, ck, cv = (t[:, start : start + chunk_size] for t in (phi_q, phi_k, v))
+        size = cq.shape[1]
+        causal = torch.ones(size, size, dtype=torch.bool, device=cq.device).tril()
+        scores = torch.einsum("bqhf,bkhf->bhqk", cq, ck).masked_fill(~causal, 0.0)
+        numerator = torch.einsum("bhqk,bkhd->bqhd", scores, cv) + torch.einsum("bqhf,bhfd->bqhd", cq, kv_state)
+        denominator = scores.sum(-1).transpose(1, 2) + torch.einsum("bqhf,bhf->bqh", cq, k_state)
+        outputs.append(numerator / (denominator.unsqueeze(-1) + eps))
+        kv_state = kv_state + torch.einsum("bkhf,bkhd->bhfd", ck, cv)
+        k_state = k_state + ck.sum(1)
+    return torch.cat(outputs, dim=1)
+
+
+def propagate_additive(updates: Tensor, hook: AxisHookPoint) -> Tensor:
+    """States of the additive recurrence h_t = h_{t-1} + updates_t, passed through `hook`.
+
+    `updates` is ``[batch, pos, ...]``; returns h ``[batch, pos, ...]``, continued by the
+    recurrence from wherever the hook edited it (see `state_patch`).
+    """
+
+    def rescan(initial: Tensor, start: int, end: int) -> Tensor:
+        return initial.unsqueeze(1) + updates[:, start:end].cumsum(dim=1)
+
+    return hook_state_with_propagation(hook, updates.cumsum(dim=1), rescan)

@@ -1,0 +1,194 @@
+"""DeltaNet: linear attention with the delta rule (Schlag et al. 2021, "Linear Transformers
+Are Secretly Fast Weight Programmers"; Yang et al. 2024, "Parallelizing Linear Transformers
+with the Delta Rule over Sequence Length"), as flash-linear-attention's `DeltaNet` layer
+(which zoology's `delta_net.py` wraps).
+
+Per head, with q_t, k_t L2-normalised and beta_t = sigmoid(W_beta x_t) in (0, 1):
+
+    S_t = S_{t-1} - beta_t (S_{t-1} k_t - v_t) k_tᵀ = S_{t-1} (I - beta_t k_t k_tᵀ) + beta_t v_t k_tᵀ
+    o_t = S_t q_t                                                   (S_t: [d_head(v), d_head(k)])
+
+q, k, v come from linear projections, short causal convolutions (kernel 4) and SiLU.
+
+Two forms compute the same o:
+- recurrent: the loop above, one position at a time;
+- chunked (Yang et al. 2024 §3): within a chunk of C positions with initial state S_0,
+  the product of Householder-like factors has the WY form
+  prod_{i<=r} (I - beta_i k_i k_iᵀ) = I - Σ_{i<=r} w_i k_iᵀ, and S_r = S_0 + Σ_{i<=r} (u_i - S_0 w_i) k_iᵀ,
+  where W = T diag(beta) K, U = T diag(beta) V and T = (I + tril(diag(beta) K Kᵀ, -1))⁻¹
+  (the UT transform, one triangular solve per chunk). Chunks follow one another sequentially.
+The per-position state is materialised only when its hook is active.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..errors import UsageError
+from ..hooks import AxisHookPoint
+from .base import Mixer
+from .short_conv import ShortConv
+from .state_patch import hook_state_with_propagation
+
+MODES = ("chunk", "recurrent")
+
+
+class DeltaNet(Mixer):
+    """Delta-rule linear attention, per-head output RMSNorm (optional), output projection.
+
+    Inside hooks (shapes for input ``[batch, pos, d_model]``):
+    ``hook_q, hook_k, hook_v``: ``[batch, pos, head, d_head]`` (q, k after the L2 norm);
+    ``hook_beta``: ``[batch, pos, head]``;
+    ``hook_state``: ``[batch, pos, head, d_head(v), d_head(k)]``, S_t after position t,
+    materialised only when the hook is active; a patched state is continued by the
+    recurrence from the patched position on;
+    ``hook_y``: ``[batch, pos, head, d_head]``, o_t = S_t q_t before the output norm.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int = 1,
+        conv_size: int = 4,
+        conv_bias: bool = False,
+        use_beta: bool = True,
+        output_norm: bool = True,
+        norm_eps: float = 1e-5,
+        mode: str = "chunk",
+        chunk_size: int = 64,
+    ):
+        super().__init__()
+        if num_heads < 1 or d_model % num_heads:
+            raise UsageError(f"deltanet: d_model {d_model} is not divisible by num_heads {num_heads}")
+        if conv_size < 0:
+            raise UsageError(f"deltanet: conv_size must be >= 0 (0 removes the convolutions), got {conv_size}")
+        if mode not in MODES:
+            raise UsageError(f"deltanet: mode must be one of {MODES}, got {mode!r}")
+        if chunk_size < 1:
+            raise UsageError(f"deltanet: chunk_size must be >= 1, got {chunk_size}")
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.mode, self.chunk_size, self.use_beta = mode, chunk_size, use_beta
+        # flash-linear-attention's names (its o_proj is our out_proj, for the backbone's init)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        if use_beta:
+            self.b_proj = nn.Linear(d_model, num_heads, bias=False)
+        if conv_size > 0:
+            self.q_conv1d = ShortConv(d_model, conv_size, bias=conv_bias)
+            self.k_conv1d = ShortConv(d_model, conv_size, bias=conv_bias)
+            self.v_conv1d = ShortConv(d_model, conv_size, bias=conv_bias)
+        self.conv_size = conv_size
+        self.o_norm = nn.RMSNorm(self.d_head, eps=norm_eps) if output_norm else nn.Identity()
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        head_axes = "batch pos head d_head"
+        self.hook_q, self.hook_k, self.hook_v = (AxisHookPoint(head_axes) for _ in range(3))
+        self.hook_beta = AxisHookPoint("batch pos head")
+        self.hook_state = AxisHookPoint("batch pos head d_head_v d_head_k")
+        self.hook_y = AxisHookPoint(head_axes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return the mixed sequence ``[batch, pos, d_model]``."""
+        batch, n_pos, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.conv_size > 0:
+            q, k, v = self.q_conv1d(q), self.k_conv1d(k), self.v_conv1d(v)
+        q, k, v = (F.silu(t).view(batch, n_pos, self.num_heads, self.d_head) for t in (q, k, v))
+        q = self.hook_q(l2_normalize(q))
+        k = self.hook_k(l2_normalize(k))
+        v = self.hook_v(v)
+        beta = self.b_proj(x).sigmoid() if self.use_beta else x.new_ones(batch, n_pos, self.num_heads)
+        beta = self.hook_beta(beta)
+        if self.hook_state.is_active:
+            states = hook_state_with_propagation(
+                self.hook_state, self._states(q, k, v, beta, None, 0, n_pos), partial(self._states, q, k, v, beta)
+            )
+            y = torch.einsum("bthvk,bthk->bthv", states, q)
+        elif self.mode == "chunk":
+            y = delta_rule_chunked(q, k, v, beta, self.chunk_size)[0]
+        else:
+            y = delta_rule_recurrent(q, k, v, beta)[0]
+        y = self.hook_y(y)
+        return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1))
+
+    def _states(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor,
+                initial_state: Tensor | None, start: int, end: int) -> Tensor:
+        """States after positions start .. end-1 from the state before `start`,
+        ``[batch, end - start, head, d_v, d_k]`` (the rescan of `state_patch`)."""
+        window = slice(start, end)
+        return delta_rule_chunked(q[:, window], k[:, window], v[:, window], beta[:, window],
+                                  self.chunk_size, return_states=True, initial_state=initial_state)[1]
+
+
+def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(|x|² + eps) over the last axis (flash-linear-attention's l2norm)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def delta_rule_step(state: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> Tensor:
+    """One delta-rule update: state ``[batch, head, d_v, d_k]``, k ``[batch, head, d_k]``,
+    v ``[batch, head, d_v]``, beta ``[batch, head]``; returns the next state."""
+    error = torch.einsum("bhvk,bhk->bhv", state, k) - v
+    return state - beta[..., None, None] * error.unsqueeze(-1) * k.unsqueeze(-2)
+
+
+def delta_rule_recurrent(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The sequential reference: returns (o ``[batch, pos, head, d_v]``, final state
+    ``[batch, head, d_v, d_k]``) for q, k ``[batch, pos, head, d_k]``, v ``[batch, pos, head, d_v]``,
+    beta ``[batch, pos, head]``."""
+    batch, n_pos, n_heads, d_k = k.shape
+    state = initial_state if initial_state is not None else k.new_zeros(batch, n_heads, v.shape[-1], d_k)
+    outputs = []
+    for t in range(n_pos):
+        state = delta_rule_step(state, k[:, t], v[:, t], beta[:, t])
+        outputs.append(torch.einsum("bhvk,bhk->bhv", state, q[:, t]))
+    return torch.stack(outputs, dim=1), state
+
+
+def delta_rule_chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    chunk_size: int = 64,
+    return_states: bool = False,
+    initial_state: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Chunked (WY / UT-transform) form of `delta_rule_recurrent`.
+
+    Shapes as there. Returns (o ``[batch, pos, head, d_v]``, states): with `return_states`
+    the state after every position ``[batch, pos, head, d_v, d_k]``, else the final state
+    ``[batch, head, d_v, d_k]``.
+    """
+    batch, n_pos, n_heads, d_k = k.shape
+    state = initial_state if initial_state is not None else k.new_zeros(batch, n_heads, v.shape[-1], d_k)
+    outputs, all_states = [], []
+    for start in range(0, n_pos, chunk_size):
+        # [batch, head, chunk, dim] within the chunk
+        cq, ck, cv = (t[:, start : start + chunk_size].transpose(1, 2) for t in (q, k, v))
+        cb = beta[:, start : start + chunk_size].transpose(1, 2).unsqueeze(-1)
+        size = ck.shape[2]
+        causal = torch.ones(size, size, dtype=torch.bool, device=k.device).tril()
+        strictly_lower = causal.tril(-1)
+        # (I + A) with A_{ri} = beta_r k_rᵀ k_i for i < r: then W = (I + A)⁻¹ diag(beta) K
+        unit_lower = (cb * ck @ ck.transpose(-1, -2)).masked_fill(~strictly_lower, 0.0)
+        unit_lower = unit_lower + torch.eye(size, dtype=k.dtype, device=k.device)
+        # one triangular solve gives both W and U
+        w, u = torch.linalg.solve_triangular(
+            unit_lower, torch.cat([cb * ck, cb * cv], dim=-1), upper=False, unitriangular=True
+        ).split([d_k, cv.shape[-1]], dim=-1)
+        # rows u_i - S_0 w_i: what position i writes on top of the chunk's initial state
+        new_values = u - w @ state.transpose(-1, -2)  # [b, h, c, d_v]
+        scores = (cq @ ck.transpose(-1, -2)).masked_fill(~causal, 0.0)
+        outputs.append((cq @ state.transpose(-1, -2) + scores @ new_values).transpose(1, 2))
+        if return_states:
+            increments = new_values.unsqueeze(-1) * ck.unsqueeze(-2)  # [b, h, c, d_v, d_k]
+            all_states.append((state.unsqueeze(2) + increments.cumsum(dim=2)).transpose(1, 2))
+        state = state + new_values.transpose(-1, -2) @ ck
+    o = torch.cat(outputs, dim=1)
+    return o, (torch.cat(all_states, dim=1) if return_states else state)

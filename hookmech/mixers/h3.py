@@ -1,0 +1,156 @@
+"""H3 (Fu et al. 2023, "Hungry Hungry Hippos", §3.1 and Algorithm 1), as zoology's ``mixers/h3``:
+
+    q, k, v = q_proj(u), k_proj(u), v_proj(u)
+    k̃  = SSM_shift(k) + D_k ⊙ k        # per channel: a shift-register state, i.e. a learned
+                                        # causal conv of d_state taps (remembers recent keys)
+    kv = k̃ ⊗ v                         # per head, head_dim x head_dim outer product
+    s  = SSM_diag(kv) + D ⊙ kv         # per head, one diagonal (S4D-Lin) SSM for its head_dim²
+                                        # channels (accumulates key-value associations)
+    y  = out_proj(q · s)               # contract s with the query over the key index
+
+Both SSMs are linear and time-invariant, so each is applied as a causal convolution with its
+kernel ``K_l = C Ā^l B̄`` (`long_conv.fft_causal_conv`), kernels of at most `l_max` lags.
+
+Sizes: paper 000 (appendix B) lists ``d_state = head_dim = 1024``, which cannot hold at
+d_model 64; its code (tinylang ``model/zoology.py``) builds H3 with ``d_state = l_max`` and
+``head_dim = 2``, which we take: ``d_state=None`` means ``l_max``. With d_state >= L the shift
+SSM is an explicit causal filter over the whole sequence ("equivalent to Hyena", says that code).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..errors import UsageError
+from ..hooks import AxisHookPoint
+from .base import Mixer
+from .long_conv import fft_causal_conv
+
+
+class ShiftKernel(nn.Module):
+    """Convolution kernel of the shift SSM (zoology's `SSKernelShift`).
+
+    State ``x_t = S x_{t-1} + B u_t`` (S shifts the d_state entries down by one),
+    output ``y_t = C · x_t``, per channel; its kernel is ``K_l = Σ_n B_n C_{n+l}`` for
+    ``l < d_state`` and 0 beyond. Parameters ``B, C [channels, d_state]``; B starts at e_0,
+    which makes ``K = C`` (an explicit filter), C at nn.Conv1d's default init.
+    """
+
+    def __init__(self, channels: int, d_state: int):
+        super().__init__()
+        self.d_state = d_state
+        self.B = nn.Parameter(F.one_hot(torch.zeros(channels, dtype=torch.long), d_state).float())
+        bound = 1 / math.sqrt(d_state)
+        self.C = nn.Parameter(torch.empty(channels, d_state).uniform_(-bound, bound))
+
+    def forward(self, n_lags: int) -> Tensor:
+        """Return the kernel ``[n_lags, channels]``."""
+        fft_size = 2 * self.d_state  # correlation of two d_state-long signals, without wrap-around
+        B_f = torch.fft.rfft(self.B, n=fft_size)
+        C_f = torch.fft.rfft(self.C, n=fft_size)
+        kernel = torch.fft.irfft(B_f.conj() * C_f, n=fft_size)[:, : min(self.d_state, n_lags)]
+        return F.pad(kernel, (0, n_lags - kernel.shape[1])).T
+
+
+class DiagonalKernel(nn.Module):
+    """Convolution kernel of a diagonal complex SSM, S4D-Lin (Gu et al. 2022; zoology's `SSKernelDiag`).
+
+    Per channel h, ``d_state/2`` complex modes ``A_n = -exp(inv_A_real_n) + i A_imag_n``
+    (initialised ``-1/2 + iπn``), step ``Δ = exp(log_dt)`` (log-uniform in [dt_min, dt_max]),
+    bilinear discretisation ``Ā = (1 + ΔA/2)/(1 - ΔA/2)``, ``B̄ = Δ B/(1 - ΔA/2)``; the real
+    output of the conjugate-pair system is ``y_t = 2 Re(C · x_t)`` with ``x_t = Ā x_{t-1} + B̄ u_t``,
+    so the kernel is ``K_l = 2 Re Σ_n C_n B̄_n Ā_n^l``. Complex parameters are stored as real
+    ``[..., 2]`` tensors (``B, C [channels, d_state/2, 2]``), as zoology does.
+    """
+
+    def __init__(self, channels: int, d_state: int, dt_min: float = 1e-3, dt_max: float = 1e-1):
+        super().__init__()
+        n_modes = d_state // 2
+        self.log_dt = nn.Parameter(torch.rand(channels) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        self.inv_A_real = nn.Parameter(torch.full((channels, n_modes), math.log(0.5)))
+        self.A_imag = nn.Parameter(math.pi * torch.arange(n_modes, dtype=torch.float32).repeat(channels, 1))
+        self.B = nn.Parameter(torch.view_as_real(torch.ones(channels, n_modes, dtype=torch.cfloat)).clone())
+        self.C = nn.Parameter(torch.view_as_real(torch.randn(channels, n_modes, dtype=torch.cfloat)).clone())
+
+    def forward(self, n_lags: int) -> Tensor:
+        """Return the kernel ``[n_lags, channels]``."""
+        dt = torch.exp(self.log_dt)[:, None]
+        dtA = torch.complex(-torch.exp(self.inv_A_real), self.A_imag) * dt
+        dA = (1 + dtA / 2) / (1 - dtA / 2)
+        CdB = torch.view_as_complex(self.C) * torch.view_as_complex(self.B) * dt / (1 - dtA / 2)
+        # K_l for l = a·m + b is Σ_n (C B̄ Ā^{a·m})_n (Ā^b)_n: one batched complex matmul of two
+        # [channels, modes, ~√L] tables, instead of exponentiating a [channels, modes, L] tensor.
+        m = math.isqrt(n_lags - 1) + 1
+        steps = torch.arange(m, device=dA.device, dtype=self.log_dt.dtype)
+        log_abs, angle = torch.log(dA.abs())[..., None], torch.angle(dA)[..., None]
+
+        def power(exponents: Tensor) -> Tensor:
+            # |Ā|^e e^{ieθ} in real arithmetic: complex exp/log are far slower on CPU
+            magnitude, phase = torch.exp(log_abs * exponents), angle * exponents
+            return torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+
+        outer, inner = power(m * steps), power(steps)
+        kernel = torch.einsum("hna,hnb->hab", CdB[..., None] * outer, inner).reshape(len(dA), m * m)
+        return 2 * kernel[:, :n_lags].real.T
+
+
+class H3(Mixer):
+    """H3: shift SSM on keys, diagonal SSM on key-value products, read out by queries.
+
+    Inside hooks (input ``[batch, pos, d_model]``, ``head = d_model / head_dim``):
+    ``hook_q, hook_k, hook_v`` (projections) and ``hook_shift`` (k after the shift SSM, with
+    its D skip): ``[batch, pos, head, head_dim]``;
+    ``hook_kv`` (shifted-key ⊗ value) and ``hook_ssm`` (diagonal SSM output with its D skip,
+    before the query contraction): ``[batch, pos, head, d_k, d_v]`` (d_k = d_v = head_dim);
+    filters, no position axis: ``hook_shift_filter`` ``[lag, head, head_dim]``,
+    ``hook_ssm_filter`` ``[lag, head]``.
+    The SSMs are used as convolutions, so no per-position state is materialised (none is hooked).
+    """
+
+    def __init__(self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2):
+        super().__init__()
+        # the diagonal SSM pairs its modes as conjugates: round l_max up to an even size
+        d_state = l_max + l_max % 2 if d_state is None else d_state
+        if l_max < 1:
+            raise UsageError(f"h3: l_max must be >= 1, got {l_max}")
+        if head_dim < 1 or d_model % head_dim:
+            raise UsageError(f"h3: d_model {d_model} is not divisible by head_dim {head_dim}")
+        if d_state < 2 or d_state % 2:
+            raise UsageError(f"h3: d_state must be even and >= 2 (conjugate pairs of modes), got {d_state}")
+        self.l_max, self.head_dim, self.n_heads = l_max, head_dim, d_model // head_dim
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.ssm_k_kernel = ShiftKernel(d_model, d_state)
+        self.ssm_k_D = nn.Parameter(torch.randn(d_model))
+        self.kernel = DiagonalKernel(self.n_heads, d_state)
+        self.D = nn.Parameter(torch.randn(self.n_heads))
+        self.out_proj = nn.Linear(d_model, d_model)  # zoology: output_linear
+        head_axes = "batch pos head d_head"
+        self.hook_q, self.hook_k, self.hook_v, self.hook_shift = (AxisHookPoint(head_axes) for _ in range(4))
+        self.hook_kv = AxisHookPoint("batch pos head d_k d_v")
+        self.hook_ssm = AxisHookPoint("batch pos head d_k d_v")
+        self.hook_shift_filter = AxisHookPoint("lag head d_head", pos_axis=None)
+        self.hook_ssm_filter = AxisHookPoint("lag head", pos_axis=None)
+
+    def forward(self, u: Tensor) -> Tensor:
+        """Return the mixed sequence ``[batch, pos, d_model]``."""
+        batch, n_pos, _ = u.shape
+        heads = (batch, n_pos, self.n_heads, self.head_dim)
+        q = self.hook_q(self.q_proj(u).view(heads))
+        k = self.hook_k(self.k_proj(u).view(heads))
+        v = self.hook_v(self.v_proj(u).view(heads))
+        # zoology truncates both kernels to l_max lags; longer inputs are still fine
+        n_lags = min(n_pos, self.l_max)
+        shift_filter = self.hook_shift_filter(self.ssm_k_kernel(n_lags).view(n_lags, self.n_heads, self.head_dim))
+        k = self.hook_shift(fft_causal_conv(k, shift_filter) + k * self.ssm_k_D.view(heads[2:]))
+        kv = self.hook_kv(k[..., :, None] * v[..., None, :])
+        ssm_filter = self.hook_ssm_filter(self.kernel(n_lags))
+        s = fft_causal_conv(kv, ssm_filter[..., None, None]) + kv * self.D[:, None, None]
+        s = self.hook_ssm(s)
+        # zoology orders the output channels (d_v, head); kept so out_proj sees the same layout
+        y = torch.einsum("bthk,bthkv->btvh", q, s).reshape(batch, n_pos, -1)
+        return self.out_proj(y)

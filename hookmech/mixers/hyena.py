@@ -1,0 +1,77 @@
+"""Hyena operator of order 2 (Poli et al. 2023, "Hyena Hierarchy", §3, eq. 5-7), as zoology's
+``mixers/hyena.py`` with one head and one block (paper 000, appendix B (b)):
+
+    x1, x2, v = split(short_conv(in_proj(u)))          # short causal conv, 3 taps
+    z = x2 ⊙ (h * (x1 ⊙ v) + D ⊙ x1 ⊙ v)             # h: implicit long filter, * causal conv
+    y = out_proj(z)
+
+The filter h is `long_conv.ImplicitFilter` (positional MLP of width `filter_order` = 64,
+exponential decay). ``D`` is zoology's filter bias; paper 000's code (tinylang
+``model/zoology.py``) passes ``bias=False``, which zeroes it, so it is off by default here
+(``filter_bias=True`` restores zoology's own default).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import UsageError
+from ..hooks import AxisHookPoint
+from .base import Mixer
+from .long_conv import ImplicitFilter, fft_causal_conv
+from .short_conv import ShortConv
+
+
+class Hyena(Mixer):
+    """Order-2 Hyena: two data-controlled gates around one implicit long convolution.
+
+    Inside hooks (input ``[batch, pos, d_model]``):
+    ``hook_short_conv`` ``[batch, pos, 3*d_model]``: short-conv output, channels (x1 | x2 | v);
+    ``hook_x1`` (gate before the long conv), ``hook_x2`` (gate after it), ``hook_v``,
+    ``hook_long_conv`` (long-conv output, before the x2 gate) and ``hook_y`` (after it, before
+    out_proj): ``[batch, pos, d_model]``;
+    ``hook_filter`` ``[lag, d_model]``: the long filter, no position axis.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        l_max: int = 1024,
+        filter_order: int = 64,
+        short_filter_order: int = 3,
+        filter_bias: bool = False,
+    ):
+        super().__init__()
+        if l_max < 1:
+            raise UsageError(f"hyena: l_max must be >= 1, got {l_max}")
+        if short_filter_order < 1:
+            raise UsageError(f"hyena: short_filter_order must be >= 1, got {short_filter_order}")
+        if filter_order < 1:
+            raise UsageError(f"hyena: filter_order must be >= 1, got {filter_order}")
+        self.d_model, self.l_max = d_model, l_max
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.short_filter = ShortConv(3 * d_model, short_filter_order)
+        self.filter_fn = ImplicitFilter(d_model, l_max, order=filter_order)
+        self.D = nn.Parameter(torch.randn(d_model)) if filter_bias else None
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.hook_short_conv = AxisHookPoint("batch pos d_proj")
+        self.hook_x1, self.hook_x2, self.hook_v = (AxisHookPoint() for _ in range(3))
+        self.hook_filter = AxisHookPoint("lag d_model", pos_axis=None)
+        self.hook_long_conv = AxisHookPoint()
+        self.hook_y = AxisHookPoint()
+
+    def forward(self, u: Tensor) -> Tensor:
+        """Return the mixed sequence ``[batch, pos, d_model]``."""
+        n_pos = u.shape[1]
+        if n_pos > self.l_max:
+            raise UsageError(f"hyena: sequence of {n_pos} positions exceeds l_max {self.l_max}")
+        projected = self.hook_short_conv(self.short_filter(self.in_proj(u)))
+        x1, x2, v = projected.split(self.d_model, dim=-1)
+        x1, x2, v = self.hook_x1(x1), self.hook_x2(x2), self.hook_v(v)
+        v = v * x1
+        h = self.hook_filter(self.filter_fn(n_pos))
+        conv = fft_causal_conv(v, h)
+        if self.D is not None:
+            conv = conv + v * self.D
+        y = self.hook_y(self.hook_long_conv(conv) * x2)
+        return self.out_proj(y)

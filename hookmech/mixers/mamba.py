@@ -1,0 +1,241 @@
+"""Mamba-1 (Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with Selective State
+Spaces", §3 and Figure 3), state-dict compatible with `mamba_ssm.modules.mamba_simple.Mamba`.
+
+For an input x ``[batch, pos, d_model]`` (d_inner = expand · d_model):
+
+    in_x, z = in_proj(x)                              the SSM branch and the gate branch
+    u       = SiLU(conv1d(in_x))                      short causal depthwise convolution
+    dt, B, C = x_proj(u)                              input-dependent ("selective") parameters
+    Δ       = softplus(dt_proj(dt))                   per channel step size
+    h_t     = exp(Δ_t A) ⊙ h_{t-1} + Δ_t u_t B_tᵀ      the selective SSM (eq. 2a, 4), A = -exp(A_log)
+    y_t     = h_t C_t + D ⊙ u_t                       (eq. 2b plus the skip)
+    out     = out_proj(y ⊙ SiLU(z))
+
+Ablations of paper 000 §5.4 and paper 003 §6: `d_conv` ∈ {0,1,2,3,4} (0 removes the
+convolution: u = SiLU(in_x)) and `gate=False` (no z branch: in_proj yields in_x only,
+out = out_proj(y); paper 003 Figure 9).
+
+Paths: the pure PyTorch path (reference, default) uses the chunked scan of
+`selective_scan.py`. The fused path (mamba-ssm's `selective_scan_fn` and causal-conv1d's
+`causal_conv1d_fn`) is taken only on CUDA, when both import, and when no hook inside the
+mixer is in use, since the fused kernels never expose their intermediates.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..errors import UsageError
+from ..hooks import AxisHookPoint
+from .base import Mixer
+from .selective_scan import linear_scan, selective_scan
+from .state_patch import hook_state_with_propagation
+
+# The optional CUDA kernels, bound on first use by `fused_kernels_available` (tests replace them).
+causal_conv1d_fn = None
+selective_scan_fn = None
+_fused_import_tried = False
+
+
+def fused_kernels_available(x: Tensor) -> bool:
+    """Return True when `x` is a CUDA float tensor (not float64) and both mamba-ssm's
+    `selective_scan_fn` and causal-conv1d's `causal_conv1d_fn` import."""
+    global causal_conv1d_fn, selective_scan_fn, _fused_import_tried
+    if not x.is_cuda or x.dtype == torch.float64:
+        return False
+    if not _fused_import_tried:
+        _fused_import_tried = True
+        try:
+            from causal_conv1d import causal_conv1d_fn as conv_fn
+            from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as scan_fn
+        except ImportError:
+            return False
+        causal_conv1d_fn, selective_scan_fn = conv_fn, scan_fn
+    return causal_conv1d_fn is not None and selective_scan_fn is not None
+
+
+class Mamba(Mixer):
+    """The Mamba-1 mixer, ``[batch, pos, d_model] -> [batch, pos, d_model]``.
+
+    Arguments and defaults are mamba-ssm's (`d_state=16, d_conv=4, expand=2,
+    dt_rank="auto"` = ceil(d_model / 16), ...), plus the ablations `gate` and `d_conv=0`;
+    `use_fast_path=False` forbids the fused CUDA kernels. Parameters, key for key:
+    ``in_proj, conv1d, x_proj, dt_proj, A_log, D, out_proj``.
+
+    Inside hooks (d_inner = expand · d_model):
+    ``hook_in_x`` ``[batch, pos, d_inner]``: SSM branch of in_proj;
+    ``hook_gate`` ``[batch, pos, d_inner]``: gate branch z before its SiLU (only with gate);
+    ``hook_conv`` ``[batch, pos, d_inner]``: causal conv output before SiLU (only with d_conv > 0);
+    ``hook_conv_act`` ``[batch, pos, d_inner]``: u, the SSM input;
+    ``hook_delta`` ``[batch, pos, d_inner]``: Δ after softplus;
+    ``hook_B``, ``hook_C`` ``[batch, pos, d_state]``;
+    ``hook_ssm_state`` ``[batch, pos, d_inner, d_state]``: h_t, built only while the hook is
+    in use; an edit at position p is carried through the recurrence to later positions;
+    ``hook_y`` ``[batch, pos, d_inner]``: h_t C_t + D ⊙ u_t, before the gate.
+    """
+
+    block_norm = "rmsnorm"
+    block_mlp = False
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 16,
+        d_conv: int = 4,
+        expand: int = 2,
+        dt_rank: int | str = "auto",
+        dt_min: float = 0.001,
+        dt_max: float = 0.1,
+        dt_init: str = "random",
+        dt_scale: float = 1.0,
+        dt_init_floor: float = 1e-4,
+        conv_bias: bool = True,
+        bias: bool = False,
+        gate: bool = True,
+        use_fast_path: bool = True,
+    ):
+        super().__init__()
+        _check_options(d_state, d_conv, expand, dt_rank, dt_min, dt_max, dt_init)
+        self.d_model, self.d_state, self.d_conv, self.gate = d_model, d_state, d_conv, gate
+        self.d_inner = int(expand * d_model)
+        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else int(dt_rank)
+        self.use_fast_path = use_fast_path
+
+        self.in_proj = nn.Linear(d_model, self.d_inner * (2 if gate else 1), bias=bias)
+        if d_conv > 0:
+            self.conv1d = nn.Conv1d(
+                self.d_inner, self.d_inner, kernel_size=d_conv, groups=self.d_inner,
+                padding=d_conv - 1, bias=conv_bias,
+            )
+        self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
+        self._init_dt(dt_min, dt_max, dt_init, dt_scale, dt_init_floor)
+        # S4D-real initialisation: A = -(1, 2, ..., d_state) in every channel.
+        A = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(self.d_inner, 1)
+        self.A_log = nn.Parameter(torch.log(A))
+        self.A_log._no_weight_decay = True
+        self.D = nn.Parameter(torch.ones(self.d_inner))
+        self.D._no_weight_decay = True
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
+
+        channels = "batch pos d_inner"
+        self.hook_in_x = AxisHookPoint(channels)
+        if gate:
+            self.hook_gate = AxisHookPoint(channels)
+        if d_conv > 0:
+            self.hook_conv = AxisHookPoint(channels)
+        self.hook_conv_act = AxisHookPoint(channels)
+        self.hook_delta = AxisHookPoint(channels)
+        self.hook_B = AxisHookPoint("batch pos d_state")
+        self.hook_C = AxisHookPoint("batch pos d_state")
+        self.hook_ssm_state = AxisHookPoint("batch pos d_inner d_state")
+        self.hook_y = AxisHookPoint(channels)
+
+    def _init_dt(self, dt_min: float, dt_max: float, dt_init: str, dt_scale: float, floor: float) -> None:
+        # mamba-ssm: keep dt_proj's output variance at init, and set its bias so that
+        # softplus(bias) is log-uniform in [dt_min, dt_max].
+        std = self.dt_rank**-0.5 * dt_scale
+        if dt_init == "constant":
+            nn.init.constant_(self.dt_proj.weight, std)
+        else:
+            nn.init.uniform_(self.dt_proj.weight, -std, std)
+        log_dt = torch.rand(self.d_inner) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
+        dt = torch.exp(log_dt).clamp(min=floor)
+        inverse_softplus_dt = dt + torch.log(-torch.expm1(-dt))
+        with torch.no_grad():
+            self.dt_proj.bias.copy_(inverse_softplus_dt)
+        # mamba-ssm's convention: a model-wide init must not zero this bias.
+        self.dt_proj.bias._no_reinit = True
+
+    # -- forward ---------------------------------------------------------------------------
+    def forward(self, x: Tensor) -> Tensor:
+        """Return the mixed sequence ``[batch, pos, d_model]``."""
+        if self.use_fast_path and not self._inside_hooks_in_use() and fused_kernels_available(x):
+            return self._forward_fused(x)
+        projected = self.in_proj(x)
+        if self.gate:
+            in_x, z = projected.chunk(2, dim=-1)
+            z = self.hook_gate(z)
+        else:
+            in_x = projected
+        in_x = self.hook_in_x(in_x)
+        if self.d_conv > 0:
+            in_x = self.hook_conv(self._causal_conv(in_x))
+        u = self.hook_conv_act(F.silu(in_x))
+        dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        delta = self.hook_delta(F.softplus(self.dt_proj(dt)))
+        B, C = self.hook_B(B), self.hook_C(C)
+        A = self._A()
+        y = self.hook_y(self._ssm(u, delta, A, B, C))
+        if self.gate:
+            y = y * F.silu(z)
+        return self.out_proj(y)
+
+    def _ssm(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
+        """y ``[batch, pos, d_inner]``; states materialised only while hook_ssm_state is used."""
+        if not _in_use(self.hook_ssm_state):
+            return selective_scan(u, delta, A, B, C, self.D)
+        decay = torch.exp(delta[..., None] * A)  # [batch, pos, d_inner, d_state]
+        drive = (delta * u)[..., None] * B[:, :, None, :]
+
+        def rescan(h_before: Tensor, start: int, end: int) -> Tensor:
+            first = drive[:, start] + decay[:, start] * h_before
+            return linear_scan(decay[:, start:end], torch.cat([first[:, None], drive[:, start + 1 : end]], 1))
+
+        states = hook_state_with_propagation(self.hook_ssm_state, linear_scan(decay, drive), rescan)
+        return (states @ C[..., None])[..., 0] + u * self.D
+
+    def _causal_conv(self, x: Tensor) -> Tensor:
+        """Depthwise conv1d of ``[batch, pos, d_inner]`` -> same; output t sees inputs
+        t-d_conv+1 .. t (conv1d pads d_conv-1 on both sides; the last outputs are dropped)."""
+        return self.conv1d(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+
+    def _forward_fused(self, x: Tensor) -> Tensor:
+        """The CUDA path: mamba-ssm's kernels in their [batch, channels, pos] layout."""
+        projected = self.in_proj(x).transpose(1, 2)
+        in_x, z = projected.chunk(2, dim=1) if self.gate else (projected, None)
+        if 2 <= self.d_conv <= 4:  # the widths causal-conv1d implements
+            u = causal_conv1d_fn(in_x.contiguous(), self.conv1d.weight[:, 0, :], self.conv1d.bias, activation="silu")
+        elif self.d_conv > 0:
+            u = F.silu(self.conv1d(in_x)[..., : in_x.shape[-1]])
+        else:
+            u = F.silu(in_x)
+        dt, B, C = self.x_proj(u.transpose(1, 2)).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        delta = (dt @ self.dt_proj.weight.T).transpose(1, 2)  # bias and softplus run inside the kernel
+        y = selective_scan_fn(
+            u.contiguous(), delta.contiguous(), self._A(),
+            B.transpose(1, 2).contiguous(), C.transpose(1, 2).contiguous(), self.D.float(),
+            z=None if z is None else z.contiguous(),
+            delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
+        )
+        return self.out_proj(y.transpose(1, 2))
+
+    def _A(self) -> Tensor:
+        """A = -exp(A_log) ``[d_inner, d_state]``, in at least float32 (as mamba-ssm)."""
+        return -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))
+
+    def _inside_hooks_in_use(self) -> bool:
+        return any(_in_use(module) for module in self.modules() if isinstance(module, AxisHookPoint))
+
+
+def _in_use(hook: AxisHookPoint) -> bool:
+    # A backward hook also needs the tensor to exist, not only a forward one.
+    return hook.is_active or bool(hook.bwd_hooks)
+
+
+def _check_options(d_state, d_conv, expand, dt_rank, dt_min, dt_max, dt_init) -> None:
+    if d_state < 1:
+        raise UsageError(f"mamba: d_state must be >= 1, got {d_state}")
+    if d_conv not in (0, 1, 2, 3, 4):
+        raise UsageError(f"mamba: d_conv must be one of 0, 1, 2, 3, 4 (0 = no convolution), got {d_conv}")
+    if expand <= 0:
+        raise UsageError(f"mamba: expand must be > 0, got {expand}")
+    if dt_rank != "auto" and (not isinstance(dt_rank, int) or dt_rank < 1):
+        raise UsageError(f"mamba: dt_rank must be 'auto' or an integer >= 1, got {dt_rank!r}")
+    if not 0 < dt_min <= dt_max:
+        raise UsageError(f"mamba: need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+    if dt_init not in ("random", "constant"):
+        raise UsageError(f"mamba: dt_init must be 'random' or 'constant', got {dt_init!r}")

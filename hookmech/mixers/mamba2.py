@@ -1,0 +1,250 @@
+"""Mamba-2 (Dao & Gu 2024, "Transformers are SSMs", the SSD layer), in plain PyTorch.
+
+Parameter names follow `mamba_ssm.modules.mamba2_simple.Mamba2Simple` (`in_proj, conv1d,
+dt_bias, A_log, D, norm, out_proj`; `conv1d` has `nn.Conv1d`'s keys). Per head h, with a
+*scalar* decay (the SSD restriction of Mamba-1's diagonal A, paper §7):
+
+    z, xBC, dt  = in_proj(u)                    (split d_inner | d_inner + 2·G·N | H)
+    x, B, C     = silu(conv1d(xBC))             (causal depthwise conv, kernel d_conv)
+    Δ_t         = softplus(dt_t + dt_bias)      [H]
+    a_t         = exp(Δ_t · A),  A = -exp(A_log)
+    h_t         = a_t h_{t-1} + Δ_t x_t B_tᵀ    [headdim, d_state] per head
+    y_t         = h_t C_t + D x_t
+    out         = out_proj(rmsnorm(y ⊙ silu(z)) ⊙ norm.weight)
+
+`ssd_sequential` is that recurrence as a loop; `ssd_chunked` is the paper's chunked SSD
+algorithm (§6: quadratic "attention" form inside chunks, the recurrence between chunks),
+the default. Both are pinned together by the tests.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..errors import UsageError
+from ..hooks import AxisHookPoint
+from .base import Mixer
+from .short_conv import ShortConv
+from .state_patch import hook_state_with_propagation
+
+
+def _expand_groups(bc: Tensor, n_heads: int) -> Tensor:
+    """[..., groups, d_state] -> [..., n_heads, d_state]: heads share their group's B/C."""
+    return bc.repeat_interleave(n_heads // bc.shape[-2], dim=-2)
+
+
+def ssd_sequential(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, initial_state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The SSD recurrence, one position at a time (the reference).
+
+    x ``[batch, pos, head, headdim]``, dt ``[batch, pos, head]`` (after softplus), A ``[head]``
+    (negative), B, C ``[batch, pos, group, d_state]``, initial_state ``[batch, head, headdim,
+    d_state]`` or None (zeros). Returns y ``[batch, pos, head, headdim]`` (without the D skip)
+    and the states after each position ``[batch, pos, head, headdim, d_state]``.
+    """
+    batch, n_pos, n_heads, headdim = x.shape
+    B, C = _expand_groups(B, n_heads), _expand_groups(C, n_heads)
+    h = x.new_zeros(batch, n_heads, headdim, B.shape[-1]) if initial_state is None else initial_state
+    ys, states = [], []
+    for t in range(n_pos):
+        decay = torch.exp(dt[:, t] * A)[..., None, None]
+        h = decay * h + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
+        ys.append(torch.einsum("bhpn,bhn->bhp", h, C[:, t]))
+        states.append(h)
+    return torch.stack(ys, dim=1), torch.stack(states, dim=1)
+
+
+def ssd_chunked(
+    x: Tensor,
+    dt: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    chunk_size: int,
+    initial_state: Tensor | None = None,
+    return_all_states: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The chunked SSD algorithm (Dao & Gu 2024, §6); same arguments as `ssd_sequential`.
+
+    Returns y ``[batch, pos, head, headdim]`` and, with `return_all_states`, the state after
+    every position ``[batch, pos, head, headdim, d_state]``; otherwise only the final state
+    ``[batch, head, headdim, d_state]`` (no per-position state is materialised).
+    """
+    batch, n_pos, n_heads, headdim = x.shape
+    B, C = _expand_groups(B, n_heads), _expand_groups(C, n_heads)
+    d_state = B.shape[-1]
+    chunk_size = min(chunk_size, n_pos)  # a short sequence is one chunk, not a padded one
+    pad = -n_pos % chunk_size
+    if pad:
+        # dt = 0 pads are no-ops of the recurrence (decay 1, no input); they are cut off below.
+        x, dt, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, B, C))
+    n_chunks = x.shape[1] // chunk_size
+    x, dt, B, C = (t.reshape(batch, n_chunks, chunk_size, *t.shape[2:]) for t in (x, dt, B, C))
+
+    log_decay = torch.cumsum(dt * A, dim=2)  # [b, c, Q, h]: log of a_1 ... a_t within the chunk
+    # decay_ts[t, s] = a_{s+1} ... a_t for s <= t; differences of cumulative sums stay <= 0
+    # (no overflow), and the mask is applied before exp.
+    segsum = log_decay[:, :, :, None, :] - log_decay[:, :, None, :, :]
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=x.device).tril()
+    decay_ts = torch.exp(segsum.masked_fill(~causal[:, :, None], float("-inf")))  # [b,c,t,s,h]
+    dtx = dt[..., None] * x  # Δ_s x_s: the input of position s
+
+    # Intra-chunk: y_t = Σ_{s<=t} (C_t·B_s) decay_ts Δ_s x_s, the "attention" form.
+    scores = torch.einsum("bcthn,bcshn->bctsh", C, B) * decay_ts
+    y = torch.einsum("bctsh,bcshp->bcthp", scores, dtx)
+
+    # Inter-chunk: the state entering each chunk, by the recurrence over chunks.
+    decay_to_end = torch.exp(log_decay[:, :, -1:] - log_decay)  # [b, c, Q, h]
+    chunk_input = torch.einsum("bcsh,bcshp,bcshn->bchpn", decay_to_end, dtx, B)
+    chunk_decay = torch.exp(log_decay[:, :, -1])  # [b, c, h]
+    h = x.new_zeros(batch, n_heads, headdim, d_state) if initial_state is None else initial_state
+    entering = []
+    for c in range(n_chunks):
+        entering.append(h)
+        h = chunk_decay[:, c, :, None, None] * h + chunk_input[:, c]
+    entering = torch.stack(entering, dim=1)  # [b, c, h, p, n]
+    y = y + torch.einsum("bcthn,bcth,bchpn->bcthp", C, torch.exp(log_decay), entering)
+    y = y.reshape(batch, n_chunks * chunk_size, n_heads, headdim)[:, :n_pos]
+
+    if not return_all_states:
+        return y, h
+    states = torch.einsum("bctsh,bcshp,bcshn->bcthpn", decay_ts, dtx, B)
+    states = states + torch.exp(log_decay)[..., None, None] * entering[:, :, None]
+    states = states.reshape(batch, n_chunks * chunk_size, n_heads, headdim, d_state)[:, :n_pos]
+    return y, states
+
+
+class GatedRMSNorm(nn.Module):
+    """rmsnorm(y ⊙ silu(z)) ⊙ weight over groups of channels (mamba-ssm's `RMSNormGated`
+    with `norm_before_gate=False`). Returns ``[..., d_inner]``."""
+
+    def __init__(self, d_inner: int, group_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.group_size, self.eps = group_size, eps
+        self.weight = nn.Parameter(torch.ones(d_inner))
+
+    def forward(self, y: Tensor, z: Tensor) -> Tensor:
+        gated = y * F.silu(z)
+        grouped = gated.unflatten(-1, (-1, self.group_size))
+        normed = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.flatten(-2) * self.weight
+
+
+class Mamba2(Mixer):
+    """The Mamba-2 mixer: ``[batch, pos, d_model] -> [batch, pos, d_model]``.
+
+    Inside hooks (G = ngroups, H = nheads = expand·d_model / headdim, N = d_state):
+    ``hook_in_x`` ``[batch, pos, d_inner]`` (x branch of in_proj, before the conv);
+    ``hook_gate`` ``[batch, pos, d_inner]`` (z, before silu);
+    ``hook_conv`` ``[batch, pos, d_inner]`` (x after the conv, before silu);
+    ``hook_conv_act`` ``[batch, pos, head, headdim]`` (the SSM input x);
+    ``hook_delta`` ``[batch, pos, head]`` (Δ after softplus);
+    ``hook_B``, ``hook_C`` ``[batch, pos, group, d_state]``;
+    ``hook_ssm_state`` ``[batch, pos, head, headdim, d_state]``, the state after each
+    position, materialised only while a hook is attached; edits propagate;
+    ``hook_y`` ``[batch, pos, head, headdim]`` (SSM output with the D skip, before the gated norm).
+    """
+
+    block_norm = "rmsnorm"
+    block_mlp = False
+
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int = 64,
+        d_conv: int = 4,
+        expand: int = 2,
+        headdim: int = 16,
+        ngroups: int = 1,
+        A_init_range: tuple[float, float] = (1.0, 16.0),
+        dt_min: float = 0.001,
+        dt_max: float = 0.1,
+        dt_init_floor: float = 1e-4,
+        bias: bool = False,
+        conv_bias: bool = True,
+        chunk_size: int = 32,
+    ):
+        super().__init__()
+        d_inner = expand * d_model
+        for name, value in (("d_state", d_state), ("expand", expand), ("headdim", headdim),
+                            ("ngroups", ngroups), ("chunk_size", chunk_size)):
+            if value < 1:
+                raise UsageError(f"mamba2: {name} must be >= 1, got {value}")
+        if d_conv < 0:
+            raise UsageError(f"mamba2: d_conv must be >= 0 (0 removes the convolution), got {d_conv}")
+        if d_inner % headdim:
+            raise UsageError(f"mamba2: d_inner = expand*d_model = {d_inner} is not divisible by headdim {headdim}")
+        n_heads = d_inner // headdim
+        if n_heads % ngroups:
+            raise UsageError(f"mamba2: nheads {n_heads} is not divisible by ngroups {ngroups}")
+        if not 0 < A_init_range[0] <= A_init_range[1]:
+            raise UsageError(f"mamba2: A_init_range must be 0 < low <= high, got {A_init_range}")
+        if not 0 < dt_min <= dt_max:
+            raise UsageError(f"mamba2: need 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
+        self.d_inner, self.d_state, self.headdim = d_inner, d_state, headdim
+        self.n_heads, self.ngroups, self.chunk_size = n_heads, ngroups, chunk_size
+
+        # in_proj order as mamba-ssm: [z, x, B, C, dt]
+        self.in_proj = nn.Linear(d_model, 2 * d_inner + 2 * ngroups * d_state + n_heads, bias=bias)
+        conv_dim = d_inner + 2 * ngroups * d_state
+        self.conv1d = ShortConv(conv_dim, d_conv, bias=conv_bias) if d_conv > 0 else None
+
+        # Δ's bias is the inverse softplus of a log-uniform dt in [dt_min, dt_max] (mamba-ssm).
+        dt = torch.exp(torch.rand(n_heads) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        dt = dt.clamp(min=dt_init_floor)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(*A_init_range).log())
+        self.D = nn.Parameter(torch.ones(n_heads))
+        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups)
+        self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
+
+        self.hook_in_x = AxisHookPoint("batch pos d_inner")
+        self.hook_gate = AxisHookPoint("batch pos d_inner")
+        self.hook_conv = AxisHookPoint("batch pos d_inner")
+        self.hook_conv_act = AxisHookPoint("batch pos head headdim")
+        self.hook_delta = AxisHookPoint("batch pos head")
+        self.hook_B = AxisHookPoint("batch pos group d_state")
+        self.hook_C = AxisHookPoint("batch pos group d_state")
+        self.hook_ssm_state = AxisHookPoint("batch pos head headdim d_state")
+        self.hook_y = AxisHookPoint("batch pos head headdim")
+
+    def forward(self, u: Tensor) -> Tensor:
+        """Return the mixed sequence ``[batch, pos, d_model]`` of ``u [batch, pos, d_model]``."""
+        batch, n_pos, _ = u.shape
+        d_bc = self.ngroups * self.d_state
+        z, x, bc, dt = self.in_proj(u).split([self.d_inner, self.d_inner, 2 * d_bc, self.n_heads], dim=-1)
+        z = self.hook_gate(z)
+        xbc = torch.cat([self.hook_in_x(x), bc], dim=-1)
+        if self.conv1d is not None:
+            xbc = self.conv1d(xbc)
+        x, B, C = xbc.split([self.d_inner, d_bc, d_bc], dim=-1)
+        x = self.hook_conv_act(F.silu(self.hook_conv(x)).view(batch, n_pos, self.n_heads, self.headdim))
+        B = self.hook_B(F.silu(B).view(batch, n_pos, self.ngroups, self.d_state))
+        C = self.hook_C(F.silu(C).view(batch, n_pos, self.ngroups, self.d_state))
+        dt = self.hook_delta(F.softplus(dt + self.dt_bias))
+        A = -torch.exp(self.A_log)
+
+        if self.hook_ssm_state.is_active:
+            y = self._ssd_through_state_hook(x, dt, A, B, C)
+        else:
+            y, _ = ssd_chunked(x, dt, A, B, C, self.chunk_size)
+        y = self.hook_y(y + self.D[:, None] * x)
+        y = self.norm(y.reshape(batch, n_pos, self.d_inner), z)
+        return self.out_proj(y)
+
+    def _ssd_through_state_hook(self, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
+        """SSD with every state materialised and passed through `hook_ssm_state`; the
+        output is read from the (possibly edited, then re-propagated) states: y_t = h_t C_t."""
+        _, states = ssd_chunked(x, dt, A, B, C, self.chunk_size, return_all_states=True)
+
+        def rescan(initial_state: Tensor, start: int, end: int) -> Tensor:
+            sl = slice(start, end)
+            return ssd_chunked(x[:, sl], dt[:, sl], A, B[:, sl], C[:, sl], self.chunk_size,
+                               initial_state=initial_state, return_all_states=True)[1]
+
+        states = hook_state_with_propagation(self.hook_ssm_state, states, rescan)
+        return torch.einsum("blhpn,blhn->blhp", states, _expand_groups(C, self.n_heads))

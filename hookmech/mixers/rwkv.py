@@ -1,0 +1,236 @@
+"""RWKV-6 ("Finch") time mixing (Peng et al. 2024, "Eagle and Finch", §4), in plain PyTorch.
+
+This is the time-mixing half of an RWKV-6 block; the block's MLP stands in for RWKV's
+channel mixing (`block_mlp = True`). Parameter names follow BlinkDL's `RWKV_Tmix_x060`
+(`time_maa_*`, `time_decay*`, `time_faaaa` = the bonus u, `receptance, key, value, gate,
+ln_x`), except the output projection, named `out_proj` (RWKV's `output`) so that the
+backbone's init rescales it. With x'_t = x_{t-1} - x_t (token shift, x_{-1} = 0):
+
+    lerp_□(x)  = x + x' ⊙ (μ_□ + lora_□(x + x' ⊙ μ_x))      data-dependent interpolation (eq. 14-16)
+    r, k, v    = receptance(lerp_r), key(lerp_k), value(lerp_v)   [head, d_head] each
+    g          = silu(gate(lerp_g))
+    w_t        = time_decay + tanh(lerp_w @ time_decay_w1) @ time_decay_w2   (eq. 17)
+    S_t        = diag(exp(-exp(w_t))) S_{t-1} + k_tᵀ v_t     per head, [d_head, d_head]
+    o_t        = r_t (S_{t-1} + diag(u) k_tᵀ v_t)            (eq. 18-19)
+    out        = out_proj(groupnorm_heads(o) ⊙ g)
+
+`wkv_sequential` is that recurrence as a loop; `wkv_chunked` (the default) evaluates it
+chunk by chunk: a masked quadratic form inside each chunk (gated linear attention with a
+per-channel decay) and the recurrence between chunks. The tests pin the two together.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..errors import UsageError
+from ..hooks import AxisHookPoint
+from .base import Mixer
+from .state_patch import hook_state_with_propagation
+
+
+def wkv_sequential(
+    r: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, u: Tensor, initial_state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The RWKV-6 recurrence, one position at a time (the reference).
+
+    r, k, log_decay (= -exp(w), <= 0) ``[batch, pos, head, d_k]``, v ``[batch, pos, head, d_v]``,
+    u ``[head, d_k]``, initial_state ``[batch, head, d_k, d_v]`` or None (zeros). Returns
+    o ``[batch, pos, head, d_v]`` and the states after each position ``[batch, pos, head, d_k, d_v]``.
+    """
+    batch, n_pos, n_heads, d_k = k.shape
+    state = k.new_zeros(batch, n_heads, d_k, v.shape[-1]) if initial_state is None else initial_state
+    outs, states = [], []
+    for t in range(n_pos):
+        kv = k[:, t, :, :, None] * v[:, t, :, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", r[:, t], state + u[..., None] * kv))
+        state = torch.exp(log_decay[:, t])[..., None] * state + kv
+        states.append(state)
+    return torch.stack(outs, dim=1), torch.stack(states, dim=1)
+
+
+def wkv_chunked(
+    r: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_decay: Tensor,
+    u: Tensor,
+    chunk_size: int,
+    initial_state: Tensor | None = None,
+    return_all_states: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The RWKV-6 recurrence in chunks; same arguments as `wkv_sequential`.
+
+    Returns o ``[batch, pos, head, d_v]`` and, with `return_all_states`, the state after
+    every position ``[batch, pos, head, d_k, d_v]``; otherwise only the final state
+    ``[batch, head, d_k, d_v]`` (no per-position state is materialised).
+    """
+    batch, n_pos, n_heads, d_k = k.shape
+    d_v = v.shape[-1]
+    chunk_size = min(chunk_size, n_pos)  # a short sequence is one chunk, not a padded one
+    pad = -n_pos % chunk_size
+    if pad:
+        # log_decay = 0, k = 0 pads leave the state unchanged; they are cut off below.
+        r, k, v, log_decay = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (r, k, v, log_decay))
+    n_chunks = k.shape[1] // chunk_size
+    r, k, v, log_decay = (t.reshape(batch, n_chunks, chunk_size, n_heads, -1) for t in (r, k, v, log_decay))
+
+    decay_in = torch.cumsum(log_decay, dim=2)  # log Π_{s<=t} w_s within the chunk
+    decay_before = decay_in - log_decay  # log Π_{s<t} w_s: o_t reads S_{t-1}
+    # Pairwise decays are formed as differences of cumulative sums, masked before exp, so
+    # they stay <= 1: factoring them as exp(b_t) · exp(-b_s) would overflow for fast decays.
+    positions = torch.arange(chunk_size, device=k.device)
+    strictly_before = (positions[None, :] < positions[:, None])[:, :, None, None]  # [t, s, 1, 1]
+    pair_decay = torch.exp(
+        (decay_before[:, :, :, None] - decay_in[:, :, None, :]).masked_fill(~strictly_before, float("-inf"))
+    )  # [b, c, t, s, h, d_k]
+
+    # Intra-chunk: o_t = Σ_{s<t} (r_t ⊙ decay_ts ⊙ k_s)·1 v_s + (r_t ⊙ u ⊙ k_t)·1 v_t.
+    scores = torch.einsum("bcthk,bcshk,bctshk->bctsh", r, k, pair_decay)
+    out = torch.einsum("bctsh,bcshv->bcthv", scores, v)
+    out = out + torch.einsum("bcthk,hk,bcthk->bcth", r, u, k)[..., None] * v
+
+    # Inter-chunk: the state entering each chunk, by the recurrence over chunks.
+    to_end = torch.exp(decay_in[:, :, -1:] - decay_in)  # [b, c, Q, h, d_k]
+    chunk_input = torch.einsum("bcshk,bcshv->bchkv", k * to_end, v)
+    chunk_decay = torch.exp(decay_in[:, :, -1])  # [b, c, h, d_k]
+    state = k.new_zeros(batch, n_heads, d_k, d_v) if initial_state is None else initial_state
+    entering = []
+    for c in range(n_chunks):
+        entering.append(state)
+        state = chunk_decay[:, c, ..., None] * state + chunk_input[:, c]
+    entering = torch.stack(entering, dim=1)  # [b, c, h, d_k, d_v]
+    out = out + torch.einsum("bcthk,bchkv->bcthv", r * torch.exp(decay_before), entering)
+    out = out.reshape(batch, n_chunks * chunk_size, n_heads, d_v)[:, :n_pos]
+
+    if not return_all_states:
+        return out, state
+    up_to = (positions[None, :] <= positions[:, None])[:, :, None, None]
+    pair_decay_in = torch.exp(
+        (decay_in[:, :, :, None] - decay_in[:, :, None, :]).masked_fill(~up_to, float("-inf"))
+    )
+    states = torch.einsum("bctshk,bcshk,bcshv->bcthkv", pair_decay_in, k, v)
+    states = states + torch.exp(decay_in)[..., None] * entering[:, :, None]
+    return out, states.reshape(batch, n_chunks * chunk_size, n_heads, d_k, d_v)[:, :n_pos]
+
+
+class RWKV6(Mixer):
+    """RWKV-6 time mixing: ``[batch, pos, d_model] -> [batch, pos, d_model]``.
+
+    Inside hooks (head = d_model / head_size, d_head = head_size):
+    ``hook_r``, ``hook_k``, ``hook_v`` ``[batch, pos, head, d_head]``;
+    ``hook_decay`` ``[batch, pos, head, d_head]``: RWKV's w_t, the decay factor being
+    exp(-exp(w_t)) (hooking w keeps patching exact in log space);
+    ``hook_gate`` ``[batch, pos, d_model]``: silu(g);
+    ``hook_state`` ``[batch, pos, head, d_head (key), d_head (value)]``: S_t, the state after
+    each position, materialised only while a hook is attached; edits propagate;
+    ``hook_output`` ``[batch, pos, head, d_head]``: o_t, before the group norm and gate.
+    """
+
+    block_norm = "layernorm"
+    block_mlp = True
+
+    def __init__(
+        self,
+        d_model: int,
+        head_size: int = 16,
+        mix_lora: int = 32,
+        decay_lora: int = 64,
+        init_depth: float = 0.5,
+        head_size_divisor: int = 8,
+        chunk_size: int = 16,
+    ):
+        super().__init__()
+        if head_size < 1 or d_model % head_size:
+            raise UsageError(f"rwkv: d_model {d_model} is not divisible by head_size {head_size}")
+        for name, value in (("mix_lora", mix_lora), ("decay_lora", decay_lora),
+                            ("head_size_divisor", head_size_divisor), ("chunk_size", chunk_size)):
+            if value < 1:
+                raise UsageError(f"rwkv: {name} must be >= 1, got {value}")
+        if not 0.0 <= init_depth <= 1.0:
+            raise UsageError(f"rwkv: init_depth must be in [0, 1], got {init_depth}")
+        self.n_heads, self.head_size, self.chunk_size = d_model // head_size, head_size, chunk_size
+        self._init_time_parameters(d_model, mix_lora, decay_lora, init_depth)
+        self.receptance = nn.Linear(d_model, d_model, bias=False)
+        self.key = nn.Linear(d_model, d_model, bias=False)
+        self.value = nn.Linear(d_model, d_model, bias=False)
+        self.gate = nn.Linear(d_model, d_model, bias=False)
+        self.ln_x = nn.GroupNorm(self.n_heads, d_model, eps=1e-5 * head_size_divisor**2)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+        head_axes = "batch pos head d_head"
+        self.hook_r, self.hook_k, self.hook_v = (AxisHookPoint(head_axes) for _ in range(3))
+        self.hook_decay = AxisHookPoint(head_axes)
+        self.hook_gate = AxisHookPoint("batch pos d_model")
+        self.hook_state = AxisHookPoint("batch pos head d_head_k d_head_v")
+        self.hook_output = AxisHookPoint(head_axes)
+
+    @torch.no_grad()
+    def _init_time_parameters(self, d_model: int, mix_lora: int, decay_lora: int, depth: float) -> None:
+        """RWKV-6's initialisation (`RWKV_Tmix_x060`). It depends on the layer's depth, which a
+        mixer does not know: `depth` plays ratio_0_to_1 = layer/(n_layer-1), and
+        ratio_1_to_almost0 = 1 - layer/n_layer is taken as 1 - depth/2 (exact for 2 layers)."""
+        shallow = 1.0 - depth / 2
+        ddd = (torch.arange(d_model) / d_model).view(1, 1, d_model)
+        self.time_maa_x = nn.Parameter(1.0 - ddd.pow(shallow))
+        self.time_maa_w = nn.Parameter(1.0 - ddd.pow(shallow))
+        self.time_maa_k = nn.Parameter(1.0 - ddd.pow(shallow))
+        self.time_maa_v = nn.Parameter(1.0 - (ddd.pow(shallow) + 0.3 * depth))
+        self.time_maa_r = nn.Parameter(1.0 - ddd.pow(0.5 * shallow))
+        self.time_maa_g = nn.Parameter(1.0 - ddd.pow(0.5 * shallow))
+        # LoRA A matrices start at zero (so the interpolation starts data-independent);
+        # B matrices small and random so that A receives gradient from the first step.
+        self.time_maa_w1 = nn.Parameter(torch.zeros(d_model, 5 * mix_lora))
+        self.time_maa_w2 = nn.Parameter(torch.empty(5, mix_lora, d_model).uniform_(-0.01, 0.01))
+        channel = torch.arange(d_model) / max(d_model - 1, 1)
+        self.time_decay = nn.Parameter((-6 + 5 * channel.pow(0.7 + 1.3 * depth)).view(1, 1, d_model))
+        self.time_decay_w1 = nn.Parameter(torch.zeros(d_model, decay_lora))
+        self.time_decay_w2 = nn.Parameter(torch.empty(decay_lora, d_model).uniform_(-0.01, 0.01))
+        zigzag = ((torch.arange(d_model) + 1) % 3 - 1) * 0.1
+        self.time_faaaa = nn.Parameter((depth * (1 - channel) + zigzag).view(self.n_heads, self.head_size))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Return the mixed sequence ``[batch, pos, d_model]`` of ``x [batch, pos, d_model]``."""
+        batch, n_pos, d_model = x.shape
+        heads = (batch, n_pos, self.n_heads, self.head_size)
+        shifted = F.pad(x, (0, 0, 1, -1)) - x  # x_{t-1} - x_t: the only cross-position step
+        lora_in = torch.tanh((x + shifted * self.time_maa_x) @ self.time_maa_w1)
+        lora = torch.einsum("btfr,frd->fbtd", lora_in.unflatten(-1, (5, -1)), self.time_maa_w2)
+        mix_w, mix_k, mix_v, mix_r, mix_g = lora.unbind(0)
+        xw = x + shifted * (self.time_maa_w + mix_w)
+        xk = x + shifted * (self.time_maa_k + mix_k)
+        xv = x + shifted * (self.time_maa_v + mix_v)
+        xr = x + shifted * (self.time_maa_r + mix_r)
+        xg = x + shifted * (self.time_maa_g + mix_g)
+
+        r = self.hook_r(self.receptance(xr).view(heads))
+        k = self.hook_k(self.key(xk).view(heads))
+        v = self.hook_v(self.value(xv).view(heads))
+        g = self.hook_gate(F.silu(self.gate(xg)))
+        w = self.time_decay + torch.tanh(xw @ self.time_decay_w1) @ self.time_decay_w2
+        log_decay = -torch.exp(self.hook_decay(w.view(heads)))
+
+        if self.hook_state.is_active:
+            out = self._wkv_through_state_hook(r, k, v, log_decay)
+        else:
+            out, _ = wkv_chunked(r, k, v, log_decay, self.time_faaaa, self.chunk_size)
+        out = self.hook_output(out)
+        out = self.ln_x(out.reshape(batch * n_pos, d_model)).view(batch, n_pos, d_model)
+        return self.out_proj(out * g)
+
+    def _wkv_through_state_hook(self, r: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
+        """WKV with every state materialised and passed through `hook_state`; the output is
+        read from the (possibly edited, then re-propagated) states: o_t = r_t (S_{t-1} + u k_tᵀ v_t)."""
+        u = self.time_faaaa
+        _, states = wkv_chunked(r, k, v, log_decay, u, self.chunk_size, return_all_states=True)
+
+        def rescan(initial_state: Tensor, start: int, end: int) -> Tensor:
+            sl = slice(start, end)
+            return wkv_chunked(r[:, sl], k[:, sl], v[:, sl], log_decay[:, sl], u, self.chunk_size,
+                               initial_state=initial_state, return_all_states=True)[1]
+
+        states = hook_state_with_propagation(self.hook_state, states, rescan)
+        before = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)  # S_{t-1}
+        bonus = torch.einsum("blhk,hk,blhk->blh", r, u, k)[..., None] * v
+        return torch.einsum("blhk,blhkv->blhv", r, before) + bonus

@@ -1,0 +1,185 @@
+"""The selective scan of Mamba-1 (Gu & Dao 2023, "Mamba: Linear-Time Sequence Modeling with
+Selective State Spaces", eq. 2a-2b with the discretisation of eq. 4 and Algorithm 2):
+
+    h_t = exp(Δ_t A) ⊙ h_{t-1} + (Δ_t u_t) B_tᵀ        h_t, A: [d_inner, d_state]
+    y_t = h_t C_t  (+ D ⊙ u_t)
+
+with B̄ = Δ B (the simplification mamba-ssm's kernels use instead of the exact ZOH of B).
+Layout is position-major, as everywhere in hookmech:
+
+    u, delta: [batch, pos, d_inner]    A: [d_inner, d_state]    B, C: [batch, pos, d_state]
+    states:   [batch, pos, d_inner, d_state]  (the state after consuming position t)
+
+Side by side:
+
+* `selective_scan_ref`: a Python loop over positions under autograd. Slow, obviously
+  right; the tests pin the fast path to it.
+* `selective_scan`: a `torch.autograd.Function`. The forward walks time in chunks of
+  `chunk` positions; within a chunk it builds exp(Δ A) and Δ u Bᵀ for the chunk only
+  (a few MB, so it stays in cache) and runs the recurrence as one in-place multiply-add
+  per position; only the chunk-boundary states are kept. The backward walks the chunks in
+  reverse, recomputes each chunk's states from its saved start, and runs the adjoint
+  recurrence g_t = ∂L/∂h_t + exp(Δ_{t+1} A) ⊙ g_{t+1} backwards in time; every parameter
+  gradient is then a contraction of g with one factor. Nothing of size
+  [batch, pos, d_inner, d_state] is ever allocated. (Autograd through a loop of slices
+  would record one graph node per step and scatter into the full tensor at each one.)
+* `linear_scan`: the bare recurrence h_t = a_t ⊙ h_{t-1} + b_t with its own backward, for
+  callers that need the states themselves (the Mamba mixer when its state hook is on).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+#: positions per chunk of the fast scan; 8-32 measure alike on CPU (bench/mamba_scan.py)
+DEFAULT_CHUNK = 16
+
+
+# ---------------------------------------------------------------------------------------
+# reference
+# ---------------------------------------------------------------------------------------
+def selective_scan_ref(
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Sequential selective scan, one position at a time (the reference).
+
+    Returns ``(y, states)``: y ``[batch, pos, d_inner]`` (plus ``D ⊙ u`` when `D` is
+    given) and the states ``[batch, pos, d_inner, d_state]``.
+    """
+    batch, n_pos, d_inner = u.shape
+    h = u.new_zeros(batch, d_inner, A.shape[1])
+    ys, states = [], []
+    for t in range(n_pos):
+        decay = torch.exp(delta[:, t, :, None] * A)
+        h = decay * h + (delta[:, t] * u[:, t])[:, :, None] * B[:, t, None, :]
+        ys.append((h * C[:, t, None, :]).sum(-1))
+        states.append(h)
+    y = torch.stack(ys, dim=1)
+    if D is not None:
+        y = y + u * D
+    return y, torch.stack(states, dim=1)
+
+
+# ---------------------------------------------------------------------------------------
+# the bare linear recurrence
+# ---------------------------------------------------------------------------------------
+class _LinearScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
+        h = b.clone()
+        for t in range(1, h.shape[1]):
+            h[:, t].addcmul_(a[:, t], h[:, t - 1])
+        ctx.save_for_backward(a, h)
+        return h
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_h: Tensor):
+        a, h = ctx.saved_tensors
+        g = grad_h.clone()  # adjoint: g_t = ∂L/∂h_t + a_{t+1} g_{t+1}
+        for t in range(g.shape[1] - 2, -1, -1):
+            g[:, t].addcmul_(a[:, t + 1], g[:, t + 1])
+        grad_a = None
+        if ctx.needs_input_grad[0]:
+            grad_a = torch.zeros_like(g)
+            torch.mul(g[:, 1:], h[:, :-1], out=grad_a[:, 1:])
+        return grad_a, g
+
+
+def linear_scan(a: Tensor, b: Tensor) -> Tensor:
+    """Return h ``[batch, pos, ...]``, h_t = a_t ⊙ h_{t-1} + b_t along axis 1 from h_{-1} = 0.
+
+    `a`, `b`: same shape ``[batch, pos, ...]``; differentiable in both.
+    """
+    return _LinearScan.apply(a, b)
+
+
+# ---------------------------------------------------------------------------------------
+# the fast selective scan
+# ---------------------------------------------------------------------------------------
+def _chunk_states(delta: Tensor, delta_u: Tensor, B: Tensor, A: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+    """States of one chunk, time-major. delta, delta_u ``[T, b, d]``, B ``[T, b, n]``,
+    h0 ``[b, d, n]`` (the state before the chunk). Returns (decay, states), ``[T, b, d, n]``."""
+    decay = torch.mul(delta[..., None], A).exp_()
+    h = delta_u[..., None] * B[:, :, None, :]
+    h[0].addcmul_(decay[0], h0)
+    for t in range(1, h.shape[0]):
+        h[t].addcmul_(decay[t], h[t - 1])
+    return decay, h
+
+
+def _time_major(x: Tensor) -> Tensor:
+    return x.transpose(0, 1).contiguous()
+
+
+class _SelectiveScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int) -> Tensor:
+        # Time-major copies make every h[t] one contiguous block for the in-place loop.
+        u, delta, B, C = (_time_major(x) for x in (u, delta, B, C))
+        delta_u = delta * u
+        n_pos, batch, d_inner = u.shape
+        h0 = u.new_zeros(batch, d_inner, A.shape[1])
+        y = torch.empty_like(u)
+        chunk_starts = []
+        for start in range(0, n_pos, chunk):
+            part = slice(start, start + chunk)
+            chunk_starts.append(h0)
+            _, h = _chunk_states(delta[part], delta_u[part], B[part], A, h0)
+            torch.sum(h * C[part, :, None, :], dim=-1, out=y[part])
+            h0 = h[-1].clone()  # a view would keep the whole chunk's states alive
+        ctx.chunk = chunk
+        ctx.save_for_backward(u, delta, A, B, C, delta_u, *chunk_starts)
+        return y.transpose(0, 1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y: Tensor):
+        u, delta, A, B, C, delta_u, *chunk_starts = ctx.saved_tensors
+        grad_y = _time_major(grad_y)
+        grad_delta_u, grad_delta = torch.empty_like(u), torch.empty_like(u)
+        grad_B, grad_C = torch.empty_like(B), torch.empty_like(C)
+        grad_A = torch.zeros_like(A)
+        # a_{t+1} g_{t+1} from the chunk after the current one (the adjoint's carry)
+        carry = None
+        for index in reversed(range(len(chunk_starts))):
+            start = index * ctx.chunk
+            part = slice(start, start + ctx.chunk)
+            h0 = chunk_starts[index]
+            decay, h = _chunk_states(delta[part], delta_u[part], B[part], A, h0)
+            g = grad_y[part, :, :, None] * C[part, :, None, :]
+            if carry is not None:
+                g[-1] += carry
+            for t in range(g.shape[0] - 2, -1, -1):
+                g[t].addcmul_(decay[t + 1], g[t + 1])
+            carry = decay[0] * g[0]
+            # y_t = h_t C_t and b_t = (Δ_t u_t) B_tᵀ: contract the adjoints against each factor
+            torch.sum(h * grad_y[part, :, :, None], dim=2, out=grad_C[part])
+            torch.sum(g * delta_u[part, :, :, None], dim=2, out=grad_B[part])
+            torch.sum(g * B[part, :, None, :], dim=-1, out=grad_delta_u[part])
+            # a_t = exp(Δ_t A): ∂L/∂(Δ_t A) = g_t ⊙ h_{t-1} ⊙ a_t  (in place on g, done with it)
+            grad_log_decay = g.mul_(decay)
+            grad_log_decay[1:].mul_(h[:-1])
+            grad_log_decay[0].mul_(h0)
+            torch.sum(grad_log_decay * A, dim=-1, out=grad_delta[part])
+            grad_A += (grad_log_decay * delta[part, :, :, None]).sum((0, 1))
+        grad_delta.addcmul_(grad_delta_u, u)
+        grad_u = grad_delta_u * delta
+        return (grad_u.transpose(0, 1), grad_delta.transpose(0, 1), grad_A,
+                grad_B.transpose(0, 1), grad_C.transpose(0, 1), None)
+
+
+def selective_scan(
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+    chunk: int = DEFAULT_CHUNK,
+) -> Tensor:
+    """Fast selective scan with a hand-written backward; same maths as `selective_scan_ref`.
+
+    Returns y ``[batch, pos, d_inner]`` (plus ``D ⊙ u`` when `D` is given); the states are
+    never materialised (use `linear_scan` when you need them).
+    """
+    y = _SelectiveScan.apply(u, delta, A, B, C, chunk)
+    if D is not None:
+        y = y + u * D
+    return y

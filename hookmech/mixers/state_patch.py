@@ -1,0 +1,56 @@
+"""Make an edit to a recurrent-state hook propagate through the recurrence (design.md §3).
+
+A recurrent mixer exposes its state after each position, ``[batch, pos, ...state dims]``,
+through a hook. A hook function may overwrite the state of some rows at some positions;
+the recurrence must then continue from the edited state. Row by row:
+
+    h_t = edited_t                   if the hook changed row's state at position t,
+    h_t = step(h_{t-1}, inputs_t)    otherwise, from the row's earliest edit on.
+
+The mixer supplies `rescan(initial_state, start, end)`, its own (chunked) recurrence run
+over positions ``start .. end-1`` from the state after ``start-1``; this file only finds
+the edited positions and stitches the segments together.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ..hooks import AxisHookPoint
+
+Rescan = Callable[[Tensor, int, int], Tensor]
+
+
+def hook_state_with_propagation(hook: AxisHookPoint, states: Tensor, rescan: Rescan) -> Tensor:
+    """Apply `hook` to `states` ``[batch, pos, ...]`` and return the states the mixer uses.
+
+    Returns the hook's output itself when it changed nothing; otherwise a tensor of the
+    same shape in which every state after an edit follows the recurrence from the edited
+    states (`rescan(h [batch, ...], start, end)` returns ``[batch, end - start, ...]``).
+    """
+    # Hooks may edit in place (TransformerLens examples often do `act[:, p] = ...`), so
+    # compare against a copy; this costs one state tensor, and only while the hook is active.
+    reference = states.detach().clone()
+    hooked = hook(states)
+    changed = (hooked != reference).flatten(2).any(dim=2)  # [batch, pos]
+    edited = torch.nonzero(changed.any(dim=0)).flatten().tolist()
+    if not edited:
+        return hooked
+    n_pos = hooked.shape[1]
+    segments = [hooked[:, : edited[0] + 1]]
+    for index, pos in enumerate(edited):
+        following = edited[index + 1] if index + 1 < len(edited) else None
+        stop = n_pos if following is None else following + 1
+        if stop <= pos + 1:
+            continue
+        segment = rescan(segments[-1][:, -1], pos + 1, stop)
+        if following is not None:
+            # At the next edited position only the rows edited there take the edit; the
+            # others keep their re-propagated state (the hook saw the unpropagated one).
+            take_edit = changed[:, following].view(-1, *(1,) * (segment.dim() - 2))
+            last = torch.where(take_edit, hooked[:, following], segment[:, -1])
+            segment = torch.cat([segment[:, :-1], last[:, None]], dim=1)
+        segments.append(segment)
+    return torch.cat(segments, dim=1)

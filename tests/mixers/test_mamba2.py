@@ -1,0 +1,219 @@
+"""Mamba-2 mixer: shapes, gradients, causality, chunked SSD vs the recurrence, an
+independent reference forward, inside hooks in a HookedLM, state-patch propagation."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from hookmech.config import build_config
+from hookmech.errors import UsageError
+from hookmech.mixers import REGISTRY
+from hookmech.mixers import mamba2 as mamba2_module
+from hookmech.mixers.mamba2 import Mamba2, ssd_chunked, ssd_sequential
+from hookmech.model import HookedLM
+
+D_MODEL = 32
+
+
+def make_mixer(**kwargs) -> Mamba2:
+    torch.manual_seed(0)
+    return REGISTRY["mamba2"](d_model=D_MODEL, **kwargs).double()
+
+
+def reference_forward(mixer: Mamba2, u: torch.Tensor, initial: dict[int, torch.Tensor] | None = None):
+    """Mamba-2 written out position by position from the paper's equations, sharing only
+    the parameters with the module. `initial` maps a position to a state that replaces
+    h_t there (a patch). Returns (out [b, L, d_model], y [b, L, H, P], states [b, L, H, P, N])."""
+    batch, n_pos, _ = u.shape
+    H, P, N, G = mixer.n_heads, mixer.headdim, mixer.d_state, mixer.ngroups
+    d_inner = mixer.d_inner
+    proj = u @ mixer.in_proj.weight.T
+    z, xbc, dt = proj[..., :d_inner], proj[..., d_inner:-H], proj[..., -H:]
+    if mixer.conv1d is not None:
+        kernel = mixer.conv1d.weight.shape[-1]
+        xbc = F.conv1d(xbc.transpose(1, 2), mixer.conv1d.weight, mixer.conv1d.bias,
+                       padding=kernel - 1, groups=xbc.shape[-1])[..., :n_pos].transpose(1, 2)
+    xbc = F.silu(xbc)
+    x = xbc[..., :d_inner].reshape(batch, n_pos, H, P)
+    B = xbc[..., d_inner : d_inner + G * N].reshape(batch, n_pos, G, N)
+    C = xbc[..., d_inner + G * N :].reshape(batch, n_pos, G, N)
+    dt = F.softplus(dt + mixer.dt_bias)
+    A = -torch.exp(mixer.A_log)
+    group_of_head = torch.arange(H) // (H // G)
+    h = torch.zeros(batch, H, P, N, dtype=u.dtype)
+    ys, states = [], []
+    for t in range(n_pos):
+        B_t, C_t = B[:, t, group_of_head], C[:, t, group_of_head]  # [b, H, N]
+        decay = torch.exp(dt[:, t] * A)  # [b, H]
+        h = decay[..., None, None] * h + dt[:, t, :, None, None] * x[:, t, :, :, None] * B_t[:, :, None, :]
+        if initial is not None and t in initial:
+            h = initial[t].clone()
+        states.append(h)
+        ys.append((h * C_t[:, :, None, :]).sum(-1) + mixer.D[:, None] * x[:, t])
+    y = torch.stack(ys, dim=1)
+    # mamba-ssm's gated RMSNorm normalises each group of d_inner / ngroups channels apart.
+    gated = (y.reshape(batch, n_pos, d_inner) * F.silu(z)).reshape(batch, n_pos, G, d_inner // G)
+    normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + 1e-5)
+    normed = normed.reshape(batch, n_pos, d_inner) * mixer.norm.weight
+    return normed @ mixer.out_proj.weight.T, y, torch.stack(states, dim=1)
+
+
+def test_defaults_follow_mamba2_with_small_heads():
+    mixer = REGISTRY["mamba2"](d_model=64)
+    assert (mixer.d_inner, mixer.n_heads, mixer.headdim, mixer.d_state) == (128, 8, 16, 64)
+    assert Mamba2.block_norm == "rmsnorm" and Mamba2.block_mlp is False
+    names = {name for name, _ in mixer.named_parameters()}
+    assert {"in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D",
+            "norm.weight", "out_proj.weight"} == names
+    assert mixer.in_proj.weight.shape == (2 * 128 + 2 * 64 + 8, 64)
+    assert mixer(torch.randn(3, 11, 64)).shape == (3, 11, 64)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"headdim": 24}, {"d_conv": -1}, {"ngroups": 3}, {"d_state": 0}, {"chunk_size": 0}, {"dt_min": 0.0}],
+)
+def test_invalid_options_raise_usage_error(options):
+    with pytest.raises(UsageError, match="mamba2"):
+        REGISTRY["mamba2"](d_model=64, **options)
+
+
+def test_gradients_reach_every_parameter():
+    mixer = make_mixer()
+    mixer(torch.randn(2, 9, D_MODEL, dtype=torch.double)).pow(2).sum().backward()
+    for name, param in mixer.named_parameters():
+        assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"chunk_size": 4}])
+def test_changing_the_future_never_changes_the_past(options):
+    mixer = make_mixer(**options)
+    u = torch.randn(2, 13, D_MODEL, dtype=torch.double)
+    changed = u.clone()
+    changed[:, 7:] = torch.randn_like(changed[:, 7:]) * 3
+    torch.testing.assert_close(mixer(changed)[:, :7], mixer(u)[:, :7], rtol=0, atol=1e-13)
+    assert not torch.allclose(mixer(changed)[:, 7:], mixer(u)[:, 7:])
+
+
+@pytest.mark.parametrize("chunk_size,n_pos,ngroups", [(4, 13, 1), (8, 8, 2), (5, 23, 4), (64, 7, 1)])
+def test_chunked_ssd_matches_the_sequential_recurrence(chunk_size, n_pos, ngroups):
+    torch.manual_seed(1)
+    batch, heads, headdim, d_state = 2, 4, 3, 5
+    x = torch.randn(batch, n_pos, heads, headdim, dtype=torch.double)
+    dt = F.softplus(torch.randn(batch, n_pos, heads, dtype=torch.double))
+    A = -torch.rand(heads, dtype=torch.double) * 5
+    B = torch.randn(batch, n_pos, ngroups, d_state, dtype=torch.double)
+    C = torch.randn(batch, n_pos, ngroups, d_state, dtype=torch.double)
+    initial = torch.randn(batch, heads, headdim, d_state, dtype=torch.double)
+    y_seq, states_seq = ssd_sequential(x, dt, A, B, C, initial)
+    y_chunk, states_chunk = ssd_chunked(x, dt, A, B, C, chunk_size, initial, return_all_states=True)
+    y_fast, final = ssd_chunked(x, dt, A, B, C, chunk_size, initial)
+    torch.testing.assert_close(y_chunk, y_seq, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(states_chunk, states_seq, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(y_fast, y_seq, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(final, states_seq[:, -1], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("options", [{}, {"ngroups": 2, "d_conv": 2, "chunk_size": 3}, {"d_conv": 0}])
+def test_mixer_matches_a_positionwise_reference(options):
+    mixer = make_mixer(**options)
+    u = torch.randn(2, 10, D_MODEL, dtype=torch.double)
+    expected, _, _ = reference_forward(mixer, u)
+    torch.testing.assert_close(mixer(u), expected, rtol=1e-9, atol=1e-11)
+
+
+def tiny_model() -> HookedLM:
+    torch.manual_seed(0)
+    cfg = build_config(d_vocab=20, n_ctx=16, mixers="mamba2", d_model=D_MODEL, n_layers=2)
+    return HookedLM(cfg).double()
+
+
+def test_inside_hooks_fire_with_documented_shapes():
+    model = tiny_model()
+    assert model.cfg.mlp == (False, False) and model.cfg.norms == ("rmsnorm", "rmsnorm")
+    tokens = torch.randint(0, 20, (3, 12))
+    logits, cache = model.run_with_cache(tokens)
+    mixer = model.blocks[1].mixer
+    H, P, N, d_inner = mixer.n_heads, mixer.headdim, mixer.d_state, mixer.d_inner
+    expected = {
+        "in_x": (3, 12, d_inner), "gate": (3, 12, d_inner), "conv": (3, 12, d_inner),
+        "conv_act": (3, 12, H, P), "delta": (3, 12, H), "B": (3, 12, 1, N), "C": (3, 12, 1, N),
+        "ssm_state": (3, 12, H, P, N), "y": (3, 12, H, P),
+    }
+    for name, shape in expected.items():
+        hook = getattr(mixer, f"hook_{name}")
+        assert cache[f"blocks.1.mixer.hook_{name}"].shape == shape, name
+        assert len(hook.axes.split()) == len(shape) and hook.pos_axis == 1, name
+    # Reading the state through its hook must not change the model's output.
+    torch.testing.assert_close(logits, model(tokens), rtol=1e-10, atol=1e-10)
+    # The cached state is the recurrence's state: check it against the reference.
+    mixer_in = cache["blocks.1.hook_mixer_in"]
+    _, _, states = reference_forward(mixer, mixer_in)
+    torch.testing.assert_close(cache["blocks.1.mixer.hook_ssm_state"], states, rtol=1e-9, atol=1e-11)
+
+
+def test_state_is_not_materialised_without_a_hook(monkeypatch):
+    calls = []
+    original = mamba2_module.ssd_chunked
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("return_all_states", False))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(mamba2_module, "ssd_chunked", spy)
+    model = tiny_model()
+    tokens = torch.randint(0, 20, (2, 9))
+    model(tokens)
+    assert calls == [False, False]
+    model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_y"))
+    assert calls[2:] == [False, False]
+    model.run_with_cache(tokens, names_filter="blocks.0.mixer.hook_ssm_state")
+    assert calls[4:] == [True, False]
+
+
+@pytest.mark.parametrize("edits", [{4: [0, 1]}, {3: [0, 1], 7: [1]}, {0: [0], 11: [0, 1]}])
+def test_state_patch_propagates_to_later_positions(edits):
+    """Edit the layer-0 state at some (position, rows); everything after follows the
+    recurrence from the edited state, compared with a position-by-position reference."""
+    model = tiny_model()
+    tokens = torch.randint(0, 20, (2, 12))
+    _, clean = model.run_with_cache(tokens)
+    generator = torch.Generator().manual_seed(5)
+    patches = {pos: torch.randn(clean["blocks.0.mixer.hook_ssm_state"][:, pos].shape,
+                                generator=generator, dtype=torch.double) for pos in edits}
+
+    def patch_state(state, hook):
+        for pos, rows in edits.items():
+            state[rows, pos] = patches[pos][rows]  # in place, as TransformerLens hooks often do
+        return state
+
+    captured = {}
+
+    def capture(act, hook):
+        captured[hook.name.split(".")[-1]] = act.clone()
+
+    model.run_with_hooks(
+        tokens,
+        fwd_hooks=[
+            ("blocks.0.mixer.hook_ssm_state", patch_state),
+            ("blocks.0.hook_mixer_in", capture),
+            ("blocks.0.hook_mixer_out", capture),
+        ],
+    )
+    captured = {"mixer_in": captured["hook_mixer_in"], "mixer_out": captured["hook_mixer_out"]}
+    mixer = model.blocks[0].mixer
+    # The reference replaces h_t of the edited rows only, then keeps stepping.
+    replaced = {}
+    for pos in sorted(edits):
+        _, _, running = reference_forward(mixer, captured["mixer_in"], replaced or None)
+        state = running[:, pos].clone()
+        state[edits[pos]] = patches[pos][edits[pos]]
+        replaced[pos] = state
+    expected_out, _, _ = reference_forward(mixer, captured["mixer_in"], replaced)
+    torch.testing.assert_close(captured["mixer_out"], expected_out, rtol=1e-9, atol=1e-11)
+    first = min(edits)
+    torch.testing.assert_close(captured["mixer_out"][:, :first], clean["blocks.0.hook_mixer_out"][:, :first])
+    if first < tokens.shape[1] - 1:
+        changed_later = captured["mixer_out"][:, first + 1 :]
+        assert not torch.allclose(changed_later, clean["blocks.0.hook_mixer_out"][:, first + 1 :])
