@@ -60,16 +60,31 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 @click.option("--site", "site_specs", multiple=True, required=True, help="site or pattern (repeatable, comma lists)")
 @click.option("--pos", "pos_specs", multiple=True, required=True, help="position: role, integer, all, whole, a+b")
 @click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of this checkpoint")
+@click.option("--data", "data_path", type=click.Path(dir_okay=False), default=None,
+              help="examples from a dataset file (hookmech data ... -o FILE) instead of --n/--seed")
 @click.option("--n", type=int, default=320, show_default=True, help="examples, without --cache")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples, without --cache")
-@click.option("--method", type=click.Choice(["exact"]), default="exact", show_default=True)
+@click.option("--method", type=click.Choice(["exact", "atp"]), default="exact", show_default=True,
+              help="exact interchange, or atp: the first-order (gradient) estimate of every cell at once")
+@click.option("--verify-top", type=int, default=0, metavar="K", help="with --method atp: re-run the top K cells exactly")
 @click.option("--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it")
 @click.option("--max-batch", type=int, default=1024, show_default=True, help="rows per forward pass")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON array")
 @click.option("--per-example", type=click.Path(dir_okay=False), default=None, help="also write per-row p_patched to this JSON file")
+@click.option("--metric", type=click.Choice(["p_answer", "log_p", "logit_diff", "kl"]), default="p_answer", show_default=True,
+              help="what is read at the query (logit_diff: answer vs corrupted answer; kl: KL(clean || run))")
+@click.option("--direction", type=click.Choice(["denoise", "noise"]), default=None,
+              help="denoise: clean into corrupt (default); noise: corrupt into clean (the default with --ablate)")
+@click.option("--ablate", type=click.Choice(["zero", "mean", "resample"]), default=None,
+              help="patch zero / the mean over rows / another row's clean activation into the clean run")
+@click.option("--ablate-seed", type=int, default=0, show_default=True, help="seed of --ablate resample's row order")
+@click.option("--corrupt", type=click.Choice(["key", "value"]), default=None,
+              help="which token the corrupt document corrupts (rebuilds the task; not with --cache)")
 @device_option
 @threads_option
-def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, threshold, max_batch, as_json, per_example, device, threads):
+def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, threshold, max_batch, as_json, per_example,
+          device, threads,
+          data_path=None, metric="p_answer", direction=None, ablate=None, ablate_seed=0, corrupt=None):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position."""
     from hookmech.cache import CacheFile
     from hookmech.errors import HookmechError, UsageError
@@ -79,9 +94,19 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, threshold, m
 
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
+    if verify_top < 0 or (verify_top and method != "atp"):
+        raise UsageError("--verify-top K needs --method atp and K >= 0")
+    if corrupt is not None and cache_path is not None:
+        raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
-    if cache_path is not None:
+    if corrupt is not None:
+        from hookmech.tasks import from_spec
+
+        task = from_spec({**task.spec, "corrupt": corrupt})
+    if data_path is not None:
+        source = _patch_rows_from_file(data_path, task)
+    elif cache_path is not None:
         source = CacheFile(cache_path)
         if source.model_sha256 != sha256_of(ckpt):
             source.close()
@@ -90,7 +115,12 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, threshold, m
         source = task.sample(n, seed=seed)
     try:
         records = run_patch(model, source, split_flag(site_specs), split_flag(pos_specs), method=method, threshold=threshold,
-                            max_batch=max_batch, per_example=per_example is not None)
+                            max_batch=max_batch, per_example=per_example is not None, metric=metric, direction=direction,
+                            ablate=ablate, ablate_seed=ablate_seed)
+        if verify_top:
+            from hookmech.atp import verify_top as verify
+
+            records = verify(model, source, records, verify_top)
     finally:
         if cache_path is not None:
             source.close()
@@ -98,4 +128,21 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, threshold, m
         write_text_atomic(per_example, json.dumps(records) + "\n")
         for record in records:
             record.pop("p_patched_rows")
+            record.pop("metric_patched_rows", None)
     click.echo(json.dumps(records, indent=1) if as_json else format_records(records))
+
+
+def _patch_rows_from_file(data_path, task):
+    """`patch --data`: the rows of a dataset file whose task fits the checkpoint's; --cache,
+    --n and --seed choose examples too, so giving one of them as well is a usage error."""
+    from click.core import ParameterSource
+
+    from hookmech.datasets import load_dataset_for
+    from hookmech.errors import UsageError
+
+    context = click.get_current_context()
+    given = [f"--{name}" for name in ("cache", "n", "seed")
+             if context.get_parameter_source("cache_path" if name == "cache" else name) == ParameterSource.COMMANDLINE]
+    if given:
+        raise UsageError(f"--data gives the examples; drop {', '.join(given)}")
+    return load_dataset_for(data_path, task)

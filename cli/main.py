@@ -9,7 +9,11 @@ import click
 
 from .analysis import cache, patch, sites
 from .common import CONTEXT
+from .data import data
 from .demo import demo
+from .offline import inspect, probe
+from .report import report
+from .sweep import sweep
 from .train import train
 
 
@@ -23,7 +27,7 @@ def cli() -> None:
     """
 
 
-for _command in (train, sites, cache, patch, demo):
+for _command in (data, train, sites, cache, patch, inspect, probe, demo, sweep, report):
     cli.add_command(_command)
 
 

@@ -15,6 +15,7 @@ Hook names contain dots, which HDF5 allows in names; they are stored verbatim.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,15 @@ import torch
 from torch import Tensor
 
 from . import __version__
-from .errors import HookmechError, UsageError
+from .errors import HookmechError, UsageError, suggest, unknown
 from .fileio import atomic_path
-from .sites import site_to_hook
+from .sites import hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
 
 FORMAT = "hookmech-cache"
 FORMAT_VERSION = 1
+#: the most rows write_cache runs per forward pass and stores per HDF5 chunk by default
+MAX_CHUNK_ROWS = 256
 
 
 def answer_probs(logits: Tensor, answers: Tensor) -> Tensor:
@@ -54,7 +57,7 @@ def write_cache(
     *,
     model_sha256: str = "",
     task_spec: dict[str, Any] | None = None,
-    chunk: int = 256,
+    chunk: int | None = None,
     dtype: str = "float32",
     compression: str | None = None,
     progress=None,
@@ -62,13 +65,19 @@ def write_cache(
     """Run `batch` clean and corrupt through `model`, storing the `hooks` activations and
     p(answer) in an HDF5 cache at `path` (written to a temporary file, then renamed).
 
-    Returns the path written.
+    `chunk` is the rows per forward pass and per HDF5 chunk; None splits the rows evenly into
+    chunks of at most `MAX_CHUNK_ROWS` (HDF5 allocates whole chunks: 320 rows in chunks of 256
+    would store 512). Returns the path written.
     """
     hooks = list(dict.fromkeys(hooks))
     for hook in hooks:
         if getattr(model.hook_dict.get(hook), "pos_axis", 1) is None:
             raise UsageError(f"{hook} has no position axis (it does not depend on the input): nothing to cache per example")
     n_rows, n_pos = batch.tokens.shape
+    if chunk is None:
+        chunk = math.ceil(n_rows / math.ceil(n_rows / MAX_CHUNK_ROWS))
+    if chunk < 1:
+        raise UsageError(f"chunk must be >= 1 rows, got {chunk}")
     device = next(model.parameters()).device
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
         h5.attrs.update({
@@ -85,31 +94,52 @@ def write_cache(
             h5[name] = getattr(batch, name).numpy().astype(np.int32)
         for role, positions in batch.roles.items():
             h5[f"roles/{role}"] = positions.numpy().astype(np.int32)
-        datasets: dict[tuple[str, str], h5py.Dataset] = {}
+        writer = _ChunkWriter(h5, n_rows, chunk, compression)
         for rows in run_chunks(n_rows, chunk):
             for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
                 logits, acts = model.run_with_cache(
                     tokens[rows].to(device), names_filter=hooks, return_cache_object=False,
                     positions=batch.query_pos[rows].to(device),
                 )
-                probs = answer_probs(logits, batch.answers[rows].to(device)).cpu().numpy()
-                if ("p", which) not in datasets:
-                    datasets["p", which] = h5.create_dataset(f"p_answer/{which}", (n_rows,), dtype="float32")
-                datasets["p", which][rows] = probs
+                writer.put(f"p_answer/{which}", rows, answer_probs(logits, batch.answers[rows].to(device)).cpu().numpy())
                 for hook in hooks:
                     if hook not in acts:
                         raise HookmechError(f"hook {hook} did not fire in the forward pass")
-                    value = acts[hook].to("cpu", getattr(torch, dtype)).numpy()
-                    key = (hook, which)
-                    if key not in datasets:
-                        datasets[key] = h5.create_dataset(
-                            f"acts/{which}/{hook}", (n_rows, *value.shape[1:]), dtype=value.dtype,
-                            chunks=(min(chunk, n_rows), *value.shape[1:]), compression=compression,
-                        )
-                    datasets[key][rows] = value
+                    writer.put(f"acts/{which}/{hook}", rows, acts[hook].to("cpu", getattr(torch, dtype)).numpy())
             if progress is not None:
                 progress(rows.stop - rows.start)
     return Path(path)
+
+
+class _ChunkWriter:
+    """Writes row blocks into datasets of `h5`, creating each (chunked along N) on first use."""
+
+    def __init__(self, h5: h5py.File, n_rows: int, chunk: int, compression: str | None):
+        self.h5, self.n_rows, self.chunk, self.compression = h5, n_rows, chunk, compression
+        self.datasets: dict[str, h5py.Dataset] = {}
+
+    def put(self, name: str, rows: slice, value: np.ndarray) -> None:
+        """Write `value` ``[len(rows), ...]`` to rows `rows` of dataset `name`."""
+        value = np.ascontiguousarray(value)
+        if name not in self.datasets:
+            big = value.ndim > 1
+            self.datasets[name] = self.h5.create_dataset(
+                name, (self.n_rows, *value.shape[1:]), dtype=value.dtype,
+                chunks=(min(self.chunk, self.n_rows), *value.shape[1:]) if big else None,
+                compression=self.compression if big else None,
+            )
+        self._write(self.datasets[name], rows, value)
+
+    def _write(self, dataset: h5py.Dataset, rows: slice, value: np.ndarray) -> None:
+        chunk_rows = (dataset.chunks or (0,))[0]
+        if dataset.compression is None and chunk_rows and rows.start % chunk_rows == 0 and len(value) <= chunk_rows:
+            # A whole uncompressed chunk goes to the file as it is, past HDF5's chunk cache and
+            # selection machinery (the fastest write h5py has). Rows past the dataset's end are padding.
+            if len(value) < chunk_rows:
+                value = np.concatenate([value, np.zeros((chunk_rows - len(value), *value.shape[1:]), value.dtype)])
+            dataset.id.write_direct_chunk((rows.start, *[0] * (value.ndim - 1)), value.tobytes())
+        else:
+            dataset.write_direct(value, dest_sel=np.s_[rows.start:rows.stop])
 
 
 class CacheFile:
@@ -180,14 +210,80 @@ class CacheFile:
     def has(self, hook: str, which: str = "clean") -> bool:
         return f"acts/{which}/{hook}" in self._h5
 
+    def keys(self) -> list[str]:
+        """Return the stored hook names (either run), in forward order, as `ActivationCache.keys()`."""
+        stored = list(dict.fromkeys([*self.hooks("clean"), *self.hooks("corrupt")]))
+        return resolve_sites([hook_to_site(hook) for hook in stored], stored)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __contains__(self, key: object) -> bool:
+        """``"L1.block_in" in cache`` / ``"blocks.1.hook_resid_pre" in cache`` (clean run), or
+        ``(site, which) in cache``."""
+        site, which = (key, "clean") if isinstance(key, str) else key if isinstance(key, tuple) and len(key) == 2 else (None, None)
+        if not isinstance(site, str) or which not in ("clean", "corrupt"):
+            return False
+        try:
+            return self.has(site_to_hook(site), which)
+        except UsageError:
+            return False
+
+    def hook_of(self, site: str, which: str = "clean") -> str:
+        """Return the hook name of `site` (a site or hook name) stored for `which` run; an
+        unknown one is a UsageError naming the closest stored sites."""
+        if which not in ("clean", "corrupt"):
+            raise unknown("run", which, ("clean", "corrupt"))
+        try:
+            hook = site_to_hook(site)
+        except UsageError:
+            hook = site
+        if not self.has(hook, which):
+            stored = self.hooks(which)
+            candidates = [*map(hook_to_site, stored), *stored] if stored else []
+            hint = suggest(site, candidates)
+            listing = "" if hint or len(stored) > 16 else f" (stored: {', '.join(map(hook_to_site, stored)) or 'none'})"
+            raise UsageError(f"{self.path}: no {which} activations for site {site!r}{hint}{listing}")
+        return hook
+
     def __getitem__(self, key: str | tuple[str, str]) -> h5py.Dataset:
         hook, which = (key, "clean") if isinstance(key, str) else key
-        hook = site_to_hook(hook)
-        if not self.has(hook, which):
-            from .errors import suggest
+        return self._h5[f"acts/{which}/{self.hook_of(hook, which)}"]
 
-            raise HookmechError(f"{self.path}: no {which} activations for {hook}{suggest(hook, self.hooks(which))}")
-        return self._h5[f"acts/{which}/{hook}"]
+    @property
+    def roles(self) -> list[str]:
+        """The role names stored (``key``, ``value``, ``query`` ...)."""
+        return list(self._h5["roles"])
+
+    def summary(self) -> dict[str, Any]:
+        """Return what the file holds, reading only metadata and the two ``[N]`` p(answer) arrays:
+        ``path, format_version, n, n_pos, model_sha256, task, model (mixers, d_model, n_layers,
+        d_vocab), hookmech_version, roles, p_clean, p_corrupt`` (means) and ``sites``, one dict per
+        stored hook: ``site, hook, runs, shape, dtype, compression, chunks``."""
+        config = self.model_config
+        sites = []
+        for hook in self.keys():
+            runs = [which for which in ("clean", "corrupt") if self.has(hook, which)]
+            data = self._h5[f"acts/{runs[0]}/{hook}"]
+            sites.append({"site": hook_to_site(hook), "hook": hook, "runs": runs, "shape": list(data.shape),
+                          "dtype": str(data.dtype), "compression": data.compression, "chunks": list(data.chunks or [])})
+        return {
+            "path": str(self.path),
+            "format_version": int(self._h5.attrs["format_version"]),
+            "n": self.n,
+            "n_pos": int(self._h5["tokens/clean"].shape[1]),
+            "model_sha256": self.model_sha256,
+            "task": self.task,
+            "model": {key: config.get(key) for key in ("mixers", "d_model", "n_layers", "d_vocab")},
+            "hookmech_version": str(self._h5.attrs.get("hookmech_version", "")),
+            "roles": self.roles,
+            "p_clean": float(self.p_answer("clean").double().mean()),
+            "p_corrupt": float(self.p_answer("corrupt").double().mean()),
+            "sites": sites,
+        }
 
     def read(self, hook: str, which: str, rows: slice) -> Tensor:
         """Return the activations of `hook` for `rows` as a float32 tensor."""
@@ -195,10 +291,16 @@ class CacheFile:
 
     def at(self, site: str, role: str, which: str = "clean") -> Tensor:
         """Return ``[N, ...]``: each row's activation of `site` at its `role` position."""
-        positions = self._h5[f"roles/{role}"][()] if f"roles/{role}" in self._h5 else None
-        if positions is None:
-            raise HookmechError(f"{self.path}: no role {role!r} (roles: {', '.join(self._h5['roles'])})")
+        if role not in self._h5["roles"]:
+            raise unknown("role", role, self.roles)
+        return self.gather(site, self._h5[f"roles/{role}"][()], which)
+
+    def gather(self, site: str, positions, which: str = "clean") -> Tensor:
+        """Return ``[N, ...]``: row i's activation of `site` at ``positions[i]`` (``[N]`` ints)."""
         data = self[site, which]
+        positions = np.asarray(positions)
+        if positions.shape != (data.shape[0],):
+            raise UsageError(f"need one position per row ({data.shape[0]}), got shape {positions.shape}")
         # h5py reads one list of increasing rows per call: group the rows by position.
         out = np.empty((len(positions), *data.shape[2:]), dtype=data.dtype)
         for position in np.unique(positions):

@@ -15,8 +15,11 @@ from .sites import resolve_sites
 from .tables import format_records
 from .tasks import from_checkpoint
 
-#: (fixture file, what it is) in the order the demo shows them
-FIXTURES = (("attention_ar.safetensors", "2-layer attention (layer-0 window 2, untied head) on AR vocab 64, 4 pairs"),)
+#: (fixture file, short name, what it is) in the order the demo shows them
+FIXTURES = (
+    ("attention_ar.safetensors", "attention", "2-layer attention (layer-0 window 2, untied head) on AR vocab 64, 4 pairs"),
+    ("mamba_ar.safetensors", "mamba", "2-layer Mamba (d_conv 4, untied head) on AR vocab 64, 4 pairs"),
+)
 DEMO_POSITIONS = ("key", "value", "query", "divider")
 DEMO_SITE = "L1.block_in"
 
@@ -31,23 +34,49 @@ def explain(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
 
     Reads the attributions at key / value / query (paper 000 §4): value = induction (the
     association was stored at the value by layer 0), query = direct retrieval by layer 0,
-    key = retrieval deferred to layer 1.
+    key = direct retrieval deferred to layer 1.
     """
     by_pos = {r["pos"]: r for r in records if r["site"] == site}
     first = next(iter(by_pos.values()))
     if not first["passes_filter"]:
         return (f"p_clean - p_corrupt = {first['p_clean'] - first['p_corrupt']:.3f} is too small: the corruption "
                 "barely matters to this model, so its attributions are noise.")
-    scores = {pos: (r["attribution"] or 0.0) for pos, r in by_pos.items()}
-    best = max(scores, key=scores.get)
-    others = ", ".join(f"{pos} {score:.2f}" for pos, score in scores.items() if pos != best)
-    meaning = {
-        "value": "the association was already stored at the value token by layer 0 and is read from there: induction",
-        "query": "layer 0 retrieved the answer straight into the query token: direct retrieval",
-        "key": "the key's own position carries what layer 1 needs: retrieval deferred to layer 1",
-        "divider": "the information passes through the divider token",
-    }.get(best, f"the information flows through position {best}")
-    return f"Restoring {site} at the {best} restores p(answer) (attribution {scores[best]:.2f}; {others}): {meaning}."
+    score = {pos: (r["attribution"] or 0.0) for pos, r in by_pos.items()}
+    found = mechanism(records, site)
+    if found == "induction":
+        return (f"Restoring {site} at the value alone restores p(answer) (attribution {score['value']:.2f}; key "
+                f"{score.get('key', 0):.2f}, query {score.get('query', 0):.2f}): layer 0 stored the key-value "
+                "association at the value token and layer 1 reads it there: induction.")
+    if found == "direct retrieval":
+        return (f"Nothing is stored at the value (attribution {score.get('value', 0):.2f}): the answer is retrieved "
+                f"straight from the context, by layer 0 into the query (attribution {score.get('query', 0):.2f}) "
+                f"and by layer 1 through the key's position ({score.get('key', 0):.2f}): direct retrieval.")
+    best = max(score, key=score.get)
+    return f"No single mechanism dominates at {site} (largest attribution: {best} {score[best]:.2f})."
+
+
+def mechanism(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
+    """Return the mechanism the records of `site` point to: "induction" (value), "direct
+    retrieval" (query or key), or "unclear" (filter failed or no position dominates)."""
+    by_pos = {r["pos"]: r for r in records if r["site"] == site}
+    if not any(r["passes_filter"] for r in by_pos.values()):
+        return "unclear"
+    score = {pos: (r["attribution"] or 0.0) for pos, r in by_pos.items()}
+    if score.get("value", 0.0) >= 0.5:
+        return "induction"
+    if score.get("query", 0.0) + score.get("key", 0.0) >= 0.5:
+        return "direct retrieval"
+    return "unclear"
+
+
+def contrast(results: list[tuple[str, list[dict[str, Any]]]], site: str = DEMO_SITE) -> str:
+    """Return one line per model: its mechanism and its value / query / key attributions at `site`."""
+    lines = ["Side by side (attribution at " + site + "):"]
+    for name, records in results:
+        score = {r["pos"]: r["attribution"] for r in records if r["site"] == site}
+        values = ", ".join(f"{pos} {score[pos]:.2f}" for pos in ("value", "query", "key") if score.get(pos) is not None)
+        lines.append(f"  {name:<10} {mechanism(records, site):<17} ({values})")
+    return "\n".join(lines)
 
 
 def run_demo(
@@ -58,8 +87,8 @@ def run_demo(
 ) -> list[dict[str, Any]]:
     """Cache, patch and explain each fixture checkpoint; print as it goes; return all records."""
     folder = Path(fixtures) if fixtures is not None else fixture_dir()
-    all_records = []
-    for filename, description in FIXTURES:
+    all_records, per_model = [], []
+    for filename, name, description in FIXTURES:
         ckpt = folder / filename
         if not ckpt.is_file():
             raise HookmechError(f"fixture {ckpt} is missing (run the demo from a source checkout)")
@@ -74,4 +103,6 @@ def run_demo(
         out(format_records(records))
         out(explain(records) + "\n")
         all_records.extend(records)
+        per_model.append((name, records))
+    out(contrast(per_model))
     return all_records

@@ -1,19 +1,37 @@
 """Interchange interventions (activation patching) and the attribution score (design.md §7).
 
-For each (site, position): run the **corrupt** input, replace the site's activation at the
-position by the **clean** run's activation there, and read p(answer) at the query. Over the
-N rows,
+For each (site, position): run the **base** input, replace the site's activation at the
+position by the **source** activation, and read a metric at the query. Denoising (default):
+base = corrupt run, source = clean run. Noising: base = clean run, source = corrupt run.
+Ablations (zero / mean / resample) replace the source by a value that does not come from
+the other run, on the clean run (they are noising by nature). With means m over the N rows,
 
-    attribution = (mean p_patched − mean p_corrupt) / (mean p_clean − mean p_corrupt)
+    denoise:  attribution = (m_patched − m_corrupt) / (m_clean − m_corrupt)
+    noise:    attribution = (m_clean − m_patched) / (m_clean − m_corrupt)
 
-The engine speaks hook names and positions only. It reads clean activations from a cache
-when one is given, resumes a patch at block l from the corrupt run's residual entering
-block l (the layers below are untouched by the patch), and stacks many patches into one
-batched forward.
+so that 1 means "this site at this position carries the whole clean-vs-corrupt difference" in
+both directions. Metrics m (per row, at the query position):
+
+    p_answer    p(answer)                                 (design.md §7, the default)
+    log_p       log p(answer)
+    logit_diff  logit(answer) − logit(corrupt answer)     (see `corrupt_answers`)
+    kl          KL(clean distribution ‖ run's distribution), so m_clean = 0 and, denoising,
+                attribution = (KL_corrupt − KL_patched) / KL_corrupt
+
+Sites: a site name or pattern (`sites.resolve_sites`), a head of a hook with a ``head`` axis
+(``L1.mixer.z[0]``; ``L1.mixer.z[*]`` = every head, one record each), or a joint patch of
+several sites in one run (``L0.block_out+L1.mixer_in``, one record).
+
+The engine speaks hook names, axes and positions only. It reads activations from a cache when
+one is given, resumes a patch at block l from the base run's residual entering block l (the
+layers below are untouched), computes logits only at the query, skips the rows a patch does not
+change (the patched values equal the base run's there: their metric is the base run's, exactly),
+and stacks the remaining (patch, row) pairs into batched forwards of at most `max_batch` rows.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,131 +40,382 @@ import torch
 from torch import Tensor
 
 from .cache import CacheFile, answer_probs, run_chunks
-from .errors import HookmechError, UsageError
+from .errors import HookmechError, UsageError, suggest
 from .hooks import pos_axis_of
 from .sites import PositionPatch, hook_to_site, position_patches, resolve_sites
 from .tasks.batch import Batch
 
-METHODS = ("exact",)
+METHODS = ("exact", "atp")
+METRICS = ("p_answer", "log_p", "logit_diff", "kl")
+DIRECTIONS = ("denoise", "noise")
+ABLATIONS = ("zero", "mean", "resample")
+_HEAD_SUFFIX = re.compile(r"^(?P<base>.+)\[(?P<head>\d+|\*)\]$")
 
 
-def attribution_score(p_clean: float, p_corrupt: float, p_patched: float) -> float | None:
-    """Return (p_patched − p_corrupt) / (p_clean − p_corrupt), or None when p_clean == p_corrupt."""
+def attribution_score(p_clean: float, p_corrupt: float, p_patched: float, direction: str = "denoise") -> float | None:
+    """Return the attribution of a patch from the three metric means, or None when
+    m_clean == m_corrupt. Denoise: (p_patched − p_corrupt) / (p_clean − p_corrupt);
+    noise: (p_clean − p_patched) / (p_clean − p_corrupt)."""
     denominator = p_clean - p_corrupt
     if denominator == 0:
         return None
+    if direction == "noise":
+        return (p_clean - p_patched) / denominator
     return (p_patched - p_corrupt) / denominator
 
 
-def broadcast_mask(mask: Tensor, shape: torch.Size, pos_axis: int) -> Tensor:
-    """Reshape a ``[batch, pos]`` mask to broadcast against an activation of `shape`
-    whose batch axis is 0 and position axis is `pos_axis`."""
-    view = [1] * len(shape)
-    view[0], view[pos_axis] = shape[0], shape[pos_axis]
-    return mask.view(view)
+# -- sites ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    """One patched activation: a hook, optionally restricted to one index of its ``head`` axis."""
+
+    hook: str
+    head: int | None = None
 
 
-def replace_at(activation: Tensor, clean: Tensor, mask: Tensor, pos_axis: int) -> Tensor:
-    """Return `activation` with the masked positions taken from `clean` (same shape)."""
-    return torch.where(broadcast_mask(mask, activation.shape, pos_axis), clean, activation)
+@dataclass(frozen=True)
+class PatchSite:
+    """What one record patches: one or several targets, patched together in one run."""
+
+    targets: tuple[Target, ...]
+
+    @property
+    def site(self) -> str:
+        return "+".join(hook_to_site(t.hook) + ("" if t.head is None else f"[{t.head}]") for t in self.targets)
+
+    @property
+    def hook(self) -> str:
+        return "+".join(t.hook + ("" if t.head is None else f"[{t.head}]") for t in self.targets)
+
+
+def head_axis_of(model, hook: str) -> int:
+    """Return the index of the ``head`` axis of `hook`'s activation; a UsageError if it has none."""
+    axes = getattr(model.hook_dict[hook], "axes", "").split()
+    if "head" not in axes:
+        raise UsageError(f"{hook_to_site(hook)} has no head axis (axes: {' '.join(axes) or 'unknown'}); "
+                         "per-head sites need one, e.g. L1.mixer.z[0] of multi-head attention")
+    return axes.index("head")
+
+
+def n_heads_of(model, hook: str) -> int:
+    """Return the size of `hook`'s head axis, read from the mixer's `n_heads` (the block's mixer)."""
+    module_path = hook.rsplit(".", 1)[0]
+    n_heads = getattr(model.get_submodule(module_path), "n_heads", None)
+    if n_heads is None:
+        raise UsageError(f"{hook_to_site(hook)}[*]: cannot tell how many heads its mixer has; name a head, e.g. [0]")
+    return int(n_heads)
+
+
+def parse_sites(specs: Iterable[str], model) -> list[PatchSite]:
+    """Resolve site specs to `PatchSite`s, in forward order of their first target.
+
+    A spec is a site or pattern, optionally with a head suffix (``[h]`` or ``[*]``), or
+    several of those joined by ``+`` (one joint patch). Returns one `PatchSite` per record.
+    """
+    result: list[PatchSite] = []
+    for spec in specs:
+        parts = [part.strip() for part in spec.split("+")]
+        per_part = [_parse_part(part, model) for part in parts]
+        if len(parts) == 1:
+            result.extend(PatchSite((target,)) for target in per_part[0])
+        else:
+            joint = tuple(dict.fromkeys(target for targets in per_part for target in targets))
+            result.append(PatchSite(joint))
+    if not result:
+        raise UsageError("no site given")
+    return list(dict.fromkeys(result))
+
+
+def _parse_part(part: str, model) -> list[Target]:
+    head_spec = None
+    if match := _HEAD_SUFFIX.match(part):
+        part, head_spec = match.group("base"), match.group("head")
+    hooks = resolve_sites([part], model.hook_dict)
+    for hook in hooks:
+        if pos_axis_of(model.hook_dict[hook]) is None:
+            raise UsageError(f"{hook_to_site(hook)} has no position axis (it does not depend on the input): "
+                             "it cannot be patched at a position")
+    if head_spec is None:
+        return [Target(hook) for hook in hooks]
+    targets = []
+    for hook in hooks:
+        head_axis_of(model, hook)
+        heads = range(n_heads_of(model, hook)) if head_spec == "*" else [int(head_spec)]
+        targets.extend(Target(hook, head) for head in heads)
+    return targets
+
+
+# -- metrics -------------------------------------------------------------------------------
+def corrupt_answers(batch: Batch, corrupt_logits: Tensor) -> Tensor:
+    """Return the "corrupted answer" of each row, ``[N]``: the answer of the corrupt document.
+
+    Where the corrupt document changed the `value` role's token (value corruption), that is
+    its new value there. Where the corrupt document has no answer (key corruption: the
+    queried key no longer occurs), it is the corrupt run's most likely token other than the
+    clean answer (`corrupt_logits` ``[N, d_vocab]`` at the query).
+    """
+    answers = batch.answers.to(corrupt_logits.device)
+    others = corrupt_logits.clone()
+    others[torch.arange(len(answers), device=others.device), answers] = float("-inf")
+    fallback = others.argmax(dim=-1)
+    if "value" not in batch.roles:
+        return fallback
+    rows = torch.arange(len(batch))
+    value_pos = batch.roles["value"]
+    clean_value, corrupt_value = batch.tokens[rows, value_pos], batch.corrupt_tokens[rows, value_pos]
+    changed = (clean_value != corrupt_value).to(fallback.device)
+    return torch.where(changed, corrupt_value.to(fallback.device), fallback)
 
 
 @dataclass
-class _Source:
-    """Where clean activations, corrupt residuals and p(answer) come from."""
+class Metric:
+    """A per-row metric of query logits: `name` in METRICS, with what it needs."""
 
-    batch: Batch
-    p_clean: Tensor
-    p_corrupt: Tensor
-    read_clean: Callable[[str, slice], Tensor]
-    read_corrupt_resid: Callable[[int, slice], Tensor | None]
+    name: str
+    answers: Tensor                      # [N]
+    corrupt_answers: Tensor | None = None  # [N], logit_diff
+    clean_log_probs: Tensor | None = None  # [N, d_vocab], kl
 
+    @property
+    def lower_is_better(self) -> bool:
+        return self.name == "kl"
 
-def _source_from_batch(model, batch: Batch, hooks: Sequence[str], layers: set[int], max_batch: int) -> _Source:
-    """Run clean and corrupt once, keeping the patched hooks (clean) and the residuals
-    entering each patched layer (corrupt)."""
-    device = next(model.parameters()).device
-    resid_hooks = [f"blocks.{layer}.hook_resid_pre" for layer in sorted(layers)]
-    clean: dict[str, list[Tensor]] = {hook: [] for hook in hooks}
-    corrupt: dict[str, list[Tensor]] = {hook: [] for hook in resid_hooks}
-    p_clean, p_corrupt = [], []
-    for rows in run_chunks(len(batch), max_batch):
-        query = batch.query_pos[rows].to(device)
-        answers = batch.answers[rows].to(device)
-        logits, acts = model.run_with_cache(batch.tokens[rows].to(device), names_filter=list(hooks),
-                                            return_cache_object=False, positions=query)
-        p_clean.append(answer_probs(logits, answers))
-        for hook in hooks:
-            clean[hook].append(acts[hook])
-        logits, acts = model.run_with_cache(batch.corrupt_tokens[rows].to(device), names_filter=resid_hooks,
-                                            return_cache_object=False, positions=query)
-        p_corrupt.append(answer_probs(logits, answers))
-        for hook in resid_hooks:
-            corrupt[hook].append(acts[hook])
-    clean_all = {hook: torch.cat(parts) for hook, parts in clean.items()}
-    corrupt_all = {hook: torch.cat(parts) for hook, parts in corrupt.items()}
-    return _Source(
-        batch=batch,
-        p_clean=torch.cat(p_clean).cpu(),
-        p_corrupt=torch.cat(p_corrupt).cpu(),
-        read_clean=lambda hook, rows: clean_all[hook][rows],
-        read_corrupt_resid=lambda layer, rows: corrupt_all[f"blocks.{layer}.hook_resid_pre"][rows],
-    )
+    def rows(self, logits: Tensor, rows: Tensor) -> Tensor:
+        """Return the metric ``[len(rows)]`` (float64) of query logits ``[len(rows), d_vocab]`` of `rows`."""
+        logits = logits.float()
+        answers = self.answers[rows].to(logits.device)
+        if self.name == "p_answer":
+            out = answer_probs(logits, answers)
+        elif self.name == "log_p":
+            out = logits.log_softmax(-1).gather(-1, answers[:, None]).squeeze(-1)
+        elif self.name == "logit_diff":
+            other = self.corrupt_answers[rows].to(logits.device)
+            out = logits.gather(-1, answers[:, None]).squeeze(-1) - logits.gather(-1, other[:, None]).squeeze(-1)
+        else:
+            reference = self.clean_log_probs[rows].to(logits.device)
+            out = (reference.exp() * (reference - logits.log_softmax(-1))).sum(-1)
+        return out.double().cpu()
 
 
-def _source_from_cache(model, cache: CacheFile, hooks: Sequence[str], layers: set[int], max_batch: int) -> _Source:
-    """Read what the cache holds; compute (once) what it lacks."""
-    batch = cache.batch()
-    missing = [hook for hook in hooks if not cache.has(hook, "clean")]
-    missing_layers = {layer for layer in layers if not cache.has(f"blocks.{layer}.hook_resid_pre", "corrupt")}
-    computed = _source_from_batch(model, batch, missing, missing_layers, max_batch) if (missing or missing_layers) else None
-    device = next(model.parameters()).device
+def resample_order(n_rows: int, seed: int) -> Tensor:
+    """Return ``[n_rows]``: row i takes row order[i]'s activation, a derangement (one cycle
+    through a random order, deterministic in `seed`; the identity when n_rows == 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    cycle = torch.randperm(n_rows, generator=generator)
+    order = torch.empty(n_rows, dtype=torch.long)
+    order[cycle] = cycle.roll(-1)
+    return order
 
-    def read_clean(hook: str, rows: slice) -> Tensor:
-        if hook in missing:
-            return computed.read_clean(hook, rows)
-        return cache.read(hook, "clean", rows).to(device)
 
-    def read_corrupt_resid(layer: int, rows: slice) -> Tensor:
-        if layer in missing_layers:
-            return computed.read_corrupt_resid(layer, rows)
-        return cache.read(f"blocks.{layer}.hook_resid_pre", "corrupt", rows).to(device)
+# -- where activations come from -----------------------------------------------------------
+class _Runs:
+    """The clean and corrupt runs of a batch: activations of hooks, residuals entering
+    blocks and query logits, read from a cache where it holds them, else computed once."""
 
-    return _Source(batch, cache.p_answer("clean"), cache.p_answer("corrupt"), read_clean, read_corrupt_resid)
+    def __init__(self, model, batch: Batch, hooks: Sequence[str], cache: CacheFile | None, need_logits: bool, max_batch: int):
+        self.model, self.batch, self.cache = model, batch, cache
+        self.device = next(model.parameters()).device
+        wanted = list(dict.fromkeys(hooks))
+        missing = [hook for hook in wanted if cache is None or not (cache.has(hook, "clean") and cache.has(hook, "corrupt"))]
+        self.logits: dict[str, Tensor] = {}
+        self.p_answer: dict[str, Tensor] = {}
+        self.computed: dict[tuple[str, str], Tensor] = {}
+        if cache is not None:
+            self.p_answer = {which: cache.p_answer(which).double() for which in ("clean", "corrupt")}
+        if missing or need_logits or cache is None:
+            self._compute(missing, max_batch)
+
+    @torch.no_grad()
+    def _compute(self, hooks: list[str], max_batch: int) -> None:
+        parts: dict[tuple[str, str], list[Tensor]] = {}
+        logits: dict[str, list[Tensor]] = {"clean": [], "corrupt": []}
+        for rows in run_chunks(len(self.batch), max_batch):
+            query = self.batch.query_pos[rows].to(self.device)
+            for which, tokens in (("clean", self.batch.tokens), ("corrupt", self.batch.corrupt_tokens)):
+                out, acts = self.model.run_with_cache(tokens[rows].to(self.device), names_filter=hooks,
+                                                      return_cache_object=False, positions=query)
+                logits[which].append(out.float())
+                for hook in hooks:
+                    parts.setdefault((hook, which), []).append(acts[hook])
+        self.computed = {key: torch.cat(chunks) for key, chunks in parts.items()}
+        self.logits = {which: torch.cat(chunks) for which, chunks in logits.items()}
+        if not self.p_answer:
+            answers = self.batch.answers.to(self.device)
+            self.p_answer = {which: answer_probs(out, answers).double().cpu() for which, out in self.logits.items()}
+
+    def acts(self, hook: str, which: str) -> Tensor:
+        """Return `hook`'s activations of the `which` run, ``[N, ...]`` on the model's device."""
+        if (hook, which) in self.computed:
+            return self.computed[hook, which]
+        return self.cache.read(hook, which, slice(0, len(self.batch))).to(self.device)
+
+
+# -- the engine ----------------------------------------------------------------------------
+def _patch_mask(mask: Tensor, shape: torch.Size, pos_axis: int, head_axis: int | None, head: int | None) -> Tensor:
+    """Broadcast a ``[batch, pos]`` mask (and a head choice) against an activation of `shape`."""
+    view = [1] * len(shape)
+    view[0], view[pos_axis] = shape[0], shape[pos_axis]
+    full = mask.view(view)
+    if head is not None:
+        heads = torch.zeros(shape[head_axis], dtype=torch.bool, device=mask.device)
+        heads[head] = True
+        head_view = [1] * len(shape)
+        head_view[head_axis] = shape[head_axis]
+        full = full & heads.view(head_view)
+    return full
+
+
+@dataclass
+class _TargetPlan:
+    target: Target
+    pos_axis: int
+    head_axis: int | None
+    values: Tensor   # [N, ...] (or broadcastable along rows): what is patched in
+    base: Tensor     # [N, ...]: the base run's activation
+
+
+def _plan_target(model, runs: _Runs, target: Target, base: str, source: str, ablate: str | None, ablate_seed: int) -> _TargetPlan:
+    hook = target.hook
+    pos_axis = pos_axis_of(model.hook_dict[hook])
+    head_axis = None if target.head is None else head_axis_of(model, hook)
+    base_acts = runs.acts(hook, base)
+    if head_axis is not None and target.head >= base_acts.shape[head_axis]:
+        raise UsageError(f"{hook_to_site(hook)}[{target.head}]: it has {base_acts.shape[head_axis]} heads")
+    if ablate is None:
+        values = runs.acts(hook, source)
+    elif ablate == "zero":
+        values = torch.zeros_like(base_acts)
+    elif ablate == "resample":
+        values = runs.acts(hook, "clean")[resample_order(len(runs.batch), ablate_seed).to(runs.device)]
+    else:
+        values = _row_mean(runs.acts(hook, "clean"), runs.batch.lengths.to(runs.device), pos_axis).expand_as(base_acts)
+    return _TargetPlan(target, pos_axis, head_axis, values, base_acts)
+
+
+def _row_mean(acts: Tensor, lengths: Tensor, pos_axis: int) -> Tensor:
+    """Mean over rows at each position, over the rows long enough to have it: ``[1, ...]``."""
+    n_pos = acts.shape[pos_axis]
+    valid = torch.arange(n_pos, device=acts.device)[None, :] < lengths[:, None]  # [N, T]
+    weights = _patch_mask(valid, acts.shape, pos_axis, None, None).to(acts.dtype)
+    return (acts * weights).sum(0, keepdim=True) / weights.sum(0, keepdim=True).clamp(min=1)
+
+
+def _changed_rows(plan: _TargetPlan, masks: Tensor) -> Tensor:
+    """``[P, N]`` True where patching `plan` at the patch's positions changes the row."""
+    differs = plan.values != plan.base
+    if plan.head_axis is not None:
+        differs = differs.select(plan.head_axis, plan.target.head).unsqueeze(plan.head_axis)
+    differs = differs.movedim(plan.pos_axis, 1).flatten(2).any(-1)  # [N, T]
+    return (masks & differs[None]).any(-1)
 
 
 @torch.no_grad()
-def _patched_probs(model, source: _Source, hook: str, patches: list[PositionPatch], max_batch: int) -> Tensor:
-    """Return p(answer) ``[len(patches), N]`` with `hook` patched clean at each patch's mask."""
-    batch, device = source.batch, next(model.parameters()).device
-    n_rows = len(batch)
-    layer = model.layer_of_hook(hook)
-    pos_axis = pos_axis_of(model.hook_dict[hook])
-    if pos_axis is None:
-        raise UsageError(f"{hook_to_site(hook)} has no position axis: it cannot be patched at a position")
+def _patched_rows(model, runs: _Runs, site: PatchSite, patches: list[PositionPatch], metric: Metric,
+                  base: str, source: str, ablate: str | None, ablate_seed: int, max_batch: int) -> tuple[Tensor, Tensor]:
+    """Return (p_answer, metric) of every patch and row, each ``[len(patches), N]`` float64."""
+    batch, device = runs.batch, runs.device
+    plans = [_plan_target(model, runs, target, base, source, ablate, ablate_seed) for target in site.targets]
     masks = torch.stack([patch.mask for patch in patches]).to(device)  # [P, N, T]
-    probs = torch.empty(len(patches), n_rows)
-    rows_per_forward = max(1, max_batch // len(patches))
-    for rows in run_chunks(n_rows, rows_per_forward):
-        n_chunk = rows.stop - rows.start
-        clean = source.read_clean(hook, rows).to(device)
-        clean = clean.repeat(len(patches), *[1] * (clean.dim() - 1))       # [P*n, ...]
-        mask = masks[:, rows].reshape(len(patches) * n_chunk, -1)           # [P*n, T]
+    changed = torch.zeros(masks.shape[:2], dtype=torch.bool, device=device)
+    for plan in plans:
+        changed |= _changed_rows(plan, masks)
+    probs = runs.p_answer[base].repeat(len(patches), 1)
+    values = runs_metric(runs, metric, base).repeat(len(patches), 1)
+    layers = [model.layer_of_hook(t.hook) for t in site.targets]
+    start = None if None in layers else min(layers)
+    resid = None if start is None else runs.acts(f"blocks.{start}.hook_resid_pre", base)
+    tokens = batch.tokens if base == "clean" else batch.corrupt_tokens
+    if changed.any():
+        changed &= _reaches_query(model, runs, plans, masks, start, tokens, resid, max_batch)
+    patch_index, row_index = changed.nonzero(as_tuple=True)
+    for chunk in run_chunks(len(row_index), max_batch):
+        which_patch, rows = patch_index[chunk], row_index[chunk]
+        chunk_mask = masks[which_patch, rows]  # [k, T]
+        fwd_hooks = [(plan.target.hook, _replace_hook(plan, plan.values[rows], chunk_mask)) for plan in plans]
+        model_input = tokens[rows.cpu()].to(device) if start is None else resid[rows]
+        logits = model.run_with_hooks(model_input, start_at_layer=start, positions=batch.query_pos[rows.cpu()].to(device),
+                                      fwd_hooks=fwd_hooks)
+        cpu_patch, cpu_rows = which_patch.cpu(), rows.cpu()
+        probs[cpu_patch, cpu_rows] = answer_probs(logits, batch.answers[cpu_rows].to(device)).double().cpu()
+        values[cpu_patch, cpu_rows] = metric.rows(logits, cpu_rows)
+    return probs, values
 
-        def patch_hook(activation: Tensor, hook=None) -> Tensor:
-            return replace_at(activation, clean, mask, pos_axis)
 
-        query = batch.query_pos[rows].to(device).repeat(len(patches))
-        if layer is None:
-            model_input, start = batch.corrupt_tokens[rows].to(device).repeat(len(patches), 1), None
-        else:
-            resid = source.read_corrupt_resid(layer, rows).to(device)
-            model_input, start = resid.repeat(len(patches), 1, 1), layer
-        logits = model.run_with_hooks(model_input, start_at_layer=start, positions=query,
-                                      fwd_hooks=[(hook, patch_hook)])
-        answers = batch.answers[rows].to(device).repeat(len(patches))
-        probs[:, rows] = answer_probs(logits, answers).view(len(patches), n_chunk).cpu()
-    return probs
+def _replace_hook(plan: _TargetPlan, patch_values: Tensor, mask: Tensor):
+    """A forward hook putting `patch_values` (rows of a chunk) where `mask` ``[rows, T]`` (and the head) say."""
+    full_mask = _patch_mask(mask, patch_values.shape, plan.pos_axis, plan.head_axis, plan.target.head)
+
+    def patch_hook(activation: Tensor, hook=None) -> Tensor:
+        return torch.where(full_mask, patch_values, activation)
+    return patch_hook
+
+
+@torch.no_grad()
+def _reaches_query(model, runs: _Runs, plans: list[_TargetPlan], masks: Tensor, start: int | None,
+                   tokens: Tensor, resid: Tensor | None, max_batch: int) -> Tensor:
+    """``[P, N]`` True where the query logits depend on the patched activations at all.
+
+    A structural test, without knowing the architecture: write NaN at the patched places of
+    one representative row per (positions, query position, length) group and see whether it
+    reaches the query logits. NaN propagates through every arithmetic dependence (and masked
+    attention scores or untaken `where` branches drop it exactly where there is none), so a
+    patch whose NaN does not arrive cannot change the answer: those rows keep the base run's
+    metric. (E.g. a last-layer MLP patched anywhere but at the query.)
+    """
+    n_patches, n_rows, n_pos = masks.shape
+    device = masks.device
+    query, lengths = runs.batch.query_pos.to(device), runs.batch.lengths.to(device)
+    keys = torch.cat([masks.reshape(-1, n_pos).long(), query.repeat(n_patches)[:, None],
+                      lengths.repeat(n_patches)[:, None]], dim=1)
+    _, group = torch.unique(keys, dim=0, return_inverse=True)
+    n_groups = int(group.max()) + 1
+    items = torch.arange(len(group), device=device)
+    first = torch.full((n_groups,), len(group), device=device).scatter_reduce(0, group, items, "amin")
+    reaches = torch.empty(n_groups, dtype=torch.bool, device=device)
+    for chunk in run_chunks(n_groups, max_batch):
+        which = first[chunk]
+        rows, chunk_mask = which % n_rows, masks.reshape(-1, n_pos)[which]
+        fwd_hooks = []
+        for plan in plans:
+            nan = torch.full_like(plan.base[rows], float("nan"))
+            fwd_hooks.append((plan.target.hook, _replace_hook(plan, nan, chunk_mask)))
+        model_input = tokens[rows.cpu()].to(device) if start is None else resid[rows]
+        logits = model.run_with_hooks(model_input, start_at_layer=start, positions=query[rows], fwd_hooks=fwd_hooks)
+        reaches[chunk] = ~logits.isfinite().all(dim=-1)
+    return reaches[group].view(n_patches, n_rows)
+
+
+def runs_metric(runs: _Runs, metric: Metric, which: str) -> Tensor:
+    """Return the metric ``[N]`` (float64) of the unpatched `which` run."""
+    if metric.name == "p_answer":
+        return runs.p_answer[which]
+    return metric.rows(runs.logits[which], torch.arange(len(runs.batch)))
+
+
+def _make_metric(name: str, runs: _Runs) -> Metric:
+    batch = runs.batch
+    if name == "p_answer":
+        return Metric(name, batch.answers)
+    if name == "logit_diff":
+        return Metric(name, batch.answers, corrupt_answers=corrupt_answers(batch, runs.logits["corrupt"]).cpu())
+    if name == "kl":
+        return Metric(name, batch.answers, clean_log_probs=runs.logits["clean"].log_softmax(-1))
+    return Metric(name, batch.answers)
+
+
+def _check_options(method, metric, direction, ablate, max_batch) -> str:
+    if method not in METHODS:
+        raise UsageError(f"unknown method {method!r} (available: {', '.join(METHODS)})")
+    for kind, value, choices in (("metric", metric, METRICS), ("ablation", ablate, ABLATIONS),
+                                 ("direction", direction, DIRECTIONS)):
+        if value is not None and value not in choices:
+            raise UsageError(f"unknown {kind} {value!r}{suggest(value, choices)} (available: {', '.join(choices)})")
+    if max_batch < 1:
+        raise UsageError(f"max_batch must be >= 1, got {max_batch}")
+    if ablate is not None and direction == "denoise":
+        raise UsageError("ablations replace activations of the clean run (direction 'noise'); "
+                         "drop direction 'denoise' or the ablation")
+    return direction or ("noise" if ablate is not None else "denoise")
 
 
 def patch(
@@ -158,63 +427,102 @@ def patch(
     threshold: float = 0.01,
     max_batch: int = 1024,
     per_example: bool = False,
+    metric: str = "p_answer",
+    direction: str | None = None,
+    ablate: str | None = None,
+    ablate_seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """Patch every (site, position) from clean into corrupt and score it.
+    """Patch every (site, position) and score it (see the module docstring for the formulas).
 
     `source` is a `Batch` (clean and corrupt runs are computed) or an activation cache
-    (path or open `CacheFile`: clean activations and corrupt residuals are read from it).
-    `sites` are site names or patterns (`sites.resolve_sites`), `positions` position specs
-    (`sites.position_patches`). Returns one record per (site, position):
-    ``site, hook, pos, attribution, p_clean, p_corrupt, p_patched, n, passes_filter, method``
-    (plus ``p_patched_rows`` ``[N]`` lists when `per_example`).
+    (path or open `CacheFile`: activations and residuals are read from it). `sites` are site
+    specs (`parse_sites`), `positions` position specs (`sites.position_patches`). `metric` in
+    METRICS; `direction` "denoise" (default) or "noise" ("noise" with `ablate`); `ablate` None
+    (interchange) or "zero" / "mean" / "resample" (resample: row i takes row
+    `resample_order(N, ablate_seed)[i]`'s clean activation). Returns one record per (site,
+    position): ``site, hook, pos, attribution, p_clean, p_corrupt, p_patched, n, passes_filter,
+    method, metric, direction, metric_clean, metric_corrupt, metric_patched`` (p_* are mean
+    p(answer), metric_* the metric's means, attribution is computed from metric_*); plus
+    ``ablate`` when ablating, and ``p_patched_rows`` (and ``metric_patched_rows``) ``[N]``
+    lists when `per_example`.
     """
-    if method not in METHODS:
-        raise UsageError(f"unknown method {method!r} (available: {', '.join(METHODS)})")
-    if max_batch < 1:
-        raise UsageError(f"max_batch must be >= 1, got {max_batch}")
-    hooks = resolve_sites(list(sites), model.hook_dict)
-    layers = {layer for layer in map(model.layer_of_hook, hooks) if layer is not None}
+    direction = _check_options(method, metric, direction, ablate, max_batch)
+    if method == "atp":
+        return _attribution_patch(model, source, sites, positions, threshold, max_batch, per_example,
+                                  metric, direction, ablate)
+    patch_sites = parse_sites(list(sites), model)
     positions = list(positions)
     was_training = model.training
     model.eval()
     try:
         if isinstance(source, (str, Path)):
             with CacheFile(source) as cache:
-                return _patch_from(model, _source_from_cache(model, cache, hooks, layers, max_batch),
-                                   hooks, positions, method, threshold, max_batch, per_example)
+                return _patch_from(model, cache.batch(), cache, patch_sites, positions, method, threshold, max_batch,
+                                   per_example, metric, direction, ablate, ablate_seed)
         if isinstance(source, CacheFile):
-            src = _source_from_cache(model, source, hooks, layers, max_batch)
-        elif isinstance(source, Batch):
-            src = _source_from_batch(model, source, hooks, layers, max_batch)
-        else:
-            raise HookmechError(f"patch source must be a Batch or a cache file, got {type(source).__name__}")
-        return _patch_from(model, src, hooks, positions, method, threshold, max_batch, per_example)
+            return _patch_from(model, source.batch(), source, patch_sites, positions, method, threshold, max_batch,
+                               per_example, metric, direction, ablate, ablate_seed)
+        if isinstance(source, Batch):
+            return _patch_from(model, source, None, patch_sites, positions, method, threshold, max_batch,
+                               per_example, metric, direction, ablate, ablate_seed)
+        raise HookmechError(f"patch source must be a Batch or a cache file, got {type(source).__name__}")
     finally:
         model.train(was_training)
 
 
-def _patch_from(model, src: _Source, hooks, positions, method, threshold, max_batch, per_example) -> list[dict]:
-    batch = src.batch
+def _attribution_patch(model, source, sites, positions, threshold, max_batch, per_example, metric, direction, ablate):
+    """`method="atp"`: the first-order estimate (hookmech.atp), which covers interchange
+    denoising of p(answer) at plain sites; other options need the exact engine."""
+    from .atp import attribution_patch
+
+    if metric != "p_answer" or direction != "denoise" or ablate is not None:
+        raise UsageError("method 'atp' estimates interchange denoising of p_answer only; "
+                         "use method 'exact' for other metrics, directions and ablations")
+    if any("+" in spec or "[" in spec for spec in sites):
+        raise UsageError("method 'atp' takes plain sites (no joint 'a+b' or per-head '[h]' sites); use method 'exact'")
+    return attribution_patch(model, source, sites, positions, threshold=threshold, max_batch=max_batch,
+                             per_example=per_example)
+
+
+def _patch_from(model, batch, cache, patch_sites, positions, method, threshold, max_batch, per_example,
+                metric_name, direction, ablate, ablate_seed) -> list[dict]:
     patches = position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
-    p_clean, p_corrupt = src.p_clean.double().mean().item(), src.p_corrupt.double().mean().item()
+    base, source = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
+    hooks = [t.hook for s in patch_sites for t in s.targets]
+    starts = {min(ls) for ls in ([model.layer_of_hook(t.hook) for t in s.targets] for s in patch_sites) if None not in ls}
+    resid_hooks = [f"blocks.{layer}.hook_resid_pre" for layer in sorted(starts)]
+    runs = _Runs(model, batch, hooks + resid_hooks, cache, need_logits=metric_name != "p_answer", max_batch=max_batch)
+    metric = _make_metric(metric_name, runs)
+    p_clean, p_corrupt = (runs.p_answer[w].mean().item() for w in ("clean", "corrupt"))
+    m_clean, m_corrupt = (runs_metric(runs, metric, w).mean().item() for w in ("clean", "corrupt"))
+    gap = m_corrupt - m_clean if metric.lower_is_better else m_clean - m_corrupt
     records = []
-    for hook in hooks:
-        probs = _patched_probs(model, src, hook, patches, max_batch)
-        for patch_spec, row_probs in zip(patches, probs):
-            p_patched = row_probs.double().mean().item()
+    for site in patch_sites:
+        probs, values = _patched_rows(model, runs, site, patches, metric, base, source, ablate, ablate_seed, max_batch)
+        for patch_spec, row_probs, row_values in zip(patches, probs, values):
+            m_patched = row_values.mean().item()
             record = {
-                "site": hook_to_site(hook),
-                "hook": hook,
+                "site": site.site,
+                "hook": site.hook,
                 "pos": patch_spec.label,
-                "attribution": attribution_score(p_clean, p_corrupt, p_patched),
+                "attribution": attribution_score(m_clean, m_corrupt, m_patched, direction),
                 "p_clean": p_clean,
                 "p_corrupt": p_corrupt,
-                "p_patched": p_patched,
+                "p_patched": row_probs.mean().item(),
                 "n": len(batch),
-                "passes_filter": bool(p_clean - p_corrupt > threshold),
+                "passes_filter": bool(gap > threshold),
                 "method": method,
+                "metric": metric_name,
+                "direction": direction,
+                "metric_clean": m_clean,
+                "metric_corrupt": m_corrupt,
+                "metric_patched": m_patched,
             }
+            if ablate is not None:
+                record["ablate"] = ablate
             if per_example:
                 record["p_patched_rows"] = row_probs.tolist()
+                if metric_name != "p_answer":
+                    record["metric_patched_rows"] = row_values.tolist()
             records.append(record)
     return records

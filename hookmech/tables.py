@@ -30,6 +30,11 @@ PATCH_COLUMNS = ("site", "pos", "attribution", "p_clean", "p_corrupt", "p_patche
 
 
 def format_records(records: Sequence[dict[str, Any]]) -> str:
-    """Return patching records as a table (one row per site × position)."""
+    """Return patching records as a table (one row per site × position); AtP records checked
+    with `verify_top` get an `exact` column beside the estimate."""
     headers = ["site", "pos", "attrib", "p_clean", "p_corrupt", "p_patched", "n", "filter"]
-    return format_table(headers, [[r[c] for c in PATCH_COLUMNS] for r in records])
+    columns = list(PATCH_COLUMNS)
+    if any("attribution_exact" in r for r in records):
+        headers.insert(3, "exact")
+        columns.insert(3, "attribution_exact")
+    return format_table(headers, [[r.get(c) for c in columns] for r in records])

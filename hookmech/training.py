@@ -9,13 +9,15 @@ A run lives in one folder::
     summary.json          written last: the run is finished
 
 Training data is a pure function of (seed, step): a fixed training set sampled once with
-seed (seed, 0) and replayed in a per-epoch order drawn from (seed, 3, epoch), or, with
-``n_train=0``, fresh documents drawn from (seed, 2, step). So a killed run resumed from its
-last checkpoint ends with exactly the weights of an uninterrupted one.
+seed (seed, 0) — or given (``train(train_set=...)``, e.g. read from a dataset file; its
+SHA-256 is part of run.json) — and replayed in a per-epoch order drawn from (seed, 3, epoch),
+or, with ``n_train=0``, fresh documents drawn from (seed, 2, step). So a killed run resumed
+from its last checkpoint ends with exactly the weights of an uninterrupted one.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import sys
@@ -103,11 +105,18 @@ def learning_rate(step: int, config: TrainConfig) -> float:
 
 
 class DataStream:
-    """Training batches as a pure function of the step."""
+    """Training batches as a pure function of the step.
 
-    def __init__(self, task: Task, config: TrainConfig):
+    `train_set` replaces the sampled training set (its rows must number `config.n_train`)."""
+
+    def __init__(self, task: Task, config: TrainConfig, train_set: Batch | None = None):
         self.task, self.config = task, config
-        self.train_set = task.sample(config.n_train, seed=(config.seed, _TRAIN_SET)) if config.n_train else None
+        if train_set is not None:
+            if len(train_set) != config.n_train:
+                raise UsageError(f"the training set has {len(train_set)} rows, but n_train is {config.n_train}")
+            self.train_set = train_set
+        else:
+            self.train_set = task.sample(config.n_train, seed=(config.seed, _TRAIN_SET)) if config.n_train else None
         self._order: tuple[int, Tensor] | None = None
 
     def batch(self, step: int) -> Batch:
@@ -173,12 +182,29 @@ def _load_resume(path: Path, model: HookedLM, optimizer: torch.optim.Optimizer) 
     return extra
 
 
-def _run_record(model_config: ModelConfig, task: Task, config: TrainConfig) -> dict[str, Any]:
-    return {
+def _run_record(model_config: ModelConfig, task: Task, config: TrainConfig, train_set_sha256: str | None) -> dict[str, Any]:
+    record = {
         "model_config": json.loads(model_config.to_json()),
         "task": task.spec,
         "train": dataclasses.asdict(config),
     }
+    if train_set_sha256 is not None:  # absent for sampled training sets: older run folders still match
+        record["train_set_sha256"] = train_set_sha256
+    return record
+
+
+def batch_sha256(batch: Batch) -> str:
+    """Return a hex SHA-256 of a batch's contents (every tensor, roles by name), for runs
+    given a training set that does not come from a file."""
+    digest = hashlib.sha256()
+    items = [(f.name, getattr(batch, f.name)) for f in dataclasses.fields(batch) if f.name != "roles"]
+    items += [(f"roles/{name}", batch.roles[name]) for name in sorted(batch.roles)]
+    for name, value in items:
+        if isinstance(value, Tensor):
+            array = value.detach().cpu().contiguous().to(torch.int64).numpy()
+            digest.update(f"{name}:{list(array.shape)};".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def _truncate_metrics(path: Path, last_step: int) -> None:
@@ -200,6 +226,8 @@ def train(
     on_step: Callable[[int], None] | None = None,
     on_eval: Callable[[int, HookedLM], dict[str, Any]] | None = None,
     log: Callable[[str], None] | None = None,
+    train_set: Batch | None = None,
+    train_set_sha256: str | None = None,
 ) -> dict[str, Any]:
     """Train a model in `out_dir` (resuming or skipping as the folder says) and return its summary.
 
@@ -208,14 +236,34 @@ def train(
     interrupt a run); `on_eval(step, model)` at each evaluation, its dict is added to that
     step's metrics line (e.g. attributions measured during training). Raises `HookmechError` if the loss becomes NaN (the last good
     checkpoint is kept).
+
+    `train_set` (rows of `task`, ``config.n_train`` of them) replaces the sampled training set;
+    `train_set_sha256` (default: `batch_sha256` of it; the CLI gives the dataset file's) is
+    recorded in run.json, so resuming the run with other training data is refused.
     """
     out = Path(out_dir)
     log = log or (lambda message: print(message, file=sys.stderr))
     summary_path, resume_path, metrics_path = out / "summary.json", out / "resume.safetensors", out / "metrics.jsonl"
-    record = _run_record(model_config, task, config)
+    if train_set is not None:
+        from .datasets import check_batch
+
+        check_batch(train_set, task, "train_set")
+        if len(train_set) != config.n_train:
+            raise UsageError(f"the training set has {len(train_set)} rows, but n_train is {config.n_train}")
+        train_set_sha256 = train_set_sha256 or batch_sha256(train_set)
+    if train_set is None and train_set_sha256 is not None:
+        raise UsageError("train_set_sha256 given without a train_set")
+    record = _run_record(model_config, task, config, train_set_sha256)
     run_path = out / "run.json"
-    if run_path.exists() and json.loads(run_path.read_text()) != json.loads(json.dumps(record)):
-        raise HookmechError(f"{out} holds a different run (its run.json differs); choose another -o folder")
+    if run_path.exists():
+        previous = json.loads(run_path.read_text())
+        if previous != json.loads(json.dumps(record)):
+            if previous.get("train_set_sha256") != train_set_sha256:
+                raise HookmechError(
+                    f"{out} was trained on other data (training set sha256 {previous.get('train_set_sha256') or 'none: sampled'}, "
+                    f"now {train_set_sha256 or 'none: sampled'}); give the same data or choose another -o folder"
+                )
+            raise HookmechError(f"{out} holds a different run (its run.json differs); choose another -o folder")
     if summary_path.exists():
         log(f"{out}: already trained (summary.json exists); not retraining")
         return json.loads(summary_path.read_text())
@@ -233,7 +281,7 @@ def train(
         log(f"{out}: resuming from step {start}")
     _truncate_metrics(metrics_path, start)
 
-    data = DataStream(task, config)
+    data = DataStream(task, config, train_set)
     dev = task.sample(config.n_dev, seed=(config.seed, _DEV_SET))
     total = config.total_steps()
     began = time.perf_counter()

@@ -10,6 +10,10 @@ import hookmech
 
 from helpers import make_model
 
+# One torch thread: the tests run many tiny forwards, where threads only contend (on a loaded
+# 2-core machine the suite ran 10x slower with torch's default).
+torch.set_num_threads(1)
+
 REPO = Path(__file__).resolve().parent.parent
 ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 

@@ -103,7 +103,9 @@ def test_cache_of_another_checkpoint_is_refused(trained, tmp_path, capsys):
     (["patch", "--site", "L1.block_in", "--pos", "value"], 2, "--ckpt"),
     (["patch", "--ckpt", "{ckpt}", "--site", "L1.blok_in", "--pos", "value"], 2, "L1.block_in"),
     (["patch", "--ckpt", "{ckpt}", "--site", "L1.block_in", "--pos", "valeu"], 2, "value"),
-    (["patch", "--ckpt", "{ckpt}", "--site", "L1.block_in", "--pos", "value", "--method", "atp"], 2, "exact"),
+    (["patch", "--ckpt", "{ckpt}", "--site", "L1.block_in", "--pos", "value", "--method", "atpp"], 2, "exact"),
+    (["patch", "--ckpt", "{ckpt}", "--site", "L1.block_in", "--pos", "value", "--verify-top", "3"], 2, "atp"),
+    (["patch", "--ckpt", "{ckpt}", "--site", "L1.block_in", "--pos", "value", "--method", "atp", "--metric", "kl"], 2, "exact"),
     (["patch", "--ckpt", "{ckpt}", "--site", "L1.block_in", "--pos", "value", "--n", "0"], 2, "--n"),
     (["patch", "--ckpt", "/nonexistent.safetensors", "--site", "L1.block_in", "--pos", "value"], 1, "no such"),
     (["patch", "--ckpt", "{ckpt}", "--cache", "/nonexistent.h5", "--site", "L1.block_in", "--pos", "value"], 1, "no such"),
@@ -122,6 +124,8 @@ def test_cache_of_another_checkpoint_is_refused(trained, tmp_path, capsys):
     (["train", "-o", "{tmp}/x", "--n-train", "0"], 2, "steps"),
     (["train", "-o", "{tmp}/x", "--threads", "0", "--steps", "2", "--n-train", "0"], 2, "threads"),
     (["demo", "--fixtures", "{tmp}"], 1, "missing"),
+    (["train", "-o", "{tmp}/x", "--preset", "basde"], 2, "based"),
+    (["train", "-o", "{tmp}/x", "--preset", "based", "--mixer", "mamba"], 2, "not both"),
 ])
 def test_errors_are_one_line_with_exit_code(argv, code, needle, trained, tmp_path, capsys):
     junk = tmp_path / "junk.safetensors"
@@ -140,3 +144,20 @@ def test_console_script_exit_codes(trained):
     done = subprocess.run([sys.executable, "-m", "hookmech.cli.main", "patch", "--ckpt", str(trained), "--site",
                            "L9.block_in", "--pos", "value"], capture_output=True, text=True)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_preset_builds_the_papers_based_model(tmp_path, capsys):
+    argv = [a for a in TRAIN if a not in ("--mixer", "attention", "--mixer-opt", "L0.window=2")]
+    code, _, err = run([*argv, "--preset", "based", "--mixer-opt", "L0.kernel_size=-1", "--steps", "2", "-o", str(tmp_path / "r")], capsys)
+    assert code == 0, err
+    config = hookmech.load(tmp_path / "r" / "model.safetensors").cfg
+    assert config.mixers == ("baseconv", "based")
+    assert config.mixer_kwargs[0]["kernel_size"] == -1 and config.pos_emb == "none"
+
+
+def test_atp_with_verify_top_reports_both_scores(trained, capsys):
+    code, out, err = run(["patch", "--ckpt", str(trained), "--site", "all", "--pos", "key,value", "--n", "16",
+                          "--method", "atp", "--verify-top", "3", "--json"], capsys)
+    assert code == 0, err
+    records = json.loads(out)
+    assert len(records) == 3 and all(r["method"] == "atp" and "attribution_exact" in r for r in records)

@@ -110,16 +110,18 @@ def test_filter_threshold(ar_model, ar_task):
 
 def test_records_have_the_contract_fields(ar_model, ar_task):
     record, = patch(ar_model, ar_task.sample(4, seed=0), ["L1.block_in"], ["value"])
-    assert set(record) == {"site", "hook", "pos", "attribution", "p_clean", "p_corrupt", "p_patched", "n", "passes_filter", "method"}
+    assert set(record) == {"site", "hook", "pos", "attribution", "p_clean", "p_corrupt", "p_patched", "n", "passes_filter", "method",
+                           "metric", "direction", "metric_clean", "metric_corrupt", "metric_patched"}
     assert record["site"] == "L1.block_in" and record["hook"] == "blocks.1.hook_resid_pre" and record["n"] == 4
-    assert record["method"] == "exact"
+    assert record["method"] == "exact" and record["metric"] == "p_answer" and record["direction"] == "denoise"
+    assert record["metric_patched"] == record["p_patched"] and record["metric_clean"] == record["p_clean"]
     assert all(math.isfinite(record[k]) for k in ("p_clean", "p_corrupt", "p_patched"))
 
 
 def test_unknown_method_and_bad_batch_are_errors(ar_model, ar_task):
     batch = ar_task.sample(4, seed=0)
     with pytest.raises(UsageError):
-        patch(ar_model, batch, ["L1.block_in"], ["value"], method="atp")
+        patch(ar_model, batch, ["L1.block_in"], ["value"], method="gradient")
     with pytest.raises(UsageError):
         patch(ar_model, batch, ["L1.block_in"], ["value"], max_batch=0)
 

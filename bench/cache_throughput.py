@@ -1,0 +1,88 @@
+"""Caching throughput: `write_cache` of every block-level site against the forward passes alone,
+and the size / speed trade-off of fp16 storage and gzip / lzf compression.
+
+Same process, same model, same `--n` examples (seed 1). Baseline: the clean and the corrupt
+forward passes over the rows, in the chunks write_cache uses, without hooks (what a run costs
+anyway). Also shown: the same forwards with `run_with_cache` (what the hooks add). Each storage
+option is the whole `write_cache` to a file (best of `--reps`, interleaved with the baseline),
+with the file size and the time relative to the baseline (target: fp32 uncompressed <= 1.5x).
+
+    python bench/cache_throughput.py [CKPT] [--n 320] [--reps 5] [--threads 1]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import hookmech
+from hookmech.cache import MAX_CHUNK_ROWS, run_chunks, write_cache
+from hookmech.sites import resolve_sites
+
+OPTIONS = [("float32", None), ("float16", None), ("float32", "lzf"), ("float16", "lzf"), ("float32", "gzip"),
+           ("float16", "gzip")]
+DEFAULT = ("fixtures/attention_ar.safetensors", "/tmp/atp_attn64/model.safetensors")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ckpt", nargs="?", default=None)
+    parser.add_argument("--n", type=int, default=320)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--chunk", type=int, default=None, help="rows per forward and per HDF5 chunk (default: write_cache's)")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    path = args.ckpt or next(p for p in DEFAULT if Path(p).exists())
+    model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
+    batch = task.sample(args.n, seed=1)
+    hooks = resolve_sites(["all"], model.hook_dict)
+    chunk = args.chunk or math.ceil(args.n / math.ceil(args.n / MAX_CHUNK_ROWS))  # write_cache's default
+
+    @torch.no_grad()
+    def forwards(cache: bool) -> None:
+        for rows in run_chunks(len(batch), chunk):
+            for tokens in (batch.tokens, batch.corrupt_tokens):
+                if cache:
+                    model.run_with_cache(tokens[rows], names_filter=hooks, return_cache_object=False,
+                                         positions=batch.query_pos[rows])
+                else:
+                    model(tokens[rows], positions=batch.query_pos[rows])
+
+    with tempfile.TemporaryDirectory() as folder:
+        runs = {"forward": lambda: forwards(False), "run_with_cache": lambda: forwards(True)}
+        for dtype, compression in OPTIONS:
+            out = Path(folder) / f"{dtype}-{compression}.h5"
+            runs[dtype, compression] = lambda d=dtype, c=compression, o=out: write_cache(
+                model, batch, o, hooks, task_spec=task.spec, dtype=d, compression=c, chunk=chunk)
+        best = {name: float("inf") for name in runs}
+        sizes = {}
+        for rep in range(args.reps + 1):  # the first round warms up
+            for name, run in runs.items():
+                out = Path(folder) / f"{name[0]}-{name[1]}.h5" if isinstance(name, tuple) else None
+                if out is not None and out.exists():
+                    out.unlink()  # time writing a new file, not unlinking the last one
+                start = time.perf_counter()
+                run()
+                if rep:
+                    best[name] = min(best[name], time.perf_counter() - start)
+                if out is not None:
+                    sizes[name] = out.stat().st_size
+    base = best["forward"]
+    print(f"{Path(path).name}: {len(hooks)} block-level sites x clean+corrupt, N={args.n}, T={batch.tokens.shape[1]}, "
+          f"chunk {chunk} rows, threads {torch.get_num_threads()}")
+    print(f"  forward passes alone      {base * 1e3:8.1f} ms   1.00x")
+    print(f"  run_with_cache (no file)  {best['run_with_cache'] * 1e3:8.1f} ms   {best['run_with_cache'] / base:.2f}x")
+    for dtype, compression in OPTIONS:
+        seconds = best[dtype, compression]
+        print(f"  write_cache {dtype:7s} {compression or 'none':4s}  {seconds * 1e3:8.1f} ms   {seconds / base:.2f}x   "
+              f"{sizes[dtype, compression] / 2**20:6.2f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""`hookmech report`."""
+from __future__ import annotations
+
+import click
+
+from .common import CONTEXT, set_threads, split_flag, threads_option
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("runs_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="report folder")
+@click.option("--run", "run_ids", multiple=True, help="runs for heatmaps and dynamics (default: best of each series)")
+@click.option("--n", type=int, default=320, show_default=True, help="examples per heatmap")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the heatmap examples")
+@click.option("--no-heatmaps", is_flag=True, help="skip the site x position heatmaps (they patch each selected run)")
+@threads_option
+def report(runs_dir, out_dir, run_ids, n, seed, no_heatmaps, threads):
+    """Write PNG figures and report.md for a sweep folder (RUNS_DIR/results.csv)."""
+    from hookmech.errors import UsageError
+    from hookmech.report import build_report
+
+    if n < 1:
+        raise UsageError(f"--n must be >= 1, got {n}")
+    set_threads(threads)
+    path = build_report(runs_dir, out_dir, runs=split_flag(run_ids) or None, n=n, seed=seed,
+                        heatmaps=not no_heatmaps, log=lambda message: click.echo(message, err=True))
+    click.echo(f"wrote {path}")

@@ -1,0 +1,47 @@
+"""`hookmech sweep`."""
+from __future__ import annotations
+
+import click
+
+from .common import CONTEXT, check_device, device_option
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--preset", default=None, help="a built-in sweep: ar-paper, ar-cpu, atr-paper, mamba-dconv, mqar-lr")
+@click.option("--show-preset", default=None, metavar="NAME", help="print a preset's TOML and exit")
+@click.option("-o", "--out", "runs_dir", default=None, type=click.Path(file_okay=False), help="runs folder (RUNS)")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--workers", type=int, default=1, show_default=True, help="runs in parallel")
+@click.option("--threads", type=int, default=None, help="torch threads per run (default: cores // workers)")
+@click.option("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
+@click.option("--gpus-per-run", type=float, default=0.0, show_default=True, help="Ray: fraction of a GPU per run")
+@click.option("--dry-run", is_flag=True, help="list the runs and exit")
+@device_option
+def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, address, gpus_per_run, dry_run, device):
+    """Train a grid of runs (SWEEP_FILE or --preset) into RUNS/<run-id> and write RUNS/results.csv.
+
+    Re-running the same sweep skips finished runs and resumes interrupted ones.
+    """
+    from hookmech.errors import UsageError
+    from hookmech.sweep import expand, load_sweep, run_sweep
+    from hookmech.sweep_presets import load_preset, preset_text
+
+    if show_preset is not None:
+        click.echo(preset_text(show_preset), nl=False)
+        return
+    if (sweep_file is None) == (preset is None):
+        raise UsageError("give a SWEEP_FILE or --preset NAME (one of them)")
+    spec = load_sweep(sweep_file) if sweep_file is not None else load_preset(preset)
+    if dry_run:
+        runs = expand(spec)
+        for run in runs:
+            click.echo(run.run_id)
+        click.echo(f"{len(runs)} runs", err=True)
+        return
+    if runs_dir is None:
+        raise UsageError("missing option -o/--out RUNS")
+    rows = run_sweep(spec, runs_dir, engine=engine, workers=workers, threads=threads, device=check_device(device),
+                     address=address, gpus_per_run=gpus_per_run)
+    finished = sum(row["status"] == "finished" for row in rows)
+    click.echo(f"{runs_dir}/results.csv: {len(rows)} runs ({finished} finished)")

@@ -1,0 +1,258 @@
+"""Attribution patching (AtP): the first-order estimate of every interchange intervention at once.
+
+Patching a site's activation a at position t from its corrupt value a* to the clean value a'
+changes a metric m (p(answer) by default) by, to first order (Nanda 2023; Syed et al. 2023),
+
+    m(patched) − m(corrupt) ≈ Σ_{t ∈ patch} (a'_t − a*_t) · ∂m/∂a_t |_(corrupt run)
+
+One corrupt forward and one backward per row chunk give ∂m/∂a at every position of every
+site, so a whole sweep (sites × positions) costs about one training step. Records are those
+of `hookmech.patching.patch` with ``method="atp"`` and ``p_patched = p_corrupt + estimate``;
+`verify_top` re-runs the strongest ones exactly.
+
+Caveat: the gradient is that of the hook's output. For a recurrent-state hook whose edits the
+mixer re-propagates through the recurrence (``L*.mixer.ssm_state`` …), the unedited forward does
+not route later states through the hook, so the estimate holds the direct read-out at t only.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .cache import CacheFile, run_chunks
+from .errors import HookmechError, UsageError, unknown
+from .hooks import pos_axis_of
+from .patching import _Runs, attribution_score, patch
+from .sites import hook_to_site, position_patches, resolve_sites
+from .tasks.batch import Batch
+
+
+def _upcast(logits: Tensor) -> Tensor:
+    """At least float32 (a float64 model keeps its precision)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def _answer_prob(logits: Tensor, answers: Tensor) -> Tensor:
+    return _upcast(logits).softmax(-1).gather(-1, answers[:, None]).squeeze(-1)
+
+
+def _answer_logprob(logits: Tensor, answers: Tensor) -> Tensor:
+    return _upcast(logits).log_softmax(-1).gather(-1, answers[:, None]).squeeze(-1)
+
+
+def _answer_logit(logits: Tensor, answers: Tensor) -> Tensor:
+    return _upcast(logits).gather(-1, answers[:, None]).squeeze(-1)
+
+
+#: metric name -> f(logits [n, d_vocab], answers [n]) -> [n]
+METRICS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "p": _answer_prob,
+    "logp": _answer_logprob,
+    "logit": _answer_logit,
+}
+
+
+def first_order_effects(
+    model,
+    corrupt_input: Tensor,
+    clean_acts: dict[str, Tensor],
+    query: Tensor,
+    answers: Tensor,
+    *,
+    start_at_layer: int | None = None,
+    metric: str = "p",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The gradient core: one corrupt forward and one backward.
+
+    `corrupt_input` is corrupt tokens ``[n, T]`` or, with `start_at_layer=l`, the corrupt residual
+    entering block l ``[n, T, d_model]``; `clean_acts` maps each hook to its clean activation
+    (shape of the hook's activation, batch axis first); `query`, `answers` are ``[n]``.
+    Returns ``(m, effects)``: the metric on the corrupt run ``[n]`` and, per hook, ``[n, T]`` the
+    first-order change of the metric when that hook is patched clean at position t alone
+    (sum over the other axes of ``(clean − corrupt) · ∂m/∂activation``). A patch of several
+    positions changes m by the sum of its positions' effects (the estimate is linear).
+    """
+    if metric not in METRICS:
+        raise unknown("metric", metric, METRICS)
+    hooks = list(clean_acts)
+    for hook in hooks:
+        if pos_axis_of(model.hook_dict[hook]) is None:
+            raise UsageError(f"{hook_to_site(hook)} has no position axis: it cannot be patched at a position")
+    corrupt: dict[str, Tensor] = {}
+    zeros: dict[str, Tensor] = {}
+
+    def make_hook(name: str):
+        def capture(activation: Tensor, hook=None) -> Tensor:
+            # Adding a zero leaf leaves the forward unchanged; its gradient is ∂m/∂activation.
+            corrupt[name] = activation.detach()
+            zeros[name] = torch.zeros_like(activation, requires_grad=True)
+            return activation + zeros[name]
+
+        return capture
+
+    with torch.enable_grad():
+        logits = model.run_with_hooks(corrupt_input, start_at_layer=start_at_layer, positions=query,
+                                      fwd_hooks=[(hook, make_hook(hook)) for hook in hooks])
+        values = METRICS[metric](logits, answers)
+        missing = [hook for hook in hooks if hook not in zeros]
+        if missing:
+            raise HookmechError(f"hook {missing[0]} did not fire in the forward pass")
+        # Rows are independent, so the gradient of the sum holds every row's own gradient.
+        grads = torch.autograd.grad(values.sum(), [zeros[hook] for hook in hooks], allow_unused=True)
+    effects = {}
+    for hook, grad in zip(hooks, grads):
+        clean, dirty = clean_acts[hook].to(corrupt[hook].device, corrupt[hook].dtype), corrupt[hook]
+        if clean.shape != dirty.shape:
+            raise HookmechError(f"clean activation of {hook} has shape {tuple(clean.shape)}, the corrupt run {tuple(dirty.shape)}")
+        # Equal entries (masked attention scores are -inf in both runs) contribute nothing.
+        difference = torch.where(clean == dirty, torch.zeros_like(clean), clean - dirty)
+        if grad is None:  # the metric does not depend on this hook (e.g. a position after the query)
+            grad = torch.zeros_like(difference)
+        product = (difference * grad).movedim(pos_axis_of(model.hook_dict[hook]), 1)
+        effects[hook] = product.flatten(2).sum(-1) if product.dim() > 2 else product
+    return values.detach(), effects
+
+
+@contextlib.contextmanager
+def _open_runs(model, source, hooks: list[str], max_batch: int) -> Iterator[Any]:
+    """Yield the exact engine's `_Runs` of `source` (activations of `hooks` and p(answer) of
+    both runs, read from a cache where it holds them), opening and closing a cache path."""
+    if isinstance(source, (str, Path)):
+        with CacheFile(source) as cache:
+            yield _Runs(model, cache.batch(), hooks, cache, need_logits=False, max_batch=max_batch)
+    elif isinstance(source, CacheFile):
+        yield _Runs(model, source.batch(), hooks, source, need_logits=False, max_batch=max_batch)
+    elif isinstance(source, Batch):
+        yield _Runs(model, source, hooks, None, need_logits=False, max_batch=max_batch)
+    else:
+        raise HookmechError(f"attribution patching source must be a Batch or a cache file, got {type(source).__name__}")
+
+
+def attribution_patch(
+    model,
+    source: Batch | CacheFile | str | Path,
+    sites: Iterable[str],
+    positions: Iterable[str],
+    threshold: float = 0.01,
+    max_batch: int = 256,
+    per_example: bool = False,
+) -> list[dict[str, Any]]:
+    """Estimate every (site, position) interchange intervention to first order.
+
+    Arguments as `hookmech.patching.patch` (a `Batch`, a cache path or an open `CacheFile`;
+    site patterns; position specs: roles, integers, ``all``, ``whole``, ``a+b``). Every
+    site × position comes from one corrupt forward and one backward per chunk of at most
+    `max_batch` rows, resumed at the lowest patched layer from the corrupt residual.
+    Returns one record per (site, position) with patch's fields
+    ``site, hook, pos, attribution, p_clean, p_corrupt, p_patched, n, passes_filter, method,
+    metric, direction, metric_clean, metric_corrupt, metric_patched`` (``method="atp"``, metric
+    p_answer, direction denoise), where ``p_patched = p_corrupt + `` the mean estimated change of
+    p(answer) (plus ``p_patched_rows`` ``[N]`` when `per_example`). Estimates are not clipped to [0, 1].
+    """
+    if max_batch < 1:
+        raise UsageError(f"max_batch must be >= 1, got {max_batch}")
+    hooks = resolve_sites(list(sites), model.hook_dict)
+    flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
+    if flat:
+        raise UsageError(f"{', '.join(map(hook_to_site, flat))}: no position axis, so no patch at a position "
+                         "(attribution patching needs one; leave these sites out)")
+    layers = [model.layer_of_hook(hook) for hook in hooks]
+    start = None if None in layers else min(layers)  # embeddings need the tokens
+    positions = list(positions)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        resid = [] if start is None else [f"blocks.{start}.hook_resid_pre"]
+        with _open_runs(model, source, list(dict.fromkeys(hooks + resid)), max_batch) as runs:
+            batch = runs.batch
+            patches = position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
+            masks = torch.stack([p.mask for p in patches]).double()  # [P, N, T]
+            clean_all = {hook: runs.acts(hook, "clean") for hook in hooks}
+            corrupt_input = batch.corrupt_tokens.to(device) if start is None else runs.acts(resid[0], "corrupt")
+            estimates = {hook: torch.empty(len(patches), len(batch), dtype=torch.float64) for hook in hooks}
+            for rows in run_chunks(len(batch), max_batch):
+                _, effects = first_order_effects(model, corrupt_input[rows], {h: a[rows] for h, a in clean_all.items()},
+                                                 batch.query_pos[rows].to(device), batch.answers[rows].to(device),
+                                                 start_at_layer=start)
+                for hook in hooks:
+                    estimates[hook][:, rows] = torch.einsum("pnt,nt->pn", masks[:, rows], effects[hook].double().cpu())
+            p_corrupt_rows = runs.p_answer["corrupt"].double().cpu()
+            p_clean, p_corrupt = runs.p_answer["clean"].double().mean().item(), p_corrupt_rows.mean().item()
+    finally:
+        model.train(was_training)
+    records = []
+    for hook in hooks:
+        for patch_spec, estimate in zip(patches, estimates[hook]):
+            p_patched = p_corrupt + estimate.mean().item()
+            record = {
+                "site": hook_to_site(hook),
+                "hook": hook,
+                "pos": patch_spec.label,
+                "attribution": attribution_score(p_clean, p_corrupt, p_patched),
+                "p_clean": p_clean,
+                "p_corrupt": p_corrupt,
+                "p_patched": p_patched,
+                "n": len(batch),
+                "passes_filter": bool(p_clean - p_corrupt > threshold),
+                "method": "atp",
+                "metric": "p_answer",
+                "direction": "denoise",
+                "metric_clean": p_clean,
+                "metric_corrupt": p_corrupt,
+                "metric_patched": p_patched,
+            }
+            if per_example:
+                record["p_patched_rows"] = (p_corrupt_rows + estimate).tolist()
+            records.append(record)
+    return records
+
+
+def verify_top(
+    model,
+    source: Batch | CacheFile | str | Path,
+    atp_records: list[dict[str, Any]],
+    k: int,
+    threshold: float = 0.01,
+    max_batch: int = 1024,
+) -> list[dict[str, Any]]:
+    """Re-run the `k` records with the largest |AtP estimate| exactly (`hookmech.patching.patch`).
+
+    `source` must be the one the records were computed from. Returns those `k` records, strongest
+    first, each the AtP record (``attribution``, ``p_patched`` still the estimate, ``method="atp"``)
+    plus ``attribution_exact`` and ``p_patched_exact`` from the exact engine.
+    """
+    if k < 1:
+        raise UsageError(f"--verify-top must be >= 1, got {k}")
+    # |p_patched − p_corrupt| orders like |attribution| (one denominator) and exists when it is null.
+    top = sorted(atp_records, key=lambda r: -abs(r["p_patched"] - r["p_corrupt"]))[:k]
+    by_hook: dict[str, list[str]] = {}
+    for record in top:
+        by_hook.setdefault(record["hook"], []).append(record["pos"])
+    exact: dict[tuple[str, str], dict] = {}
+    with contextlib.ExitStack() as stack:
+        if isinstance(source, (str, Path)):
+            source = stack.enter_context(CacheFile(source))
+        batch = source.batch() if isinstance(source, CacheFile) else source
+        for hook, labels in by_hook.items():
+            specs = list(dict.fromkeys(labels))
+            if any(_needs_all(label, batch.lengths) for label in specs):
+                # `all` leaves rows shorter than p unpatched; an integer spec would refuse them.
+                specs = ["all", *(label for label in specs if not label.isdigit())]
+            for record in patch(model, source, [hook], specs, threshold=threshold, max_batch=max_batch):
+                exact[hook, record["pos"]] = record
+    verified = []
+    for record in top:
+        match = exact[record["hook"], record["pos"]]
+        verified.append({**record, "attribution_exact": match["attribution"], "p_patched_exact": match["p_patched"]})
+    return verified
+
+
+def _needs_all(label: str, lengths: Tensor) -> bool:
+    """True for a label of `all` (a position p >= 0) that some rows are too short to hold."""
+    return label.isdigit() and bool((lengths <= int(label)).any())

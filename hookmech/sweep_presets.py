@@ -1,0 +1,158 @@
+"""Sweep presets: the papers' grids as TOML text (`hookmech sweep --preset NAME`;
+`hookmech sweep --show-preset NAME` prints one to copy and edit).
+
+- ``ar-paper``: paper 000 §5.1 — AR (vocab 8192, 16 pairs as in the paper's code), six
+  architectures × d_model {16…256} × 7 learning rates in [3e-5, 3e-2] (210 runs), 16 epochs.
+- ``ar-cpu``: the same question at CPU scale (≈30 min on 2 cores): AR vocab 64, 4 pairs,
+  fresh documents, 4000 steps; the six architectures × d_model {32, 64}
+  × lr {1e-3, 3e-3}. Attention gets the CPU calibration of docs/guide.md (layer 0 limited to
+  a window of 2 tokens); every model has an untied head.
+- ``atr-paper``: paper 000 §5.2 — ATR, L_max {5, 10} × |Σ| {20, 8192}, 32 epochs,
+  lr in [3e-5, 3e-3].
+- ``mamba-dconv``: paper 000 §5.4 — Mamba on AR with d_conv {0, 1, 2, 3, 4}.
+- ``mqar-lr``: paper 003 fig. 1 — MQAR (sequence 64, 4 pairs), attention/Hyena/Mamba on a
+  fine learning-rate grid, 3 seeds (42, 123, 777), batch 512, 50 epochs. (Paper 003 used
+  weight decay 0.1; our trainer follows paper 000 and has none.)
+
+Every preset measures ``L1.block_in`` at key, value and query at the end of each run (paper
+000 fig. 3b/3c: value = induction, query = direct retrieval in layer 0, key = in layer 1).
+"""
+from __future__ import annotations
+
+from .errors import unknown
+
+#: paper 000's six architectures as model presets (`hookmech.presets`): "based" alternates BaseConv
+#: and Based layers, "baseconv" a short and an implicit long convolution (appendix B)
+_PAPER_ARCHS = '["attention", "based", "mamba", "h3", "hyena", "baseconv"]'
+_D_MODELS = "[16, 32, 64, 128, 256]"
+_MECH = """
+[mech]
+sites = ["L1.block_in"]
+positions = ["key", "value", "query"]
+n = 320
+seed = 0
+"""
+
+PRESETS: dict[str, str] = {
+    "ar-paper": f"""\
+name = "ar-paper"
+
+[task]
+name = "ar"
+vocab_size = 8192
+num_kv_pairs = 16
+
+[train]
+epochs = 16
+n_train = 100032
+
+[grid]
+arch = {_PAPER_ARCHS}
+d_model = {_D_MODELS}
+lr = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+seed = [0]
+{_MECH}""",
+    "ar-cpu": f"""\
+name = "ar-cpu"
+
+[task]
+name = "ar"
+vocab_size = 64
+num_kv_pairs = 4
+
+[train]
+steps = 4000
+n_train = 0
+warmup_frac = 0.5
+eval_every = 500
+ckpt_every = 1000
+
+[model]
+tie_embeddings = false
+
+[mixer_options.attention]
+# CPU calibration (docs/guide.md): full attention in layer 0 stays at chance for tens of
+# thousands of steps on CPU; a window of 2 (current + previous token) learns in a few thousand
+L0.window = 2
+
+[grid]
+arch = {_PAPER_ARCHS}
+d_model = [32, 64]
+lr = [1e-3, 3e-3]
+seed = [0]
+{_MECH}every = 1000
+""",
+    "atr-paper": f"""\
+name = "atr-paper"
+
+[task]
+name = "atr"
+
+[train]
+epochs = 32
+n_train = 100032
+
+[grid]
+"task.max_rhs_len" = [5, 10]
+"task.num_terminals" = [20, 8192]
+arch = {_PAPER_ARCHS}
+d_model = {_D_MODELS}
+lr = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3]
+seed = [0]
+{_MECH}""",
+    "mamba-dconv": f"""\
+name = "mamba-dconv"
+
+[task]
+name = "ar"
+vocab_size = 8192
+num_kv_pairs = 16
+
+[train]
+epochs = 16
+n_train = 100032
+
+[model]
+arch = "mamba"
+
+[grid]
+d_conv = [0, 1, 2, 3, 4]
+d_model = {_D_MODELS}
+lr = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
+seed = [0]
+{_MECH}""",
+    "mqar-lr": f"""\
+name = "mqar-lr"
+
+[task]
+name = "mqar"
+vocab_size = 8192
+seq_len = 64
+num_kv_pairs = 4
+
+[train]
+epochs = 50
+n_train = 100000
+batch_size = 512
+
+[grid]
+mixer = ["attention", "hyena", "mamba"]
+d_model = [64, 128, 256]
+lr = [1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2]
+seed = [42, 123, 777]
+{_MECH}""",
+}
+
+
+def preset_text(name: str) -> str:
+    """Return the TOML text of preset `name` (unknown names are UsageErrors with suggestions)."""
+    if name not in PRESETS:
+        raise unknown("preset", name, PRESETS)
+    return PRESETS[name]
+
+
+def load_preset(name: str):
+    """Return preset `name` as a parsed `sweep.Sweep`."""
+    from .sweep import parse_sweep
+
+    return parse_sweep(preset_text(name), name=name)

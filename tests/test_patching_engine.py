@@ -1,0 +1,197 @@
+"""The patching engine against the plain `run_with_hooks` loop (hookmech.reference) for every
+mixer of the registry, every site kind (block level, inside the mixers, recurrent states,
+heads, joint sites) and every option (metric, direction, ablation)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hookmech.errors import UsageError
+from hookmech.mixers import REGISTRY
+from hookmech.patching import attribution_score, corrupt_answers, parse_sites, patch, resample_order
+from hookmech.reference import plain_loop_patch
+
+from helpers import make_model
+
+POSITIONS = ["key", "value+query"]
+ALL_POSITIONS = ["key", "value", "query", "divider", "key+value", "all"]
+KEYS = ("p_clean", "p_corrupt", "p_patched", "metric_clean", "metric_corrupt", "metric_patched")
+
+
+def positional_inside_sites(model) -> list[str]:
+    """Every inside-mixer hook that has a position axis."""
+    return [name for name, point in model.hook_dict.items()
+            if ".mixer." in name and getattr(point, "pos_axis", 1) is not None]
+
+
+def assert_matches_reference(model, batch, sites, positions=POSITIONS, **options):
+    records = patch(model, batch, sites, positions, max_batch=37, **options)
+    reference = plain_loop_patch(model, batch, sites, positions, **options)
+    assert len(records) == len(reference)
+    for record in records:
+        expected = reference[record["hook"], record["pos"]]
+        for key in KEYS:
+            assert abs(record[key] - expected[key]) <= 1e-5, (record["site"], record["pos"], key, record[key], expected[key])
+    return records
+
+
+@pytest.mark.parametrize("mixer", sorted(REGISTRY))
+def test_engine_equals_plain_loop_for_every_mixer_and_every_site(ar_task, mixer):
+    model = make_model(ar_task, mixers=mixer, d_model=16)
+    batch = ar_task.sample(4, seed=3)
+    inside_last_layer = [site for site in positional_inside_sites(model) if site.startswith("blocks.1.")]
+    assert_matches_reference(model, batch, ["L0.block_in", "L0.mixer_out", "L1.*", *inside_last_layer], ["key+value"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mixer", sorted(REGISTRY))
+def test_engine_equals_plain_loop_at_every_position(ar_task, mixer):
+    model = make_model(ar_task, mixers=mixer, d_model=32)
+    batch = ar_task.sample(16, seed=13)
+    assert_matches_reference(model, batch, ["all", *positional_inside_sites(model)], ALL_POSITIONS)
+
+
+@pytest.mark.parametrize("mixer", ["attention", "mamba"])
+@pytest.mark.parametrize("metric", ["log_p", "logit_diff", "kl"])
+def test_metrics_equal_plain_loop(ar_task, mixer, metric):
+    model = make_model(ar_task, mixers=mixer, d_model=16)
+    batch = ar_task.sample(8, seed=4)
+    records = assert_matches_reference(model, batch, ["L0.block_in", "L1.mixer_in", "L1.block_out"], metric=metric)
+    assert all(r["metric"] == metric for r in records)
+
+
+@pytest.mark.parametrize("mixer", ["attention", "mamba"])
+@pytest.mark.parametrize("options", [{"direction": "noise"}, {"ablate": "zero"}, {"ablate": "mean"},
+                                     {"ablate": "resample", "ablate_seed": 3}, {"direction": "noise", "metric": "kl"}])
+def test_directions_and_ablations_equal_plain_loop(ar_task, mixer, options):
+    model = make_model(ar_task, mixers=mixer, d_model=16)
+    batch = ar_task.sample(8, seed=5)
+    state = [s for s in positional_inside_sites(model) if "state" in s][:1]
+    records = assert_matches_reference(model, batch, ["L0.block_out", "L1.mixer_out", *state], **options)
+    assert all(r["direction"] == "noise" for r in records)
+
+
+def test_heads_and_joint_sites_equal_plain_loop(ar_task):
+    model = make_model(ar_task, n_heads=2)
+    batch = ar_task.sample(8, seed=6)
+    sites = ["L1.mixer.z[*]", "L0.mixer.pattern[1]", "L0.block_out+L1.mixer_in", "L1.mixer.q[0]+L1.mixer.k[1]"]
+    records = assert_matches_reference(model, batch, sites)
+    labels = {r["site"] for r in records}
+    assert labels == {"L1.mixer.z[0]", "L1.mixer.z[1]", "L0.mixer.pattern[1]", "L0.block_out+L1.mixer_in",
+                      "L1.mixer.q[0]+L1.mixer.k[1]"}
+
+
+def test_all_heads_together_equal_the_whole_hook(ar_task):
+    model = make_model(ar_task, n_heads=2)
+    batch = ar_task.sample(12, seed=6)
+    both = patch(model, batch, ["L1.mixer.z[0]+L1.mixer.z[1]"], ["key", "value"])
+    whole = patch(model, batch, ["L1.mixer.z"], ["key", "value"])
+    for a, b in zip(both, whole):
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=1e-7)
+
+
+def test_noising_the_whole_residual_gives_the_corrupt_run(ar_task):
+    model = make_model(ar_task)
+    batch = ar_task.sample(20, seed=7)
+    record, = patch(model, batch, ["L1.block_in"], ["whole"], direction="noise")
+    assert record["p_patched"] == pytest.approx(record["p_corrupt"], abs=1e-6)
+    assert record["attribution"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_kl_attribution_formula(ar_task):
+    """kl: m_clean = 0, and denoising attribution = (KL_corrupt - KL_patched) / KL_corrupt."""
+    model = make_model(ar_task)
+    batch = ar_task.sample(20, seed=8)
+    record, = patch(model, batch, ["L1.block_in"], ["value"], metric="kl")
+    assert record["metric_clean"] == pytest.approx(0.0, abs=1e-6)
+    kl_corrupt, kl_patched = record["metric_corrupt"], record["metric_patched"]
+    assert record["attribution"] == pytest.approx((kl_corrupt - kl_patched) / kl_corrupt, rel=1e-4)
+    assert record["passes_filter"] == (kl_corrupt > 0.01)
+    assert attribution_score(1.0, 0.0, 0.25, "noise") == pytest.approx(0.75)
+
+
+def test_corrupt_answer_is_the_corrupt_value_or_the_corrupt_runs_best_other_token():
+    import hookmech
+
+    value_task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3, corrupt="value")
+    batch = value_task.sample(10, seed=0)
+    rows = torch.arange(10)
+    logits = torch.randn(10, value_task.d_vocab)
+    assert torch.equal(corrupt_answers(batch, logits), batch.corrupt_tokens[rows, batch.roles["value"]])
+    key_task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3)
+    batch = key_task.sample(10, seed=0)
+    logits[rows, batch.answers] = 100.0
+    logits[rows, 2] = 50.0
+    assert torch.equal(corrupt_answers(batch, logits), torch.full((10,), 2))
+
+
+def test_resample_order_is_a_seeded_derangement():
+    order = resample_order(50, seed=1)
+    assert sorted(order.tolist()) == list(range(50)) and (order != torch.arange(50)).all()
+    assert torch.equal(order, resample_order(50, seed=1)) and not torch.equal(order, resample_order(50, seed=2))
+
+
+def test_site_errors(ar_task):
+    model = make_model(ar_task, mixers="hyena", d_model=16)
+    batch = ar_task.sample(4, seed=0)
+    with pytest.raises(UsageError, match="no position axis"):
+        patch(model, batch, ["L0.mixer.filter"], ["value"])
+    with pytest.raises(UsageError, match="no head axis"):
+        parse_sites(["L0.block_in[0]"], model)
+    attention = make_model(ar_task, n_heads=2)
+    with pytest.raises(UsageError, match="2 heads"):
+        patch(attention, batch, ["L0.mixer.z[5]"], ["value"])
+    with pytest.raises(UsageError, match="direction"):
+        patch(attention, batch, ["L0.block_in"], ["value"], ablate="zero", direction="denoise")
+    with pytest.raises(UsageError, match="p_answer"):
+        patch(attention, batch, ["L0.block_in"], ["value"], metric="p_answr")
+
+
+def test_skipped_rows_equal_computed_rows(ar_task):
+    """Rows a patch leaves unchanged are given the base run's p; that equals running them."""
+    model = make_model(ar_task)
+    batch = ar_task.sample(16, seed=9)
+    record, = patch(model, batch, ["L0.block_in"], ["value"], per_example=True)  # embedding: same in both runs
+    with torch.no_grad():
+        rows = torch.arange(16)
+        p = model(batch.corrupt_tokens)[rows, batch.query_pos].softmax(-1)[rows, batch.answers]
+    torch.testing.assert_close(torch.tensor(record["p_patched_rows"], dtype=torch.float32), p)
+
+
+def test_cli_patch_options_call_the_library(tmp_path, capsys):
+    import json
+
+    import hookmech
+    from hookmech.cli.main import main
+
+    def run(argv):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as done:
+            code = done.code or 0
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    train = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3", "--n-train", "0",
+             "--steps", "2", "--mixer", "attention", "--mixer-opt", "n_heads=2", "--d-model", "16", "--n-dev", "8",
+             "-o", str(tmp_path / "run")]
+    assert run(train)[0] == 0
+    ckpt = tmp_path / "run" / "model.safetensors"
+    code, out, err = run(["patch", "--ckpt", str(ckpt), "--site", "L0.block_out+L1.mixer_in,L1.mixer.z[1]", "--pos", "value",
+                          "--n", "10", "--metric", "logit_diff", "--direction", "noise", "--corrupt", "value", "--json"])
+    assert code == 0, err
+    records = json.loads(out)
+    task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3, corrupt="value")
+    expected = patch(hookmech.load(ckpt), task.sample(10, seed=0), ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"], ["value"],
+                     metric="logit_diff", direction="noise")
+    assert [r["site"] for r in records] == ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"]
+    for got, want in zip(records, expected):
+        assert got["metric"] == "logit_diff" and got["direction"] == "noise"
+        assert got["metric_patched"] == pytest.approx(want["metric_patched"], abs=1e-6)
+    code, _, err = run(["patch", "--ckpt", str(ckpt), "--site", "L1.block_in", "--pos", "value", "--ablate", "mean",
+                        "--direction", "denoise"])
+    assert code == 2 and "noise" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(["patch", "--ckpt", str(ckpt), "--cache", str(tmp_path / "c.h5"), "--site", "L1.block_in",
+                        "--pos", "value", "--corrupt", "key"])
+    assert code == 2 and "--corrupt" in err
