@@ -10,6 +10,8 @@ import pytest
 import hookmech
 from hookmech.cli.main import main
 
+from helpers import run_cli
+
 TRAIN = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3", "--n-train", "0",
          "--steps", "12", "--mixer", "attention", "--mixer-opt", "L0.window=2", "--no-tie-embeddings", "--d-model", "16",
          "--n-dev", "16", "--eval-every", "6", "--ckpt-every", "6"]
@@ -17,13 +19,7 @@ TRAIN = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "
 
 def run(argv, capsys):
     """Run the CLI in-process; return (exit code, stdout, stderr)."""
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return run_cli(argv, capsys)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ import pytest
 import torch
 from transformer_lens import ActivationCache, HookedRootModule
 
-import hookmech
 from hookmech.config import ModelConfig, build_config
 from hookmech.errors import UsageError
 

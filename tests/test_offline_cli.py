@@ -10,20 +10,15 @@ import pytest
 
 import hookmech
 from hookmech.cache import write_cache
-from hookmech.cli.main import main
 from hookmech.probe import fit_probe
 from hookmech.sites import resolve_sites
+
+from helpers import run_cli
 
 
 def run(argv, capsys):
     """Run the CLI in-process; return (exit code, stdout, stderr)."""
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+    return run_cli(argv, capsys)
 
 
 @pytest.fixture

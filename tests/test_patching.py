@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-import hookmech
 from hookmech.errors import UsageError
 from hookmech.patching import attribution_score, patch
 from hookmech.reference import plain_loop_patch

@@ -162,16 +162,10 @@ def test_cli_patch_options_call_the_library(tmp_path, capsys):
     import json
 
     import hookmech
-    from hookmech.cli.main import main
+    from helpers import run_cli
 
     def run(argv):
-        try:
-            main(argv)
-            code = 0
-        except SystemExit as done:
-            code = done.code or 0
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
+        return run_cli(argv, capsys)
 
     train = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3", "--n-train", "0",
              "--steps", "2", "--mixer", "attention", "--mixer-opt", "n_heads=2", "--d-model", "16", "--n-dev", "8",
