@@ -22,8 +22,10 @@ from .train import train
 def cli() -> None:
     """Mechanistic evaluation of sequence models on in-context recall tasks.
 
-    Train small models (train), list their hook sites (sites), cache activations (cache),
-    and measure where the answer's information flows with interchange interventions (patch).
+    Make data (data), train models (train, sweep), list their hook sites (sites), cache
+    activations (cache), measure where the answer's information flows with interchange
+    interventions (patch), analyse caches offline (inspect, probe), and plot (report).
+    `hookmech demo` runs it all on the bundled fixtures.
     """
 
 
