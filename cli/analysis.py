@@ -5,7 +5,8 @@ import json
 
 import click
 
-from .common import CONTEXT, device_option, load_model_and_task, progress, set_threads, split_flag, threads_option
+from .common import (CONTEXT, device_option, load_model_and_task, progress, set_threads, split_flag, threads_option,
+                     to_json)
 
 
 @click.command(context_settings=CONTEXT)
@@ -125,11 +126,11 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
         if cache_path is not None:
             source.close()
     if per_example is not None:
-        write_text_atomic(per_example, json.dumps(records) + "\n")
+        write_text_atomic(per_example, to_json(records) + "\n")
         for record in records:
             record.pop("p_patched_rows")
             record.pop("metric_patched_rows", None)
-    click.echo(json.dumps(records, indent=1) if as_json else format_records(records))
+    click.echo(to_json(records, indent=1) if as_json else format_records(records))
 
 
 def _patch_rows_from_file(data_path, task):

@@ -1,6 +1,7 @@
 """Options and helpers shared by the commands."""
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -71,3 +72,19 @@ class progress:
     def __exit__(self, *exc):
         if self.bar is not None:
             self.bar.close()
+
+
+def to_json(value, **kwargs) -> str:
+    """Return strict JSON of `value`: non-finite floats (NaN, ±inf) become null, since JSON has none."""
+    import math
+
+    def clean(item):
+        if isinstance(item, float) and not math.isfinite(item):
+            return None
+        if isinstance(item, dict):
+            return {key: clean(inner) for key, inner in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [clean(inner) for inner in item]
+        return item
+
+    return json.dumps(clean(value), allow_nan=False, **kwargs)

@@ -5,8 +5,11 @@ a string. `L0.K=V` applies to layer 0 only and overrides `K=V` there.
 """
 from __future__ import annotations
 
+import collections.abc
 import json
 import re
+import types
+import typing
 from collections.abc import Iterable
 from typing import Any
 
@@ -60,3 +63,49 @@ def parse_layer_options(
 def split_list(values: Iterable[str]) -> list[str]:
     """Flatten repeated and comma-separated flag values: ('a,b', 'c') -> ['a', 'b', 'c']."""
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
+
+
+def check_option_types(owner: str, cls: type, options: dict[str, Any]) -> None:
+    """Raise a UsageError naming `owner` when an option's value does not fit the type the
+    constructor of `cls` annotates (``window=abc`` for an ``int | None``, ``2.5`` for an int).
+    Options whose annotation cannot be read are left to the constructor."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # an annotation we cannot resolve: nothing to check against
+        return
+    for key, value in options.items():
+        hint = hints.get(key)
+        if hint is not None and not _fits(value, hint):
+            raise UsageError(f"{owner}: option {key}={json.dumps(value)} should be {_describe(hint)}")
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple, collections.abc.Sequence) or hint in (list, tuple):
+        return isinstance(value, (list, tuple))
+    return True
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    if typing.get_origin(hint) is typing.Literal:
+        return " or ".join(json.dumps(arg) for arg in typing.get_args(hint))
+    return {type(None): "null", int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        hint, getattr(hint, "__name__", str(hint)))

@@ -296,8 +296,10 @@ def _row_mean(acts: Tensor, lengths: Tensor, pos_axis: int) -> Tensor:
     """Mean over rows at each position, over the rows long enough to have it: ``[1, ...]``."""
     n_pos = acts.shape[pos_axis]
     valid = torch.arange(n_pos, device=acts.device)[None, :] < lengths[:, None]  # [N, T]
-    weights = _patch_mask(valid, acts.shape, pos_axis, None, None).to(acts.dtype)
-    return (acts * weights).sum(0, keepdim=True) / weights.sum(0, keepdim=True).clamp(min=1)
+    weights = _patch_mask(valid, acts.shape, pos_axis, None, None)
+    # where, not multiply: padded positions may hold -inf (masked attention scores), and -inf * 0 is NaN
+    total = torch.where(weights, acts, torch.zeros((), dtype=acts.dtype, device=acts.device)).sum(0, keepdim=True)
+    return total / weights.to(acts.dtype).sum(0, keepdim=True).clamp(min=1)
 
 
 def _changed_rows(plan: _TargetPlan, masks: Tensor) -> Tensor:

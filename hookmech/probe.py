@@ -11,7 +11,6 @@ Everything is read from the cache (`hookmech.cache.CacheFile`); no model is load
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 
 import torch
@@ -20,7 +19,7 @@ from torch.nn import functional as F
 
 from .cache import CacheFile
 from .errors import UsageError, unknown
-from .sites import hook_to_site
+from .sites import hook_to_site, row_positions
 
 TARGETS = ("key", "value", "answer")
 WHICH = ("clean", "corrupt")
@@ -58,15 +57,7 @@ def probe_data(cache: CacheFile, site: str, pos: str, target: str, which: str = 
     if which not in WHICH:
         raise unknown("run", which, WHICH)
     batch = cache.batch()
-    if re.fullmatch(r"-?\d+", pos):
-        index = int(pos)
-        positions = batch.lengths + index if index < 0 else torch.full_like(batch.lengths, index)
-        if ((positions < 0) | (positions >= batch.lengths)).any():
-            raise UsageError(f"position {index} is outside some rows (lengths {int(batch.lengths.min())}..{int(batch.lengths.max())})")
-    elif pos in batch.roles:
-        positions = batch.roles[pos]
-    else:
-        raise unknown("position", pos, batch.roles)
+    positions = row_positions(pos, batch.roles, batch.lengths)
     features = cache.gather(site, positions.numpy(), which).float().flatten(1)
     if target == "answer":
         labels = batch.answers

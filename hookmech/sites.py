@@ -135,22 +135,31 @@ class PositionPatch:
     mask: Tensor
 
 
-def _single_mask(spec: str, roles: dict[str, Tensor], lengths: Tensor, n_pos: int) -> Tensor:
-    rows = torch.arange(len(lengths))
-    mask = torch.zeros(len(lengths), n_pos, dtype=torch.bool)
-    if spec == "whole":
-        return mask | (torch.arange(n_pos)[None, :] < lengths[:, None])
+def row_positions(spec: str, roles: dict[str, Tensor], lengths: Tensor) -> Tensor:
+    """Return the ``[N]`` position of each row named by one role or integer spec.
+
+    Integers count from the start; negative ones back from each row's last token (``-1`` is the
+    last), so ``-0`` is refused rather than read as position 0.
+    """
     if re.fullmatch(r"-?\d+", spec):
+        if spec.startswith("-") and int(spec) == 0:
+            raise UsageError("position -0 is ambiguous: use 0 (the first token) or -1 (each row's last)")
         index = int(spec)
         positions = lengths + index if index < 0 else torch.full_like(lengths, index)
         if ((positions < 0) | (positions >= lengths)).any():
             raise UsageError(f"position {index} is outside some rows (lengths {int(lengths.min())}..{int(lengths.max())})")
-        mask[rows, positions] = True
-        return mask
+        return positions
     if spec not in roles:
         raise UsageError(f"unknown position {spec!r}{suggest(spec, [*roles, 'all', 'whole'])}; "
                          f"this task's roles: {', '.join(roles)}")
-    mask[rows, roles[spec]] = True
+    return roles[spec]
+
+
+def _single_mask(spec: str, roles: dict[str, Tensor], lengths: Tensor, n_pos: int) -> Tensor:
+    mask = torch.zeros(len(lengths), n_pos, dtype=torch.bool)
+    if spec == "whole":
+        return mask | (torch.arange(n_pos)[None, :] < lengths[:, None])
+    mask[torch.arange(len(lengths)), row_positions(spec, roles, lengths)] = True
     return mask
 
 
@@ -163,8 +172,7 @@ def position_patches(
     patched there); ``a+b`` patches a and b jointly.
     """
     patches = []
-    for spec in specs:
-        spec = spec.strip()
+    for spec in dict.fromkeys(spec.strip() for spec in specs):  # a repeated spec is one patch
         if spec == "all":
             patches.extend(
                 PositionPatch(str(p), torch.zeros(len(lengths), n_pos, dtype=torch.bool).index_fill_(1, torch.tensor([p]), True)

@@ -267,12 +267,12 @@ def train(
     if summary_path.exists():
         log(f"{out}: already trained (summary.json exists); not retraining")
         return json.loads(summary_path.read_text())
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_path, json.dumps(record, indent=2, sort_keys=True))
-
     torch.manual_seed(config.seed)
+    # build before writing run.json: a config the mixers refuse must not claim the folder
     model = HookedLM(model_config).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_path, json.dumps(record, indent=2, sort_keys=True))
     start, seconds_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
     if resume_path.exists():
         extra = _load_resume(resume_path, model, optimizer)

@@ -121,6 +121,10 @@ def test_cache_of_another_checkpoint_is_refused(trained, tmp_path, capsys):
     (["train", "-o", "{tmp}/x", "--threads", "0", "--steps", "2", "--n-train", "0"], 2, "threads"),
     (["demo", "--fixtures", "{tmp}"], 1, "missing"),
     (["train", "-o", "{tmp}/x", "--preset", "basde"], 2, "based"),
+    (["train", "-o", "{tmp}/x", "--mixer-opt", "window=abc"], 2, "integer"),
+    (["train", "-o", "{tmp}/x", "--task-opt", "num_kv_pairs=2.5"], 2, "integer"),
+    (["train", "-o", "{tmp}/x", "--mixer", "mamba", "--mixer-opt", "expand=[1]"], 2, "expand"),
+    (["patch", "--ckpt", "{ckpt}", "--site", "L1.block_in", "--pos", "-0"], 2, "-0"),
     (["train", "-o", "{tmp}/x", "--preset", "based", "--mixer", "mamba"], 2, "not both"),
 ])
 def test_errors_are_one_line_with_exit_code(argv, code, needle, trained, tmp_path, capsys):
@@ -157,3 +161,16 @@ def test_atp_with_verify_top_reports_both_scores(trained, capsys):
     assert code == 0, err
     records = json.loads(out)
     assert len(records) == 3 and all(r["method"] == "atp" and "attribution_exact" in r for r in records)
+
+
+def test_a_refused_config_does_not_claim_the_run_folder(tmp_path, capsys):
+    base = [a for a in TRAIN if a not in ("--mixer", "attention", "--mixer-opt", "L0.window=2")]
+    code, _, _ = run([*base, "--mixer", "mamba", "--mixer-opt", "d_conv=7", "-o", str(tmp_path / "r")], capsys)
+    assert code == 2 and not (tmp_path / "r" / "run.json").exists()
+    code, _, err = run([*base, "--mixer", "mamba", "--mixer-opt", "d_conv=2", "--steps", "2", "-o", str(tmp_path / "r")], capsys)
+    assert code == 0, err
+
+
+def test_repeated_positions_give_one_record(trained, capsys):
+    code, out, _ = run(["patch", "--ckpt", str(trained), "--site", "L1.block_in", "--pos", "key,key,value", "--n", "4", "--json"], capsys)
+    assert code == 0 and [r["pos"] for r in json.loads(out)] == ["key", "value"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import hookmech
+
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.patching import attribution_score, corrupt_answers, parse_sites, patch, resample_order
@@ -189,3 +191,19 @@ def test_cli_patch_options_call_the_library(tmp_path, capsys):
     code, _, err = run(["patch", "--ckpt", str(ckpt), "--cache", str(tmp_path / "c.h5"), "--site", "L1.block_in",
                         "--pos", "value", "--corrupt", "key"])
     assert code == 2 and "--corrupt" in err
+
+
+def test_mean_ablation_over_rows_of_different_lengths_stays_finite():
+    """Padded positions of masked attention scores hold -inf; the row mean must not turn them into NaN."""
+    import math
+
+    task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3)
+    model = make_model(task, layer_options=[{"window": 2}, {}])  # windowed scores are -inf in every row
+    batch = task.sample(6, seed=0)
+    short = batch.lengths.clone()
+    short[:3] -= 1  # pretend half the rows end one token earlier (their last token is padding)
+    batch.lengths = short
+    batch.roles = {**batch.roles, "query": short - 1}
+    records = patch(model, batch, ["L0.mixer.attn_scores"], ["all", "query"], ablate="mean")
+    for record in records:
+        assert all(math.isfinite(record[k]) for k in ("p_clean", "p_corrupt", "p_patched")), record["pos"]

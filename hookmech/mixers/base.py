@@ -37,6 +37,8 @@ def mixer_options(cls: type) -> dict[str, Any]:
 
 def check_mixer_options(name: str, cls: type, kwargs: dict[str, Any]) -> None:
     """Raise a UsageError naming the mixer if `kwargs` holds an option `cls` does not take."""
+    from ..options import check_option_types
+
     known = mixer_options(cls)
     for key in kwargs:
         if key not in known:
@@ -44,3 +46,4 @@ def check_mixer_options(name: str, cls: type, kwargs: dict[str, Any]) -> None:
                 f"mixer {name!r} takes no option {key!r}{suggest(key, known)}"
                 f"; its options: {', '.join(sorted(known)) or 'none'}"
             )
+    check_option_types(f"mixer {name!r}", cls, kwargs)

@@ -42,9 +42,12 @@ class Task(abc.ABC):
 
 def check_task_options(cls: type, options: dict[str, Any]) -> None:
     """Raise a UsageError naming the task if `options` holds a key `cls` does not take."""
+    from ..options import check_option_types
+
     known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     for key in options:
         if key not in known:
             raise UsageError(
                 f"task {cls.name!r} takes no option {key!r}{suggest(key, known)}; its options: {', '.join(known)}"
             )
+    check_option_types(f"task {cls.name!r}", cls, options)
