@@ -25,3 +25,35 @@ def run_cli(argv, capsys):
         code = done.code or 0
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def assert_causal(mixer, d_model: int, n_pos: int = 10, t: int = 5) -> None:
+    """Changing the inputs after position t changes outputs after t and never at or before it
+    (float64, exact equality on the prefix)."""
+    x = torch.randn(2, n_pos, d_model, dtype=torch.float64)
+    changed = x.clone()
+    changed[:, t + 1 :] = torch.randn_like(changed[:, t + 1 :])
+    out, out_changed = mixer(x), mixer(changed)
+    assert torch.equal(out[:, : t + 1], out_changed[:, : t + 1])
+    assert not torch.allclose(out[:, t + 1 :], out_changed[:, t + 1 :])
+
+
+def assert_state_built_only_when_hooked(monkeypatch, module, kernel: str, model, other_hook: str, state_hook: str) -> None:
+    """Spy on `module.kernel` (called once per layer with ``return_all_states``): a plain forward
+    and a cache of `other_hook` never ask for the per-position states; caching `state_hook`
+    (layer 0's) asks in layer 0 only."""
+    calls = []
+    original = getattr(module, kernel)
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("return_all_states", False))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, kernel, spy)
+    tokens = torch.randint(0, 20, (2, 9))
+    model(tokens)
+    assert calls == [False, False]
+    model.run_with_cache(tokens, names_filter=lambda name: name.endswith(other_hook))
+    assert calls[2:] == [False, False]
+    model.run_with_cache(tokens, names_filter=state_hook)
+    assert calls[4:] == [True, False]

@@ -13,6 +13,8 @@ from hookmech.mixers import based as based_module
 from hookmech.mixers.based import Based, TaylorExp
 from hookmech.model import HookedLM
 
+from helpers import assert_causal
+
 D_MODEL = 32
 
 
@@ -110,13 +112,7 @@ def test_causal(path):
     mixer = make_based(train_view="linear" if path == "linear" else "quadratic", chunk_size=3)
     if path == "state_hook":
         mixer.hook_kv_state.add_hook(lambda act, hook: act)
-    x = torch.randn(2, 10, D_MODEL, dtype=torch.float64)
-    t = 5
-    changed = x.clone()
-    changed[:, t + 1 :] = torch.randn_like(changed[:, t + 1 :])
-    out, out_changed = mixer(x), mixer(changed)
-    assert torch.equal(out[:, : t + 1], out_changed[:, : t + 1])
-    assert not torch.allclose(out[:, t + 1 :], out_changed[:, t + 1 :])
+    assert_causal(mixer, D_MODEL)
 
 
 def test_inside_hooks_fire_in_model_with_documented_shapes():

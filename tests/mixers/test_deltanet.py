@@ -12,6 +12,8 @@ from hookmech.mixers import deltanet as deltanet_module
 from hookmech.mixers.deltanet import DeltaNet, delta_rule_chunked, delta_rule_recurrent
 from hookmech.model import HookedLM
 
+from helpers import assert_causal
+
 D_MODEL = 16
 
 
@@ -123,13 +125,7 @@ def test_causal(path):
     mixer = make_deltanet(mode="recurrent" if path == "recurrent" else "chunk", chunk_size=3)
     if path == "state_hook":
         mixer.hook_state.add_hook(lambda act, hook: act)
-    x = torch.randn(2, 10, D_MODEL, dtype=torch.float64)
-    t = 5
-    changed = x.clone()
-    changed[:, t + 1 :] = torch.randn_like(changed[:, t + 1 :])
-    out, out_changed = mixer(x), mixer(changed)
-    assert torch.equal(out[:, : t + 1], out_changed[:, : t + 1])
-    assert not torch.allclose(out[:, t + 1 :], out_changed[:, t + 1 :])
+    assert_causal(mixer, D_MODEL)
 
 
 def test_state_hook_path_matches_fast_path():

@@ -13,6 +13,8 @@ from hookmech.mixers import mamba2 as mamba2_module
 from hookmech.mixers.mamba2 import Mamba2, ssd_chunked, ssd_sequential
 from hookmech.model import HookedLM
 
+from helpers import assert_state_built_only_when_hooked
+
 D_MODEL = 32
 
 
@@ -154,22 +156,7 @@ def test_inside_hooks_fire_with_documented_shapes():
 
 
 def test_state_is_not_materialised_without_a_hook(monkeypatch):
-    calls = []
-    original = mamba2_module.ssd_chunked
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("return_all_states", False))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(mamba2_module, "ssd_chunked", spy)
-    model = tiny_model()
-    tokens = torch.randint(0, 20, (2, 9))
-    model(tokens)
-    assert calls == [False, False]
-    model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_y"))
-    assert calls[2:] == [False, False]
-    model.run_with_cache(tokens, names_filter="blocks.0.mixer.hook_ssm_state")
-    assert calls[4:] == [True, False]
+    assert_state_built_only_when_hooked(monkeypatch, mamba2_module, "ssd_chunked", tiny_model(), "hook_y", "blocks.0.mixer.hook_ssm_state")
 
 
 @pytest.mark.parametrize("edits", [{4: [0, 1]}, {3: [0, 1], 7: [1]}, {0: [0], 11: [0, 1]}])

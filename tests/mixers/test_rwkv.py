@@ -14,6 +14,8 @@ from hookmech.mixers import rwkv as rwkv_module
 from hookmech.mixers.rwkv import RWKV6, wkv_chunked, wkv_sequential
 from hookmech.model import HookedLM
 
+from helpers import assert_state_built_only_when_hooked
+
 D_MODEL = 32
 
 
@@ -185,22 +187,7 @@ def test_inside_hooks_fire_with_documented_shapes():
 
 
 def test_state_is_not_materialised_without_a_hook(monkeypatch):
-    calls = []
-    original = rwkv_module.wkv_chunked
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs.get("return_all_states", False))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(rwkv_module, "wkv_chunked", spy)
-    model = tiny_model()
-    tokens = torch.randint(0, 20, (2, 9))
-    model(tokens)
-    assert calls == [False, False]
-    model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_output"))
-    assert calls[2:] == [False, False]
-    model.run_with_cache(tokens, names_filter="blocks.0.mixer.hook_state")
-    assert calls[4:] == [True, False]
+    assert_state_built_only_when_hooked(monkeypatch, rwkv_module, "wkv_chunked", tiny_model(), "hook_output", "blocks.0.mixer.hook_state")
 
 
 @pytest.mark.parametrize("edits", [{4: [0, 1]}, {3: [0, 1], 7: [1]}, {0: [0], 11: [0, 1]}])
