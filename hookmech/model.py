@@ -18,6 +18,7 @@ from .config import ModelConfig
 from .errors import UsageError
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
+from .mixers.base import take_window
 
 Tokens = Int[Tensor, "batch pos"]
 Resid = Float[Tensor, "batch pos d_model"]
@@ -74,6 +75,22 @@ class Block(nn.Module):
     def forward(self, resid: Tensor) -> Tensor:
         resid = self.hook_resid_pre(resid)
         mixer_out = self.hook_mixer_out(self.mixer(self.hook_mixer_in(self.ln1(resid))))
+        return self._after_mixer(resid, mixer_out)
+
+    def forward_from(self, resid: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
+        """Return the block's output on a window of positions (`Mixer.forward_from`): `resid`
+        ``[B, W, d_model]`` is the residual at positions ``start[i] ..`` of row ``rows[i]`` of
+        the run `context` was made from. With `keep` ``[B]`` (window indices) only those
+        positions go on after the mixer, and the output is ``[B, 1, d_model]``."""
+        resid = self.hook_resid_pre(resid)
+        mixer_in = self.hook_mixer_in(self.ln1(resid))
+        mixer_out = self.hook_mixer_out(self.mixer.forward_from(mixer_in, context, rows, start))
+        if keep is not None:
+            resid, mixer_out = take_window(resid, keep, 1), take_window(mixer_out, keep, 1)
+        return self._after_mixer(resid, mixer_out)
+
+    def _after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
         if not self.has_mlp:
             return self.hook_resid_post(resid + mixer_out)
         resid = self.hook_resid_mid(resid + mixer_out)
@@ -181,6 +198,61 @@ class HookedLM(HookedRootModule):
         if positions is not None:
             normed = normed[torch.arange(normed.shape[0], device=normed.device), positions]
         return self.unembed_resid(normed)
+
+    # -- resuming a run from a position (the patching engine's fast path) -----------------
+    def prefix_context(self, layer: int, mixer_in: Tensor) -> dict[str, Tensor]:
+        """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in`
+        ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`."""
+        return self.blocks[layer].mixer.prefix_context(mixer_in)
+
+    def resume(self, resid: Tensor, start_at_layer: int, contexts: dict[int, dict[str, Tensor]],
+               rows: Tensor, start: Tensor, query: Tensor) -> Tensor:
+        """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window.
+
+        `resid` ``[B, W, d_model]`` is the residual entering block `start_at_layer`
+        (`n_layers` = the final norm's input) at positions ``start[i] .. start[i] + W - 1`` of
+        row ``rows[i]`` of a base run; `contexts[l]` is block l's `prefix_context` of that
+        run, for every l >= start_at_layer. Valid for causal mixers when the positions before
+        ``start[i]`` are the base run's in every layer (e.g. after a patch at start[i] or
+        later) and ``start[i] <= query[i] < start[i] + W``. Block hooks and the final norm's
+        hook fire on the window (``[B, W, ...]``), or, after the last mixer, on the query
+        only (``[B, 1, ...]``); no hook inside a mixer fires.
+        """
+        keep = query - start
+        last = self.cfg.n_layers - 1
+        for layer in range(start_at_layer, self.cfg.n_layers):
+            block = self.blocks[layer]
+            resid = block.forward_from(resid, contexts[layer], rows, start, keep if layer == last else None)
+        if start_at_layer == self.cfg.n_layers:
+            resid = take_window(resid, keep, 1)
+        return self.unembed_resid(self.ln_final(resid)[:, 0])
+
+    def resume_layer(self, hook_name: str) -> int | None:
+        """Return the block whose resumed run fires `hook_name` (`resume`), `n_layers` for
+        the final norm, None for hooks a resumed run does not fire (embeddings, inside mixers)."""
+        if hook_name == "ln_final.hook_normalized":
+            return self.cfg.n_layers
+        parts = hook_name.split(".")
+        if len(parts) == 3 and parts[0] == "blocks" and parts[2].startswith("hook_"):
+            return int(parts[1])
+        return None
+
+    def equivalent_hook(self, hook_name: str) -> str:
+        """Return the latest hook whose activation is the same tensor as `hook_name`'s and feeds
+        the same computation: block l's output (``hook_resid_post``) is block l+1's input
+        (``hook_resid_pre``); any other hook is its own."""
+        parts = hook_name.split(".")
+        if len(parts) == 3 and parts[0] == "blocks" and parts[2] == "hook_resid_post":
+            layer = int(parts[1])
+            if layer + 1 < self.cfg.n_layers:
+                return f"blocks.{layer + 1}.hook_resid_pre"
+        return hook_name
+
+    def resid_hook(self, layer: int) -> str:
+        """Return the hook holding the residual entering block `layer` (`n_layers`: the final norm's input)."""
+        if layer == self.cfg.n_layers:
+            return f"blocks.{layer - 1}.hook_resid_post"
+        return f"blocks.{layer}.hook_resid_pre"
 
     def run_with_cache(self, *model_args, return_cache_object: bool = True, **kwargs):
         """Run the model, returning ``(output, cache)``.

@@ -42,6 +42,7 @@ from torch import Tensor
 from .cache import CacheFile, answer_probs, run_chunks
 from .errors import HookmechError, UsageError, suggest
 from .hooks import pos_axis_of
+from .mixers.base import take_window, window_index
 from .sites import PositionPatch, hook_to_site, position_patches, resolve_sites
 from .tasks.batch import Batch
 
@@ -220,6 +221,7 @@ class _Runs:
         self.logits: dict[str, Tensor] = {}
         self.p_answer: dict[str, Tensor] = {}
         self.computed: dict[tuple[str, str], Tensor] = {}
+        self.contexts: dict[tuple[int, str], dict[str, Tensor]] = {}
         if cache is not None:
             self.p_answer = {which: cache.p_answer(which).double() for which in ("clean", "corrupt")}
         if missing or need_logits or cache is None:
@@ -242,6 +244,16 @@ class _Runs:
         if not self.p_answer:
             answers = self.batch.answers.to(self.device)
             self.p_answer = {which: answer_probs(out, answers).double().cpu() for which, out in self.logits.items()}
+
+    def context(self, model, layer: int, which: str, max_batch: int) -> dict[str, Tensor]:
+        """Return block `layer`'s mixer context of the `which` run (`HookedLM.prefix_context`),
+        computed once, in chunks of `max_batch` rows."""
+        key = (layer, which)
+        if key not in self.contexts:
+            mixer_in = self.acts(f"blocks.{layer}.hook_mixer_in", which)
+            parts = [model.prefix_context(layer, mixer_in[rows]) for rows in run_chunks(len(mixer_in), max_batch)]
+            self.contexts[key] = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+        return self.contexts[key]
 
     def acts(self, hook: str, which: str) -> Tensor:
         """Return `hook`'s activations of the `which` run, ``[N, ...]`` on the model's device."""
@@ -330,6 +342,22 @@ def _patched_rows(model, runs: _Runs, site: PatchSite, patches: list[PositionPat
     if changed.any():
         changed &= _reaches_query(model, runs, plans, masks, start, tokens, resid, max_batch)
     patch_index, row_index = changed.nonzero(as_tuple=True)
+    resume_at = _resume_layer(model, site)
+    if resume_at is not None:
+        pairs = _resumed_pairs(model, runs, plans, masks, patch_index, row_index, resume_at, base, max_batch)
+    else:
+        pairs = _full_pairs(model, runs, plans, masks, patch_index, row_index, start, tokens, resid, max_batch)
+    for which_patch, rows, logits in pairs:
+        cpu_patch, cpu_rows = which_patch.cpu(), rows.cpu()
+        probs[cpu_patch, cpu_rows] = answer_probs(logits, batch.answers[cpu_rows].to(device)).double().cpu()
+        values[cpu_patch, cpu_rows] = metric.rows(logits, cpu_rows)
+    return probs, values
+
+
+def _full_pairs(model, runs: _Runs, plans, masks, patch_index, row_index, start, tokens, resid, max_batch):
+    """Yield (patch index, row, query logits) of (patch, row) pairs run from block `start`'s
+    input (or from the tokens when `start` is None) on every position."""
+    batch, device = runs.batch, runs.device
     for chunk in run_chunks(len(row_index), max_batch):
         which_patch, rows = patch_index[chunk], row_index[chunk]
         chunk_mask = masks[which_patch, rows]  # [k, T]
@@ -337,10 +365,70 @@ def _patched_rows(model, runs: _Runs, site: PatchSite, patches: list[PositionPat
         model_input = tokens[rows.cpu()].to(device) if start is None else resid[rows]
         logits = model.run_with_hooks(model_input, start_at_layer=start, positions=batch.query_pos[rows.cpu()].to(device),
                                       fwd_hooks=fwd_hooks)
-        cpu_patch, cpu_rows = which_patch.cpu(), rows.cpu()
-        probs[cpu_patch, cpu_rows] = answer_probs(logits, batch.answers[cpu_rows].to(device)).double().cpu()
-        values[cpu_patch, cpu_rows] = metric.rows(logits, cpu_rows)
-    return probs, values
+        yield which_patch, rows, logits
+
+
+def _resume_layer(model, site: PatchSite) -> int | None:
+    """The block a resumed run of `site` starts at, or None when a target is a hook that a
+    resumed run does not fire (or the model cannot resume)."""
+    if not hasattr(model, "resume"):
+        return None
+    layers = [model.resume_layer(target.hook) for target in site.targets]
+    return None if None in layers else min(layers)
+
+
+def _resumed_pairs(model, runs: _Runs, plans, masks, patch_index, row_index, layer: int, base: str, max_batch: int):
+    """Yield (patch index, row, query logits) of (patch, row) pairs, each re-run only on the
+    positions from its first patched one to its query (`HookedLM.resume`).
+
+    Pairs are sorted by that width so that a chunk's common window W wastes little; a row
+    whose window would start before position 0 gets the first W positions instead (the extra
+    positions before the patch recompute the base run's values, those after the query are
+    not read).
+    """
+    query = runs.batch.query_pos.to(runs.device)
+    first = masks[patch_index, row_index].int().argmax(dim=-1)
+    widths = (query[row_index] - first + 1).clamp(min=1)
+    order = torch.sort(widths, stable=True).indices
+    resid = runs.acts(model.resid_hook(layer), base)
+    contexts = {l: runs.context(model, l, base, max_batch) for l in range(layer, model.cfg.n_layers)}
+    patchers = [_WindowPatch(plan) for plan in plans]
+    # hooks are installed once and pointed at each chunk: adding and removing them per chunk
+    # walks every hook point of the model each time
+    with model.hooks(fwd_hooks=[(patcher.plan.target.hook, patcher) for patcher in patchers]):
+        for chunk in run_chunks(len(order), max_batch):
+            pairs = order[chunk]
+            which_patch, rows = patch_index[pairs], row_index[pairs]
+            width = int(widths[pairs].max())
+            start = (query[rows] - width + 1).clamp(min=0)
+            for patcher in patchers:
+                patcher.point_at(rows, masks[which_patch, rows], (window_index(start, width), query[rows, None]))
+            resid_window = take_window(resid.index_select(0, rows), start, width)
+            logits = model.resume(resid_window, layer, contexts, rows, start, query[rows])
+            yield which_patch, rows, logits
+
+
+class _WindowPatch:
+    """The forward hook patching one target in resumed runs (`_resumed_pairs`).
+
+    `point_at` sets the chunk: its rows, their patch masks ``[rows, T]`` and the absolute
+    positions ``[rows, W]`` an activation may hold, told apart by their length (the window,
+    or the query alone after the last mixer).
+    """
+
+    def __init__(self, plan: _TargetPlan):
+        self.plan = plan
+
+    def point_at(self, rows: Tensor, mask: Tensor, windows: tuple[Tensor, ...]) -> None:
+        self.values, self.mask = self.plan.values.index_select(0, rows), mask
+        self.by_length = {positions.shape[1]: positions for positions in windows}
+
+    def __call__(self, activation: Tensor, hook=None) -> Tensor:
+        plan = self.plan
+        positions = self.by_length[activation.shape[plan.pos_axis]]
+        values = _take_positions(self.values, positions, plan.pos_axis)
+        mask = _patch_mask(self.mask.gather(1, positions), values.shape, plan.pos_axis, plan.head_axis, plan.target.head)
+        return torch.where(mask, values, activation)
 
 
 def _replace_hook(plan: _TargetPlan, patch_values: Tensor, mask: Tensor):
@@ -352,7 +440,13 @@ def _replace_hook(plan: _TargetPlan, patch_values: Tensor, mask: Tensor):
     return patch_hook
 
 
-@torch.no_grad()
+def _take_positions(values: Tensor, positions: Tensor, pos_axis: int) -> Tensor:
+    """``values`` ``[rows, ..., T, ...]`` at `positions` ``[rows, W]`` along `pos_axis`."""
+    moved = values.movedim(pos_axis, 1)
+    index = positions.view(*positions.shape, *([1] * (moved.dim() - 2))).expand(-1, -1, *moved.shape[2:])
+    return moved.gather(1, index).movedim(1, pos_axis)
+
+
 def _reaches_query(model, runs: _Runs, plans: list[_TargetPlan], masks: Tensor, start: int | None,
                    tokens: Tensor, resid: Tensor | None, max_batch: int) -> Tensor:
     """``[P, N]`` True where the query logits depend on the patched activations at all.
@@ -367,9 +461,7 @@ def _reaches_query(model, runs: _Runs, plans: list[_TargetPlan], masks: Tensor, 
     n_patches, n_rows, n_pos = masks.shape
     device = masks.device
     query, lengths = runs.batch.query_pos.to(device), runs.batch.lengths.to(device)
-    keys = torch.cat([masks.reshape(-1, n_pos).long(), query.repeat(n_patches)[:, None],
-                      lengths.repeat(n_patches)[:, None]], dim=1)
-    _, group = torch.unique(keys, dim=0, return_inverse=True)
+    group = _group_rows(masks.reshape(-1, n_pos), query.repeat(n_patches), lengths.repeat(n_patches))
     n_groups = int(group.max()) + 1
     items = torch.arange(len(group), device=device)
     first = torch.full((n_groups,), len(group), device=device).scatter_reduce(0, group, items, "amin")
@@ -385,6 +477,18 @@ def _reaches_query(model, runs: _Runs, plans: list[_TargetPlan], masks: Tensor, 
         logits = model.run_with_hooks(model_input, start_at_layer=start, positions=query[rows], fwd_hooks=fwd_hooks)
         reaches[chunk] = ~logits.isfinite().all(dim=-1)
     return reaches[group].view(n_patches, n_rows)
+
+
+def _group_rows(masks: Tensor, query: Tensor, lengths: Tensor) -> Tensor:
+    """``[M]`` group index of each (mask ``[M, T]``, query, length) triple: equal triples, equal index."""
+    n_pos = masks.shape[1]
+    if n_pos > 62:
+        keys = torch.cat([masks.long(), query[:, None], lengths[:, None]], dim=1)
+        return torch.unique(keys, dim=0, return_inverse=True)[1]
+    # 1-D keys: torch.unique over rows (dim=0) is an order of magnitude slower
+    bits = 1 << torch.arange(n_pos, device=masks.device)
+    _, mask_id = torch.unique((masks.long() * bits).sum(-1), return_inverse=True)
+    return torch.unique((mask_id * (n_pos + 1) + query) * (n_pos + 1) + lengths, return_inverse=True)[1]
 
 
 def runs_metric(runs: _Runs, metric: Metric, which: str) -> Tensor:
@@ -486,21 +590,52 @@ def _attribution_patch(model, source, sites, positions, threshold, max_batch, pe
                              per_example=per_example)
 
 
+def _equivalent_site(model, site: PatchSite) -> PatchSite:
+    """`site` with each target moved to the latest hook holding the same tensor before the same
+    computation (`HookedLM.equivalent_hook`: block l's output is block l+1's input), so that
+    its patched runs start as late as possible and equal sites are run once."""
+    if not hasattr(model, "equivalent_hook"):
+        return site
+    targets = (Target(model.equivalent_hook(t.hook), t.head) for t in site.targets)
+    return PatchSite(tuple(dict.fromkeys(targets)))
+
+
+def _hooks_to_start(model, patch_sites: list[PatchSite]) -> list[str]:
+    """The hooks whose base-run values the patched runs start from: the residual entering the
+    first patched block, and, for resumed runs, every later block's mixer input (its context)."""
+    hooks = []
+    for site in patch_sites:
+        resume_at = _resume_layer(model, site)
+        if resume_at is not None:
+            hooks.append(model.resid_hook(resume_at))
+            hooks.extend(f"blocks.{layer}.hook_mixer_in" for layer in range(resume_at, model.cfg.n_layers))
+            continue
+        layers = [model.layer_of_hook(target.hook) for target in site.targets]
+        if None not in layers:
+            hooks.append(f"blocks.{min(layers)}.hook_resid_pre")
+    return list(dict.fromkeys(hooks))
+
+
 def _patch_from(model, batch, cache, patch_sites, positions, method, threshold, max_batch, per_example,
                 metric_name, direction, ablate, ablate_seed) -> list[dict]:
     patches = position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
     base, source = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
+    computed_sites = {site: _equivalent_site(model, site) for site in patch_sites}
     hooks = [t.hook for s in patch_sites for t in s.targets]
-    starts = {min(ls) for ls in ([model.layer_of_hook(t.hook) for t in s.targets] for s in patch_sites) if None not in ls}
-    resid_hooks = [f"blocks.{layer}.hook_resid_pre" for layer in sorted(starts)]
-    runs = _Runs(model, batch, hooks + resid_hooks, cache, need_logits=metric_name != "p_answer", max_batch=max_batch)
+    hooks += [t.hook for s in computed_sites.values() for t in s.targets]
+    runs = _Runs(model, batch, hooks + _hooks_to_start(model, list(computed_sites.values())), cache,
+                 need_logits=metric_name != "p_answer", max_batch=max_batch)
     metric = _make_metric(metric_name, runs)
     p_clean, p_corrupt = (runs.p_answer[w].mean().item() for w in ("clean", "corrupt"))
     m_clean, m_corrupt = (runs_metric(runs, metric, w).mean().item() for w in ("clean", "corrupt"))
     gap = m_corrupt - m_clean if metric.lower_is_better else m_clean - m_corrupt
-    records = []
+    records, results = [], {}
     for site in patch_sites:
-        probs, values = _patched_rows(model, runs, site, patches, metric, base, source, ablate, ablate_seed, max_batch)
+        computed = computed_sites[site]
+        if computed not in results:  # e.g. L0.block_out after L1.block_in: the same patch
+            results[computed] = _patched_rows(model, runs, computed, patches, metric, base, source, ablate,
+                                              ablate_seed, max_batch)
+        probs, values = results[computed]
         for patch_spec, row_probs, row_values in zip(patches, probs, values):
             m_patched = row_values.mean().item()
             record = {

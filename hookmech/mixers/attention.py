@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer
+from .base import Mixer, splice, take_window, window_index
 from .short_conv import ShortConv
 
 
@@ -70,11 +70,38 @@ class Attention(Mixer):
         z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.out_proj(z.reshape(batch, n_pos, -1))
 
-    def _mask(self, n_pos: int, device: torch.device) -> Tensor:
-        """[query_pos, key_pos] True where the query may attend: causal, within the window."""
-        query = torch.arange(n_pos, device=device)[:, None]
-        key = torch.arange(n_pos, device=device)[None, :]
+    # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
+    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+        """Return ``{"qkv": Wqkv(x)}`` ``[N, T, 3 d_model]``: the projections of every position
+        (before the optional short convolutions, which re-run on the spliced buffer)."""
+        return {"qkv": self.Wqkv(x)}
+
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output at the window ``[B, W, d_model]``: only the window's tokens are
+        projected; they attend to the earlier keys and values of the context's run."""
+        batch, width, _ = x.shape
+        projected = splice(context["qkv"], rows, self.Wqkv(x), start)  # [B, T, 3 d_model]
+        parts = dict(zip("qkv", projected.chunk(3, dim=-1)))
+        for name, conv in self.convs.items():
+            parts[name] = conv(parts[name])
+        n_keys = projected.shape[1]
+        q = take_window(parts["q"], start, width).view(batch, width, self.n_heads, self.d_head)
+        k, v = (parts[c].view(batch, n_keys, self.n_heads, self.d_head) for c in "kv")
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
+        allowed = self._allowed(window_index(start, width)[:, :, None], torch.arange(n_keys, device=x.device))
+        pattern = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(dim=-1)
+        z = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+        return self.out_proj(z.reshape(batch, width, -1))
+
+    def _allowed(self, query: Tensor, key: Tensor) -> Tensor:
+        """True where a query at position `query` may attend a key at `key` (broadcast):
+        causal, within the window."""
         allowed = key <= query
         if self.window is not None:
-            allowed &= query - key < self.window
+            allowed = allowed & (query - key < self.window)
         return allowed
+
+    def _mask(self, n_pos: int, device: torch.device) -> Tensor:
+        """[query_pos, key_pos] True where the query may attend: causal, within the window."""
+        positions = torch.arange(n_pos, device=device)
+        return self._allowed(positions[:, None], positions[None, :])

@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer
+from .base import Mixer, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
 from .short_conv import ShortConv
 
@@ -61,16 +61,38 @@ class BaseConv(Mixer):
 
     def forward(self, u: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
-        n_pos = u.shape[1]
-        if self.long:
-            if n_pos > self.l_max:
-                raise UsageError(f"baseconv: sequence of {n_pos} positions exceeds l_max {self.l_max}")
-            h = self.conv(n_pos) if self.implicit else self.filter[:n_pos]
-            u_conv = fft_causal_conv(u, self.hook_filter(h)) + u
-        else:
-            u_conv = self.conv(u)
-        u_conv = self.hook_conv(u_conv)
+        u_conv = self.hook_conv(self._conv(u))
         u_proj = self.hook_proj(self.projection(u))
+        return self._gate(u, u_conv, u_proj)
+
+    def _conv(self, u: Tensor) -> Tensor:
+        """Return the convolution branch ``[batch, pos, d_model]`` (long: with its skip term)."""
+        if not self.long:
+            return self.conv(u)
+        n_pos = u.shape[1]
+        if n_pos > self.l_max:
+            raise UsageError(f"baseconv: sequence of {n_pos} positions exceeds l_max {self.l_max}")
+        h = self.conv(n_pos) if self.implicit else self.filter[:n_pos]
+        return fft_causal_conv(u, self.hook_filter(h)) + u
+
+    def _gate(self, u: Tensor, u_conv: Tensor, u_proj: Tensor) -> Tensor:
+        """Return ``conv(u) * projection(u) + u`` from its three parts, ``[batch, pos, d_model]``."""
         if self.use_act:
             return F.silu(u_conv) * F.silu(u_proj) + u
         return u_conv * u_proj + u
+
+    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+        """Return ``{"u": x}`` ``[N, T, d_model]``: the convolution reads the mixer input itself
+        (there is no projection before it), so the earlier inputs are all it needs."""
+        return {"u": x}
+
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
+
+        Only the window is projected; the convolution runs over the full-length input with
+        the window spliced in (it is cheap next to the projection, and the long one needs
+        every earlier position anyway).
+        """
+        full = splice(context["u"], rows, x, start)
+        u_conv = take_window(self._conv(full), start, x.shape[1])
+        return self._gate(x, u_conv, self.projection(x))

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer
+from .base import Mixer, splice, state_before, window_index
 from .state_patch import hook_state_with_propagation
 
 TRAIN_VIEWS = ("quadratic", "linear")
@@ -128,6 +128,40 @@ class Based(Mixer):
         y = self.hook_y(y)
         return self.out_proj(y.reshape(batch, n_pos, -1))
 
+    # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
+    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+        """Return, for a run on `x` ``[N, T, d_model]``, what the window's queries read of earlier
+        positions. Quadratic view: ``phi_k`` ``[N, T, head, F]`` and ``v`` ``[N, T, head, d_head]``.
+        Linear view: the states after each position, ``kv_state`` ``[N, T, head, F, d_head]`` and
+        the normaliser ``k_state`` ``[N, T, head, F]``."""
+        _, phi_k, v = self._features(x)
+        if self.train_view == "quadratic":
+            return {"phi_k": phi_k, "v": v}
+        return {"kv_state": (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=1), "k_state": phi_k.cumsum(dim=1)}
+
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
+        `Mixer.forward_from`): projections on the window only; the queries attend to the earlier
+        keys (quadratic view) or read the state at start - 1 (linear view)."""
+        batch, n_pos, _ = x.shape
+        phi_q, phi_k, v = self._features(x)
+        if self.train_view == "quadratic":
+            # keys after the window are masked out, so splicing into the unpatched run's is enough
+            keys, values = splice(context["phi_k"], rows, phi_k, start), splice(context["v"], rows, v, start)
+            y = based_quadratic(phi_q, keys, values, self.eps, query_pos=window_index(start, n_pos))
+        else:
+            initial = state_before(context["kv_state"], rows, start), state_before(context["k_state"], rows, start)
+            y = based_chunked(phi_q, phi_k, v, self.eps, self.chunk_size, initial_state=initial)
+        return self.out_proj(y.reshape(batch, n_pos, -1))
+
+    def _features(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Return phi(q), phi(k) ``[b, t, head, F]`` and v ``[b, t, head, d_head]`` (as `forward`,
+        without its hooks)."""
+        q = self.proj_q(x).unflatten(-1, (self.num_heads, self.feature_dim))
+        k = self.proj_k(x).unflatten(-1, (self.num_heads, self.feature_dim))
+        v = self.proj_v(x).unflatten(-1, (self.num_heads, self.d_head))
+        return self.feature_map(q), self.feature_map(k), v
+
     def _recurrent_view(self, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
         """y from per-position states that pass through their hooks; ``[batch, pos, head, d_head]``."""
         kv_updates = phi_k.unsqueeze(-1) * v.unsqueeze(-2)  # [b, t, h, F, d]
@@ -138,29 +172,38 @@ class Based(Mixer):
         return numerator / (denominator.unsqueeze(-1) + self.eps)
 
 
-def based_quadratic(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Tensor:
+def based_quadratic(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, query_pos: Tensor | None = None) -> Tensor:
     """Quadratic view: ``causal(phi_q phi_kᵀ) v / (row sums + eps)``.
 
-    phi_q, phi_k ``[batch, pos, head, F]``, v ``[batch, pos, head, d_head]``;
-    returns ``[batch, pos, head, d_head]``.
+    phi_q ``[batch, q_pos, head, F]``, phi_k ``[batch, pos, head, F]``, v ``[batch, pos, head,
+    d_head]``; `query_pos` ``[batch, q_pos]``: the positions of the queries among the keys
+    (default: the queries are at the keys' positions, q_pos = pos). Returns ``[batch, q_pos, head, d_head]``.
     """
-    n_pos = phi_q.shape[1]
+    keys = torch.arange(phi_k.shape[1], device=phi_k.device)
+    queries = keys if query_pos is None else query_pos
+    causal = (keys <= queries[..., None]).unsqueeze(-3)  # [(batch,) 1, q_pos, pos]
     scores = torch.einsum("bqhf,bkhf->bhqk", phi_q, phi_k)
-    causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=phi_q.device).tril()
     scores = scores.masked_fill(~causal, 0.0)
     numerator = torch.einsum("bhqk,bkhd->bqhd", scores, v)
     return numerator / (scores.sum(-1).transpose(1, 2).unsqueeze(-1) + eps)
 
 
-def based_chunked(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, chunk_size: int) -> Tensor:
+def based_chunked(
+    phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, chunk_size: int,
+    initial_state: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
     """Linear view, chunked: within a chunk the quadratic form, across chunks the state
     (S, z) carried forward, so memory is O(pos · chunk) rather than O(pos²).
 
-    Shapes as `based_quadratic`; returns ``[batch, pos, head, d_head]``.
+    Shapes as `based_quadratic` (q_pos = pos); `initial_state`: (S ``[batch, head, F, d_head]``,
+    z ``[batch, head, F]``) before the first position, or None (zeros). Returns ``[batch, pos, head, d_head]``.
     """
     batch, n_pos, n_heads, n_feat = phi_q.shape
-    kv_state = phi_q.new_zeros(batch, n_heads, n_feat, v.shape[-1])
-    k_state = phi_q.new_zeros(batch, n_heads, n_feat)
+    if initial_state is None:
+        kv_state = phi_q.new_zeros(batch, n_heads, n_feat, v.shape[-1])
+        k_state = phi_q.new_zeros(batch, n_heads, n_feat)
+    else:
+        kv_state, k_state = initial_state
     outputs = []
     for start in range(0, n_pos, chunk_size):
         cq, ck, cv = (t[:, start : start + chunk_size] for t in (phi_q, phi_k, v))

@@ -29,7 +29,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer
+from .base import Mixer, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -96,12 +96,9 @@ class DeltaNet(Mixer):
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.conv_size > 0:
             q, k, v = self.q_conv1d(q), self.k_conv1d(k), self.v_conv1d(v)
-        q, k, v = (F.silu(t).view(batch, n_pos, self.num_heads, self.d_head) for t in (q, k, v))
-        q = self.hook_q(l2_normalize(q))
-        k = self.hook_k(l2_normalize(k))
-        v = self.hook_v(v)
-        beta = self.b_proj(x).sigmoid() if self.use_beta else x.new_ones(batch, n_pos, self.num_heads)
-        beta = self.hook_beta(beta)
+        q, k, v = self._heads(q, k, v)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        beta = self.hook_beta(self._beta(x))
         if self.hook_state.is_active:
             states = hook_state_with_propagation(
                 self.hook_state, self._states(q, k, v, beta, None, 0, n_pos), partial(self._states, q, k, v, beta)
@@ -113,6 +110,47 @@ class DeltaNet(Mixer):
             y = delta_rule_recurrent(q, k, v, beta)[0]
         y = self.hook_y(y)
         return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1))
+
+    # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
+    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+        """Return, for a run on `x` ``[N, T, d_model]``: ``q``, ``k``, ``v`` ``[N, T, d_model]``,
+        the projections before their convs (only with conv_size > 0: the window's convs read
+        the conv_size - 1 positions before it), and ``state`` ``[N, T, head, d_v, d_k]``, S_t
+        after each position."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        context = {"q": q, "k": k, "v": v} if self.conv_size > 0 else {}
+        if self.conv_size > 0:
+            q, k, v = self.q_conv1d(q), self.k_conv1d(k), self.v_conv1d(v)
+        q, k, v = self._heads(q, k, v)
+        context["state"] = self._states(q, k, v, self._beta(x), None, 0, x.shape[1])
+        return context
+
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
+        `Mixer.forward_from`): projections on the window only, the delta rule from S_{start-1}."""
+        batch, n_pos, _ = x.shape
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.conv_size > 0:
+            convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+            q, k, v = (conv.forward_from(t, context[name], rows, start)
+                       for conv, name, t in zip(convs, "qkv", (q, k, v)))
+        q, k, v = self._heads(q, k, v)
+        initial = state_before(context["state"], rows, start)
+        if self.mode == "chunk":
+            y = delta_rule_chunked(q, k, v, self._beta(x), self.chunk_size, initial_state=initial)[0]
+        else:
+            y = delta_rule_recurrent(q, k, v, self._beta(x), initial_state=initial)[0]
+        return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1))
+
+    def _heads(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Return q, k, v ``[b, t, head, d_head]`` from the (convolved) projections ``[b, t, d_model]``:
+        SiLU, then the L2 norm on q and k."""
+        q, k, v = (F.silu(t).unflatten(-1, (self.num_heads, self.d_head)) for t in (q, k, v))
+        return l2_normalize(q), l2_normalize(k), v
+
+    def _beta(self, x: Tensor) -> Tensor:
+        """Return the write strength beta ``[b, t, head]`` (ones without `use_beta`)."""
+        return self.b_proj(x).sigmoid() if self.use_beta else x.new_ones(*x.shape[:2], self.num_heads)
 
     def _states(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor,
                 initial_state: Tensor | None, start: int, end: int) -> Tensor:

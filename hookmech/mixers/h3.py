@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer
+from .base import Mixer, splice, take_window
 from .long_conv import fft_causal_conv
 
 
@@ -138,19 +138,47 @@ class H3(Mixer):
 
     def forward(self, u: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
-        batch, n_pos, _ = u.shape
-        heads = (batch, n_pos, self.n_heads, self.head_dim)
-        q = self.hook_q(self.q_proj(u).view(heads))
-        k = self.hook_k(self.k_proj(u).view(heads))
-        v = self.hook_v(self.v_proj(u).view(heads))
+        q = self.hook_q(self._heads(self.q_proj(u)))
+        k = self.hook_k(self._heads(self.k_proj(u)))
+        v = self.hook_v(self._heads(self.v_proj(u)))
+        return self._read_out(q, self._ssms(k, v))
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """Return `x` ``[batch, pos, d_model]`` split into heads, ``[batch, pos, head, head_dim]``."""
+        return x.view(*x.shape[:2], self.n_heads, self.head_dim)
+
+    def _ssms(self, k: Tensor, v: Tensor) -> Tensor:
+        """Return the diagonal SSM's output ``s`` ``[batch, pos, head, d_k, d_v]`` from the key
+        and value projections ``[batch, pos, head, head_dim]`` (shift SSM on k included)."""
+        n_pos = k.shape[1]
         # zoology truncates both kernels to l_max lags; longer inputs are still fine
         n_lags = min(n_pos, self.l_max)
         shift_filter = self.hook_shift_filter(self.ssm_k_kernel(n_lags).view(n_lags, self.n_heads, self.head_dim))
-        k = self.hook_shift(fft_causal_conv(k, shift_filter) + k * self.ssm_k_D.view(heads[2:]))
+        k = self.hook_shift(fft_causal_conv(k, shift_filter) + k * self.ssm_k_D.view(k.shape[2:]))
         kv = self.hook_kv(k[..., :, None] * v[..., None, :])
         ssm_filter = self.hook_ssm_filter(self.kernel(n_lags))
         s = fft_causal_conv(kv, ssm_filter[..., None, None]) + kv * self.D[:, None, None]
-        s = self.hook_ssm(s)
+        return self.hook_ssm(s)
+
+    def _read_out(self, q: Tensor, s: Tensor) -> Tensor:
+        """Return ``out_proj(q · s)`` ``[batch, pos, d_model]`` from the query
+        ``[batch, pos, head, head_dim]`` and the SSM output ``[batch, pos, head, d_k, d_v]``."""
         # zoology orders the output channels (d_v, head); kept so out_proj sees the same layout
-        y = torch.einsum("bthk,bthkv->btvh", q, s).reshape(batch, n_pos, -1)
-        return self.out_proj(y)
+        y = torch.einsum("bthk,bthkv->btvh", q, s)
+        return self.out_proj(y.reshape(*y.shape[:2], -1))
+
+    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+        """Return the key and value projections ``{"k", "v"}``, each ``[N, T, head, head_dim]``:
+        what the two SSMs read at earlier positions (the query is only read at its own)."""
+        return {"k": self._heads(self.k_proj(x)), "v": self._heads(self.v_proj(x))}
+
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
+
+        Only the window is projected; both SSM convolutions run over the full-length keys
+        and values with the window spliced in, as they read every earlier position.
+        """
+        k = splice(context["k"], rows, self._heads(self.k_proj(x)), start)
+        v = splice(context["v"], rows, self._heads(self.v_proj(x)), start)
+        s = take_window(self._ssms(k, v), start, x.shape[1])
+        return self._read_out(self._heads(self.q_proj(x)), s)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer
+from .base import Mixer, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
 from .short_conv import ShortConv
 
@@ -62,10 +62,15 @@ class Hyena(Mixer):
 
     def forward(self, u: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
-        n_pos = u.shape[1]
+        return self.out_proj(self._gated_long_conv(self.in_proj(u)))
+
+    def _gated_long_conv(self, projected: Tensor) -> Tensor:
+        """Return ``x2 ⊙ (h * (x1 ⊙ v) + D ⊙ x1 ⊙ v)`` ``[batch, pos, d_model]`` (before out_proj)
+        from the input projection ``[batch, pos, 3*d_model]``, short convolution included."""
+        n_pos = projected.shape[1]
         if n_pos > self.l_max:
             raise UsageError(f"hyena: sequence of {n_pos} positions exceeds l_max {self.l_max}")
-        projected = self.hook_short_conv(self.short_filter(self.in_proj(u)))
+        projected = self.hook_short_conv(self.short_filter(projected))
         x1, x2, v = projected.split(self.d_model, dim=-1)
         x1, x2, v = self.hook_x1(x1), self.hook_x2(x2), self.hook_v(v)
         v = v * x1
@@ -73,5 +78,20 @@ class Hyena(Mixer):
         conv = fft_causal_conv(v, h)
         if self.D is not None:
             conv = conv + v * self.D
-        y = self.hook_y(self.hook_long_conv(conv) * x2)
+        return self.hook_y(self.hook_long_conv(conv) * x2)
+
+    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+        """Return ``{"projected": in_proj(x)}`` ``[N, T, 3*d_model]``: the input projection,
+        before the short convolution; everything after it is cheap to redo."""
+        return {"projected": self.in_proj(x)}
+
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
+
+        Only the window goes through in_proj and out_proj; the convolutions run over the
+        full-length projection with the window spliced in, as the long one reads every
+        earlier position.
+        """
+        projected = splice(context["projected"], rows, self.in_proj(x), start)
+        y = take_window(self._gated_long_conv(projected), start, x.shape[1])
         return self.out_proj(y)

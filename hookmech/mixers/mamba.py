@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer
+from .base import Mixer, splice, state_before, take_window
 from .selective_scan import linear_scan, selective_scan
 from .state_patch import hook_state_with_propagation
 
@@ -173,6 +173,49 @@ class Mamba(Mixer):
         if self.gate:
             y = y * F.silu(z)
         return self.out_proj(y)
+
+    # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
+    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+        """Return the run's SSM states after every position, ``"state"`` ``[N, T, d_inner,
+        d_state]``, and (with a convolution) its input before the convolution, ``"in_x"``
+        ``[N, T, d_inner]``, so that a resumed run needs neither its projections nor its scan."""
+        in_x, _ = self._split(self.in_proj(x))
+        u, delta, B, _ = self._ssm_inputs(in_x)
+        decay = torch.exp(delta[..., None] * self._A())
+        context = {"state": linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :])}
+        if self.d_conv > 0:
+            context["in_x"] = in_x
+        return context
+
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output at the window ``[B, W, d_model]``: the window is projected and
+        scanned from each row's state at start - 1; the convolution reads the d_conv - 1
+        earlier inputs from the context."""
+        in_x, z = self._split(self.in_proj(x))
+        if self.d_conv > 0:
+            earlier = splice(context["in_x"], rows, in_x, start)
+            in_x = take_window(self._causal_conv(earlier), start, x.shape[1])
+        u, delta, B, C = self._ssm_inputs(in_x, convolved=True)
+        h0 = state_before(context["state"], rows, start)
+        y = selective_scan(u, delta, self._A(), B, C, self.D, h0=h0)
+        if self.gate:
+            y = y * F.silu(z)
+        return self.out_proj(y)
+
+    def _split(self, projected: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(in_x, z) of in_proj's output; z is None without the gate."""
+        if self.gate:
+            in_x, z = projected.chunk(2, dim=-1)
+            return in_x, z
+        return projected, None
+
+    def _ssm_inputs(self, in_x: Tensor, convolved: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(u, Δ, B, C) of the SSM branch (hooks not fired: the resume path only)."""
+        if self.d_conv > 0 and not convolved:
+            in_x = self._causal_conv(in_x)
+        u = F.silu(in_x)
+        dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        return u, F.softplus(self.dt_proj(dt)), B, C
 
     def _ssm(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
         """y ``[batch, pos, d_inner]``; states materialised only while hook_ssm_state is used."""

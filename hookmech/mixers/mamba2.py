@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer
+from .base import Mixer, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -235,6 +235,46 @@ class Mamba2(Mixer):
         y = self.hook_y(y + self.D[:, None] * x)
         y = self.norm(y.reshape(batch, n_pos, self.d_inner), z)
         return self.out_proj(y)
+
+    # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
+    def prefix_context(self, u: Tensor) -> dict[str, Tensor]:
+        """Return, for a run on `u` ``[N, T, d_model]``: ``xbc`` ``[N, T, conv_dim]``, the conv's
+        input (the window's conv reads the d_conv - 1 positions before it), and ``ssm_state``
+        ``[N, T, head, headdim, d_state]``, the SSD state after each position."""
+        _, xbc, dt = self._in_proj(u)
+        x, dt, B, C = self._ssm_inputs(self.conv1d(xbc) if self.conv1d is not None else xbc, dt)
+        _, states = ssd_chunked(x, dt, -torch.exp(self.A_log), B, C, self.chunk_size, return_all_states=True)
+        return {"xbc": xbc, "ssm_state": states}
+
+    def forward_from(self, u: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output ``[B, W, d_model]`` at the window `u` ``[B, W, d_model]`` (see
+        `Mixer.forward_from`): in_proj on the window only, SSD from the state at start - 1."""
+        batch, n_pos, _ = u.shape
+        z, xbc, dt = self._in_proj(u)
+        if self.conv1d is not None:
+            xbc = self.conv1d.forward_from(xbc, context["xbc"], rows, start)
+        x, dt, B, C = self._ssm_inputs(xbc, dt)
+        initial = state_before(context["ssm_state"], rows, start)
+        y, _ = ssd_chunked(x, dt, -torch.exp(self.A_log), B, C, self.chunk_size, initial_state=initial)
+        y = self.norm((y + self.D[:, None] * x).reshape(batch, n_pos, self.d_inner), z)
+        return self.out_proj(y)
+
+    def _in_proj(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Return z ``[b, t, d_inner]``, xBC before the conv ``[b, t, conv_dim]`` and dt before
+        softplus ``[b, t, head]`` (as `forward`, without its hooks)."""
+        d_bc = self.ngroups * self.d_state
+        z, xbc, dt = self.in_proj(u).split([self.d_inner, self.d_inner + 2 * d_bc, self.n_heads], dim=-1)
+        return z, xbc, dt
+
+    def _ssm_inputs(self, xbc: Tensor, dt: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Return the SSD's x ``[b, t, head, headdim]``, Δ ``[b, t, head]``, B, C ``[b, t, group,
+        d_state]`` from the conv's output xBC and the raw dt (as `forward`, without its hooks)."""
+        batch, n_pos, _ = xbc.shape
+        d_bc = self.ngroups * self.d_state
+        x, B, C = F.silu(xbc).split([self.d_inner, d_bc, d_bc], dim=-1)
+        x = x.reshape(batch, n_pos, self.n_heads, self.headdim)
+        B, C = (t.reshape(batch, n_pos, self.ngroups, self.d_state) for t in (B, C))
+        return x, F.softplus(dt + self.dt_bias), B, C
 
     def _ssd_through_state_hook(self, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
         """SSD with every state materialised and passed through `hook_ssm_state`; the

@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer
+from .base import Mixer, state_before
 from .state_patch import hook_state_with_propagation
 
 
@@ -192,9 +192,41 @@ class RWKV6(Mixer):
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]`` of ``x [batch, pos, d_model]``."""
-        batch, n_pos, d_model = x.shape
-        heads = (batch, n_pos, self.n_heads, self.head_size)
-        shifted = F.pad(x, (0, 0, 1, -1)) - x  # x_{t-1} - x_t: the only cross-position step
+        previous = F.pad(x, (0, 0, 1, -1))  # x_{t-1} (x_{-1} = 0): the only cross-position step
+        r, k, v, g, w = self._projections(x, previous)
+        r, k, v = self.hook_r(r), self.hook_k(k), self.hook_v(v)
+        g = self.hook_gate(g)
+        log_decay = -torch.exp(self.hook_decay(w))
+
+        if self.hook_state.is_active:
+            out = self._wkv_through_state_hook(r, k, v, log_decay)
+        else:
+            out, _ = wkv_chunked(r, k, v, log_decay, self.time_faaaa, self.chunk_size)
+        return self._output(self.hook_output(out), g)
+
+    # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
+    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+        """Return, for a run on `x` ``[N, T, d_model]``: ``x`` itself (the window's token shift
+        reads x at start - 1) and ``wkv_state`` ``[N, T, head, d_k, d_v]``, S_t after each position."""
+        r, k, v, _, w = self._projections(x, F.pad(x, (0, 0, 1, -1)))
+        _, states = wkv_chunked(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, return_all_states=True)
+        return {"x": x, "wkv_state": states}
+
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
+        `Mixer.forward_from`): projections on the window only, WKV from S_{start-1}."""
+        before = state_before(context["x"], rows, start)  # x_{start-1}, zeros at start 0
+        previous = torch.cat([before[:, None].to(x.dtype), x[:, :-1]], dim=1)
+        r, k, v, g, w = self._projections(x, previous)
+        initial = state_before(context["wkv_state"], rows, start)
+        out, _ = wkv_chunked(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, initial_state=initial)
+        return self._output(out, g)
+
+    def _projections(self, x: Tensor, previous: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Return r, k, v ``[b, t, head, d_head]``, silu(g) ``[b, t, d_model]`` and w ``[b, t, head,
+        d_head]`` from the inputs x and the previous inputs x_{t-1}, both ``[b, t, d_model]``."""
+        heads = (*x.shape[:2], self.n_heads, self.head_size)
+        shifted = previous - x
         lora_in = torch.tanh((x + shifted * self.time_maa_x) @ self.time_maa_w1)
         lora = torch.einsum("btfr,frd->fbtd", lora_in.unflatten(-1, (5, -1)), self.time_maa_w2)
         mix_w, mix_k, mix_v, mix_r, mix_g = lora.unbind(0)
@@ -204,18 +236,16 @@ class RWKV6(Mixer):
         xr = x + shifted * (self.time_maa_r + mix_r)
         xg = x + shifted * (self.time_maa_g + mix_g)
 
-        r = self.hook_r(self.receptance(xr).view(heads))
-        k = self.hook_k(self.key(xk).view(heads))
-        v = self.hook_v(self.value(xv).view(heads))
-        g = self.hook_gate(F.silu(self.gate(xg)))
+        r = self.receptance(xr).view(heads)
+        k = self.key(xk).view(heads)
+        v = self.value(xv).view(heads)
+        g = F.silu(self.gate(xg))
         w = self.time_decay + torch.tanh(xw @ self.time_decay_w1) @ self.time_decay_w2
-        log_decay = -torch.exp(self.hook_decay(w.view(heads)))
+        return r, k, v, g, w.view(heads)
 
-        if self.hook_state.is_active:
-            out = self._wkv_through_state_hook(r, k, v, log_decay)
-        else:
-            out, _ = wkv_chunked(r, k, v, log_decay, self.time_faaaa, self.chunk_size)
-        out = self.hook_output(out)
+    def _output(self, out: Tensor, g: Tensor) -> Tensor:
+        """Return out_proj(groupnorm_heads(o) ⊙ g) ``[b, t, d_model]`` for o ``[b, t, head, d_head]``."""
+        batch, n_pos, d_model = g.shape
         out = self.ln_x(out.reshape(batch * n_pos, d_model)).view(batch, n_pos, d_model)
         return self.out_proj(out * g)
 

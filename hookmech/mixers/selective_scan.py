@@ -40,15 +40,17 @@ DEFAULT_CHUNK = 16
 # reference
 # ---------------------------------------------------------------------------------------
 def selective_scan_ref(
-    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+    h0: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sequential selective scan, one position at a time (the reference).
 
     Returns ``(y, states)``: y ``[batch, pos, d_inner]`` (plus ``D ⊙ u`` when `D` is
-    given) and the states ``[batch, pos, d_inner, d_state]``.
+    given) and the states ``[batch, pos, d_inner, d_state]``; `h0` is the state before
+    position 0 (zeros when None).
     """
     batch, n_pos, d_inner = u.shape
-    h = u.new_zeros(batch, d_inner, A.shape[1])
+    h = u.new_zeros(batch, d_inner, A.shape[1]) if h0 is None else h0
     ys, states = [], []
     for t in range(n_pos):
         decay = torch.exp(delta[:, t, :, None] * A)
@@ -115,12 +117,13 @@ def _time_major(x: Tensor) -> Tensor:
 
 class _SelectiveScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int) -> Tensor:
+    def forward(ctx, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int, h0: Tensor | None) -> Tensor:
         # Time-major copies make every h[t] one contiguous block for the in-place loop.
         u, delta, B, C = (_time_major(x) for x in (u, delta, B, C))
         delta_u = delta * u
         n_pos, batch, d_inner = u.shape
-        h0 = u.new_zeros(batch, d_inner, A.shape[1])
+        ctx.has_h0 = h0 is not None
+        h0 = u.new_zeros(batch, d_inner, A.shape[1]) if h0 is None else h0.to(u.dtype)
         y = torch.empty_like(u)
         chunk_starts = []
         for start in range(0, n_pos, chunk):
@@ -166,20 +169,24 @@ class _SelectiveScan(torch.autograd.Function):
             grad_A += (grad_log_decay * delta[part, :, :, None]).sum((0, 1))
         grad_delta.addcmul_(grad_delta_u, u)
         grad_u = grad_delta_u * delta
+        # the carry out of the first chunk is ∂L/∂h_{-1}, the initial state's gradient
+        grad_h0 = carry if ctx.has_h0 else None
         return (grad_u.transpose(0, 1), grad_delta.transpose(0, 1), grad_A,
-                grad_B.transpose(0, 1), grad_C.transpose(0, 1), None)
+                grad_B.transpose(0, 1), grad_C.transpose(0, 1), None, grad_h0)
 
 
 def selective_scan(
     u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
-    chunk: int = DEFAULT_CHUNK,
+    chunk: int = DEFAULT_CHUNK, h0: Tensor | None = None,
 ) -> Tensor:
     """Fast selective scan with a hand-written backward; same maths as `selective_scan_ref`.
 
     Returns y ``[batch, pos, d_inner]`` (plus ``D ⊙ u`` when `D` is given); the states are
-    never materialised (use `linear_scan` when you need them).
+    never materialised (use `linear_scan` when you need them). `h0` ``[batch, d_inner,
+    d_state]`` is the state before the first position (zeros when None), e.g. to resume a
+    scan; it is differentiable too.
     """
-    y = _SelectiveScan.apply(u, delta, A, B, C, chunk)
+    y = _SelectiveScan.apply(u, delta, A, B, C, chunk, h0)
     if D is not None:
         y = y + u * D
     return y

@@ -28,3 +28,16 @@ class ShortConv(nn.Module):
         x = F.pad(x, (self.kernel_size - 1, 0))
         y = F.conv1d(x, self.weight, self.bias, groups=x.shape[1])
         return y.transpose(1, 2)
+
+    def forward_from(self, window: Tensor, signal: Tensor, rows: Tensor, start: Tensor) -> Tensor:
+        """Return the output at positions ``start[i] .. start[i] + W - 1`` of row ``rows[i]``,
+        ``[B, W, channels]``, when the input there is `window` ``[B, W, channels]`` and earlier
+        inputs are those of `signal` ``[N, T, channels]`` (an unpatched run's input).
+
+        The resume path of the mixers (`Mixer.forward_from`): only the kernel_size - 1 inputs
+        before the window are read from `signal` (zeros before position 0, as the causal padding).
+        """
+        before = start[:, None] - self.kernel_size + 1 + torch.arange(self.kernel_size - 1, device=start.device)
+        earlier = signal[rows[:, None], before.clamp(min=0)].masked_fill((before < 0)[..., None], 0.0)
+        inputs = torch.cat([earlier, window.to(signal.dtype)], dim=1).transpose(1, 2)  # [B, C, k-1+W]
+        return F.conv1d(inputs, self.weight, self.bias, groups=inputs.shape[1]).transpose(1, 2)

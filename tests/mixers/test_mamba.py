@@ -165,6 +165,19 @@ def test_fast_scan_gradients_match_finite_differences():
     assert torch.autograd.gradcheck(lambda *a: selective_scan(*a, chunk=4), inputs)
 
 
+def test_scan_from_an_initial_state_continues_the_sequence():
+    """Scanning positions 5.. from the state after position 4 gives the tail of the whole scan;
+    the initial state's gradient matches finite differences."""
+    inputs = scan_inputs(n_pos=13)
+    whole, states = selective_scan_ref(*inputs)
+    u, delta, A, B, C = (t.detach() for t in inputs)
+    tail = selective_scan(u[:, 5:], delta[:, 5:], A, B[:, 5:], C[:, 5:], chunk=4, h0=states[:, 4].detach())
+    torch.testing.assert_close(tail, whole[:, 5:].detach(), rtol=1e-12, atol=1e-12)
+    h0 = torch.randn_like(states[:, 4]).requires_grad_()
+    assert torch.autograd.gradcheck(lambda h, *a: selective_scan(*a, chunk=3, h0=h),
+                                    (h0, u[:, :7], delta[:, :7], A, B[:, :7], C[:, :7]))
+
+
 def test_linear_scan_matches_a_loop_and_finite_differences():
     torch.manual_seed(0)
     a = torch.rand(2, 8, 3, 2, dtype=torch.double, requires_grad=True)

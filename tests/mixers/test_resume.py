@@ -1,0 +1,129 @@
+"""The resume-from-position protocol (`Mixer.prefix_context` / `Mixer.forward_from`) of every
+mixer against its own full forward on the spliced input.
+
+The reference is the mixer's `forward` on a whole sequence whose positions from each row's
+start on were replaced: `forward_from` must give the same outputs on the window, knowing the
+earlier positions only through the context of the unchanged run.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hookmech.mixers import REGISTRY
+from hookmech.mixers.base import Mixer, splice, state_before, take_window
+
+# (registry name, options): the defaults plus every option that changes the resumed path
+CONFIGS = [
+    ("attention", {}),
+    ("attention", {"n_heads": 2, "window": 3}),
+    ("attention", {"n_heads": 2, "qkv_conv": "qk", "conv_size": 3}),
+    ("mamba", {}),
+    ("mamba", {"d_conv": 0}),
+    ("mamba", {"d_conv": 2, "gate": False}),
+    ("mamba2", {}),
+    ("mamba2", {"d_conv": 0, "chunk_size": 3}),
+    ("mamba2", {"ngroups": 2, "headdim": 8, "chunk_size": 5, "bias": True, "conv_bias": False}),
+    ("baseconv", {"l_max": 16}),
+    ("baseconv", {"l_max": 16, "kernel_size": 4, "use_act": True}),
+    ("baseconv", {"kernel_size": -1, "l_max": 16}),
+    ("baseconv", {"kernel_size": -1, "l_max": 16, "implicit_long_conv": False, "use_act": True}),
+    ("hyena", {"l_max": 16}),
+    ("hyena", {"l_max": 16, "filter_bias": True, "short_filter_order": 5}),
+    ("h3", {"l_max": 16}),
+    ("h3", {"l_max": 5, "head_dim": 1}),
+    ("h3", {"l_max": 16, "d_state": 4, "head_dim": 4}),
+    ("based", {}),
+    ("based", {"num_heads": 2, "num_key_value_heads": 2, "feature_dim": 4}),
+    ("based", {"train_view": "linear", "chunk_size": 4}),
+    ("based", {"train_view": "linear", "chunk_size": 1}),
+    ("deltanet", {}),
+    ("deltanet", {"chunk_size": 4, "num_heads": 2}),
+    ("deltanet", {"mode": "recurrent", "conv_size": 0, "use_beta": False, "output_norm": False}),
+    ("rwkv", {}),
+    ("rwkv", {"chunk_size": 3}),
+]
+IDS = [f"{name}-{'-'.join(f'{k}={v}' for k, v in opts.items()) or 'default'}" for name, opts in CONFIGS]
+N_ROWS, N_POS, D_MODEL = 5, 12, 16
+
+
+def make_mixer(name: str, options: dict) -> Mixer:
+    torch.manual_seed(0)
+    mixer = REGISTRY[name](d_model=D_MODEL, **options).double().eval()
+    # Nudge every parameter off its initial value, so that zero-initialised parts
+    # (gates, biases, state matrices) take part in the comparison too.
+    with torch.no_grad():
+        for param in mixer.parameters():
+            param.add_(0.05 * torch.randn_like(param))
+    return mixer
+
+
+def test_every_registered_mixer_is_covered():
+    assert {name for name, _ in CONFIGS} == set(REGISTRY)
+
+
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+@pytest.mark.parametrize("width", [1, 4, N_POS])
+def test_forward_from_equals_forward_on_the_spliced_input(name, options, width):
+    mixer = make_mixer(name, options)
+    generator = torch.Generator().manual_seed(width)
+    base = torch.randn(N_ROWS, N_POS, D_MODEL, dtype=torch.float64, generator=generator)
+    rows = torch.tensor([3, 0, 3, 4, 1, 2])  # a row may appear twice, with different starts
+    start = torch.randint(0, N_POS - width + 1, (len(rows),), generator=generator)
+    start[0] = 0
+    start[1] = N_POS - width
+    window = torch.randn(len(rows), width, D_MODEL, dtype=torch.float64, generator=generator)
+
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        resumed = mixer.forward_from(window, context, rows, start)
+        expected = take_window(mixer(splice(base, rows, window, start)), start, width)
+    assert resumed.shape == (len(rows), width, D_MODEL)
+    torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize(("name", "options"), CONFIGS[:1] + CONFIGS[3:4], ids=IDS[:1] + IDS[3:4])
+def test_context_rows_follow_the_rows_argument(name, options):
+    """Rows are looked up in the context: resuming row 2 from its own unchanged input
+    reproduces row 2's output, not another row's."""
+    mixer = make_mixer(name, options)
+    base = torch.randn(4, N_POS, D_MODEL, dtype=torch.float64)
+    start = torch.tensor([5])
+    with torch.no_grad():
+        full = mixer(base)
+        resumed = mixer.forward_from(base[2:3, 5:9], mixer.prefix_context(base), torch.tensor([2]), start)
+    torch.testing.assert_close(resumed, full[2:3, 5:9], rtol=1e-9, atol=1e-10)
+
+
+def test_window_helpers_by_hand():
+    full = torch.arange(12.0).view(2, 6)
+    start = torch.tensor([1, 3])
+    assert take_window(full, start, 2).tolist() == [[1, 2], [9, 10]]
+    spliced = splice(full, torch.tensor([0, 1]), torch.tensor([[-1.0, -2.0], [-3.0, -4.0]]), start)
+    assert spliced.tolist() == [[0, -1, -2, 3, 4, 5], [6, 7, 8, -3, -4, 11]]
+    states = torch.arange(12.0).view(2, 6, 1)
+    before = state_before(states, torch.tensor([1, 0, 0]), torch.tensor([2, 0, 6]))
+    assert before.tolist() == [[7.0], [0.0], [5.0]]
+
+
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_overridden_forward_from_projects_only_the_window(name, options):
+    """A mixer that implements its own `forward_from` runs its input-dependent linear layers
+    on the window only (that is the point of resuming); the default re-runs `forward`."""
+    mixer = make_mixer(name, options)
+    if type(mixer).forward_from is Mixer.forward_from:
+        pytest.skip(f"{name} uses the default forward_from (re-runs forward on the spliced input)")
+    rows, start, width = torch.tensor([0, 1, 2]), torch.tensor([2, 5, 9]), 3
+    seen = []
+    handles = [module.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))
+               for module in mixer.modules() if isinstance(module, torch.nn.Linear)]
+    base = torch.randn(N_ROWS, N_POS, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        seen.clear()
+        mixer.forward_from(torch.randn(3, width, D_MODEL, dtype=torch.float64), context, rows, start)
+    for handle in handles:
+        handle.remove()
+    per_row = [shape for shape in seen if len(shape) >= 3 and shape[0] == len(rows)]
+    assert per_row, "no linear layer saw the window"
+    assert all(shape[1] <= width for shape in per_row), per_row
