@@ -26,8 +26,8 @@ def positional_inside_sites(model) -> list[str]:
             if ".mixer." in name and getattr(point, "pos_axis", 1) is not None]
 
 
-def assert_matches_reference(model, batch, sites, positions=POSITIONS, **options):
-    records = patch(model, batch, sites, positions, max_batch=37, **options)
+def assert_matches_reference(model, batch, sites, positions=POSITIONS, max_batch=37, **options):
+    records = patch(model, batch, sites, positions, max_batch=max_batch, **options)
     reference = plain_loop_patch(model, batch, sites, positions, **options)
     assert len(records) == len(reference)
     for record in records:
@@ -207,3 +207,56 @@ def test_mean_ablation_over_rows_of_different_lengths_stays_finite():
     records = patch(model, batch, ["L0.mixer.attn_scores"], ["all", "query"], ablate="mean")
     for record in records:
         assert all(math.isfinite(record[k]) for k in ("p_clean", "p_corrupt", "p_patched")), record["pos"]
+
+
+# -- resumed runs (patches re-run only from the patched position on) ----------------------
+RESUMED_SITES = ["L0.mixer_out", "L0.block_out", "L1.block_in", "L1.mixer_in", "final_norm"]
+
+
+@pytest.mark.parametrize("mixer", sorted(REGISTRY))
+def test_resumed_runs_equal_plain_loop_at_every_start(ar_task, mixer):
+    """Windows of every width, in several chunks of different widths (max_batch 5)."""
+    model = make_model(ar_task, mixers=mixer, d_model=16)
+    batch = ar_task.sample(6, seed=11)
+    assert_matches_reference(model, batch, RESUMED_SITES, ["key", "value", "-3", "all", "whole"], max_batch=5)
+
+
+@pytest.mark.parametrize("mixer", ["attention", "mamba", "rwkv", "hyena"])
+def test_resumed_runs_equal_plain_loop_on_rows_of_different_lengths(mixer):
+    """ATR rows end at different positions: windows of short rows are clamped at position 0
+    and run past their query."""
+    task = hookmech.tasks.make("atr", num_terminals=6, num_nonterminals=6, max_depth=3, max_rhs_len=3, max_length=24)
+    model = make_model(task, mixers=mixer, d_model=16)
+    batch = task.sample(8, seed=2).trimmed()
+    assert len(set(batch.query_pos.tolist())) > 2
+    assert_matches_reference(model, batch, RESUMED_SITES, ["key", "value", "all"], max_batch=7)
+
+
+def test_resumed_runs_recompute_only_from_the_patch_to_the_query(ar_task, monkeypatch):
+    """A query patch re-runs one position; a key patch the positions from the key to the query;
+    nothing patched at block level runs the full model (only the two base runs and the probe)."""
+    model = make_model(ar_task)
+    batch = ar_task.sample(10, seed=12)
+    windows, full_rows = [], []
+    resume, forward = model.resume, model.forward
+    monkeypatch.setattr(model, "resume", lambda resid, *a: windows.append(resid.shape[:2]) or resume(resid, *a))
+    monkeypatch.setattr(model, "forward", lambda x, **kw: full_rows.append(len(x)) or forward(x, **kw))
+    patch(model, batch, ["L0.mixer_out"], ["query"])
+    assert windows and all(width == 1 for _, width in windows)
+    windows.clear(), full_rows.clear()
+    patch(model, batch, ["L0.mixer_out"], ["key"])
+    widest = int((batch.query_pos - batch.roles["key"]).max()) + 1
+    assert max(width for _, width in windows) == widest
+    assert sum(rows for rows, _ in windows) <= len(batch)
+    assert sum(full_rows) < 3 * len(batch)  # clean + corrupt runs (+ a few probe rows)
+
+
+def test_block_output_is_patched_once_as_the_next_block_input(ar_task, monkeypatch):
+    model = make_model(ar_task)
+    batch = ar_task.sample(10, seed=13)
+    starts = []
+    resume = model.resume
+    monkeypatch.setattr(model, "resume", lambda resid, layer, *a: starts.append(layer) or resume(resid, layer, *a))
+    out, into = patch(model, batch, ["L0.block_out", "L1.block_in"], ["key"])
+    assert set(starts) == {1} and out["p_patched"] == into["p_patched"]
+    assert (out["site"], into["site"]) == ("L0.block_out", "L1.block_in")
