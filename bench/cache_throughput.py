@@ -7,11 +7,12 @@ anyway). Also shown: the same forwards with `run_with_cache` (what the hooks add
 option is the whole `write_cache` to a file (best of `--reps`, interleaved with the baseline),
 with the file size and the time relative to the baseline (target: fp32 uncompressed <= 1.5x).
 
-    python bench/cache_throughput.py [CKPT] [--n 320] [--reps 5] [--threads 1]
+    python bench/cache_throughput.py [CKPT] [--n 320] [--reps 5] [--threads 1] [--d-model 256]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import tempfile
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 import hookmech
+from hookmech.config import ModelConfig
 from hookmech.cache import MAX_CHUNK_ROWS, run_chunks, write_cache
 from hookmech.sites import resolve_sites
 
@@ -35,11 +37,18 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--chunk", type=int, default=None, help="rows per forward and per HDF5 chunk (default: write_cache's)")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--d-model", type=int, default=None, help="a random-init model of this width instead")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     path = args.ckpt or next(p for p in DEFAULT if Path(p).exists())
     model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
+    if args.d_model is not None:  # same task and architecture, random init, another width
+        torch.manual_seed(0)
+        config = json.loads(model.cfg.to_json())
+        config["d_model"] = args.d_model
+        model = hookmech.HookedLM(ModelConfig.from_json(json.dumps(config))).eval()
+        path = f"{Path(path).stem} at d_model {args.d_model} (random init)"
     batch = task.sample(args.n, seed=1)
     hooks = resolve_sites(["all"], model.hook_dict)
     chunk = args.chunk or math.ceil(args.n / math.ceil(args.n / MAX_CHUNK_ROWS))  # write_cache's default

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ def write_cache(
     for hook in hooks:
         if getattr(model.hook_dict.get(hook), "pos_axis", 1) is None:
             raise UsageError(f"{hook} has no position axis (it does not depend on the input): nothing to cache per example")
+    aliases = _stored_once(model, hooks)
     n_rows, n_pos = batch.tokens.shape
     if chunk is None:
         chunk = math.ceil(n_rows / math.ceil(n_rows / MAX_CHUNK_ROWS))
@@ -94,32 +96,98 @@ def write_cache(
             h5[name] = getattr(batch, name).numpy().astype(np.int32)
         for role, positions in batch.roles.items():
             h5[f"roles/{role}"] = positions.numpy().astype(np.int32)
-        writer = _ChunkWriter(h5, n_rows, chunk, compression)
-        for rows in run_chunks(n_rows, chunk):
-            for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
-                logits, acts = model.run_with_cache(
-                    tokens[rows].to(device), names_filter=hooks, return_cache_object=False,
-                    positions=batch.query_pos[rows].to(device),
-                )
-                writer.put(f"p_answer/{which}", rows, answer_probs(logits, batch.answers[rows].to(device)).cpu().numpy())
-                for hook in hooks:
-                    if hook not in acts:
-                        raise HookmechError(f"hook {hook} did not fire in the forward pass")
-                    writer.put(f"acts/{which}/{hook}", rows, acts[hook].to("cpu", getattr(torch, dtype)).numpy())
-            if progress is not None:
-                progress(rows.stop - rows.start)
+        # One thread writes while the next forward runs: torch computes without holding the
+        # GIL, so the file writes (about as long as the forwards on CPU) overlap with them.
+        with ThreadPoolExecutor(max_workers=1) as io, _ChunkWriter(h5, n_rows, chunk, compression, io) as writer:
+            for rows in run_chunks(n_rows, chunk):
+                for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
+                    logits, acts = model.run_with_cache(
+                        tokens[rows].to(device), names_filter=hooks, return_cache_object=False,
+                        positions=batch.query_pos[rows].to(device),
+                    )
+                    writer.put(f"p_answer/{which}", rows, answer_probs(logits, batch.answers[rows].to(device)).cpu().numpy())
+                    for hook in hooks:
+                        if hook not in acts:
+                            raise HookmechError(f"hook {hook} did not fire in the forward pass")
+                        if hook not in aliases:
+                            writer.put(f"acts/{which}/{hook}", rows, acts[hook].to("cpu", getattr(torch, dtype)).numpy())
+                    writer.flush()
+                writer.wait_for_previous_chunk()
+                if progress is not None:
+                    progress(rows.stop - rows.start)
+        for hook, same in aliases.items():
+            for which in ("clean", "corrupt"):
+                h5[f"acts/{which}/{hook}"] = h5[f"acts/{which}/{same}"]  # an HDF5 hard link
     return Path(path)
 
 
-class _ChunkWriter:
-    """Writes row blocks into datasets of `h5`, creating each (chunked along N) on first use."""
+def _stored_once(model, hooks: list[str]) -> dict[str, str]:
+    """``{hook: equivalent hook}`` for the hooks whose activation is another cached hook's
+    tensor (block l's output is block l+1's input, `HookedLM.equivalent_hook`): they are
+    stored once, the second name being an HDF5 hard link to the first (readers see two datasets)."""
+    equivalent = getattr(model, "equivalent_hook", lambda hook: hook)
+    return {hook: equivalent(hook) for hook in hooks if equivalent(hook) != hook and equivalent(hook) in hooks}
 
-    def __init__(self, h5: h5py.File, n_rows: int, chunk: int, compression: str | None):
+
+class _ChunkWriter:
+    """Writes row blocks into datasets of `h5`, creating each (chunked along N) on first use.
+
+    `put` collects writes; `flush` hands the collected ones to the executor as one task (or
+    runs them, without one). Leaving the `with` block waits for every write and re-raises the
+    first error; `wait_for_previous_chunk` keeps at most two row chunks in flight.
+    """
+
+    def __init__(self, h5: h5py.File, n_rows: int, chunk: int, compression: str | None, executor=None):
         self.h5, self.n_rows, self.chunk, self.compression = h5, n_rows, chunk, compression
         self.datasets: dict[str, h5py.Dataset] = {}
+        self.executor = executor
+        self.collected: list[tuple[str, slice, np.ndarray]] = []
+        self.pending: list[Future] = []
+        self.previous: list[Future] = []
+
+    def __enter__(self) -> _ChunkWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.flush()
+        futures, self.previous, self.pending = self.previous + self.pending, [], []
+        if exc_type is None:
+            self._wait(futures)
+        else:  # already failing: let the writes finish, keep the first error
+            for future in futures:
+                future.exception()
 
     def put(self, name: str, rows: slice, value: np.ndarray) -> None:
-        """Write `value` ``[len(rows), ...]`` to rows `rows` of dataset `name`."""
+        """Queue writing `value` ``[len(rows), ...]`` to rows `rows` of dataset `name`."""
+        self.collected.append((name, rows, value))
+
+    def flush(self) -> None:
+        """Start the queued writes: one task for all of them, since every hand-over between
+        the threads costs more than a write of these sizes."""
+        collected, self.collected = self.collected, []
+        if self.executor is None:
+            self._put_all(collected)
+        elif collected:
+            self.pending.append(self.executor.submit(self._put_all, collected))
+
+    def wait_for_previous_chunk(self) -> None:
+        """Block until the writes of the chunk before the current one are done."""
+        self.flush()
+        self._wait(self.previous)
+        self.previous, self.pending = self.pending, []
+
+    @staticmethod
+    def _wait(futures: list[Future]) -> None:
+        for future in futures:
+            future.result()
+        futures.clear()
+
+    def _put_all(self, collected: list[tuple[str, slice, np.ndarray]]) -> None:
+        for name, rows, value in collected:
+            self._put(name, rows, value)
+
+    def _put(self, name: str, rows: slice, value: np.ndarray) -> None:
         value = np.ascontiguousarray(value)
         if name not in self.datasets:
             big = value.ndim > 1
@@ -137,7 +205,7 @@ class _ChunkWriter:
             # selection machinery (the fastest write h5py has). Rows past the dataset's end are padding.
             if len(value) < chunk_rows:
                 value = np.concatenate([value, np.zeros((chunk_rows - len(value), *value.shape[1:]), value.dtype)])
-            dataset.id.write_direct_chunk((rows.start, *[0] * (value.ndim - 1)), value.tobytes())
+            dataset.id.write_direct_chunk((rows.start, *[0] * (value.ndim - 1)), memoryview(value))  # no copy
         else:
             dataset.write_direct(value, dest_sel=np.s_[rows.start:rows.stop])
 
