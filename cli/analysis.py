@@ -69,7 +69,8 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
               help="exact interchange, or atp: the first-order (gradient) estimate of every cell at once")
 @click.option("--verify-top", type=int, default=0, metavar="K", help="with --method atp: re-run the top K cells exactly")
 @click.option("--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it")
-@click.option("--max-batch", type=int, default=1024, show_default=True, help="rows per forward pass")
+@click.option("--max-batch", type=int, default=256, show_default=True,
+              help="rows per forward pass (bounds memory; 256 is fastest on CPU, bench/patch_engine.py)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON array")
 @click.option("--per-example", type=click.Path(dir_okay=False), default=None, help="also write per-row p_patched to this JSON file")
 @click.option("--metric", type=click.Choice(["p_answer", "log_p", "logit_diff", "kl"]), default="p_answer", show_default=True,

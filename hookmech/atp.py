@@ -219,7 +219,7 @@ def verify_top(
     atp_records: list[dict[str, Any]],
     k: int,
     threshold: float = 0.01,
-    max_batch: int = 1024,
+    max_batch: int = 256,
 ) -> list[dict[str, Any]]:
     """Re-run the `k` records with the largest |AtP estimate| exactly (`hookmech.patching.patch`).
 

@@ -45,7 +45,7 @@ def attribution_columns(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def evaluate_mechanism(model, batch, sites: Sequence[str], positions: Sequence[str], threshold: float = 0.01,
-                       max_batch: int = 1024) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+                       max_batch: int = 256) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Patch every (site, position) on `batch`; return ``(records, attribution_columns(records))``."""
     from .patching import patch
 

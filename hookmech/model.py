@@ -7,6 +7,8 @@ The backbone only reads what each mixer class declares; it never names a mixer.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from jaxtyping import Float, Int
@@ -65,6 +67,7 @@ class Block(nn.Module):
         self.hook_mixer_out = AxisHookPoint()
         self.hook_resid_post = AxisHookPoint()
         self.has_mlp = cfg.mlp[layer]
+        self.contexts: list[dict[str, Tensor]] | None = None  # see HookedLM.collecting_contexts
         if self.has_mlp:
             self.ln2 = make_norm(cfg.norms[layer], cfg.d_model)
             self.mlp = MLP(cfg.d_model, cfg.mlp_hidden_mult)
@@ -74,8 +77,13 @@ class Block(nn.Module):
 
     def forward(self, resid: Tensor) -> Tensor:
         resid = self.hook_resid_pre(resid)
-        mixer_out = self.hook_mixer_out(self.mixer(self.hook_mixer_in(self.ln1(resid))))
-        return self._after_mixer(resid, mixer_out)
+        mixer_in = self.hook_mixer_in(self.ln1(resid))
+        if self.contexts is None:
+            mixer_out = self.mixer(mixer_in)
+        else:  # HookedLM.collecting_contexts: the mixer's context of this run, from the same pass
+            mixer_out, context = self.mixer.forward_with_context(mixer_in)
+            self.contexts.append(context)
+        return self._after_mixer(resid, self.hook_mixer_out(mixer_out))
 
     def forward_from(self, resid: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
                      keep: Tensor | None = None) -> Tensor:
@@ -85,9 +93,9 @@ class Block(nn.Module):
         positions go on after the mixer, and the output is ``[B, 1, d_model]``."""
         resid = self.hook_resid_pre(resid)
         mixer_in = self.hook_mixer_in(self.ln1(resid))
-        mixer_out = self.hook_mixer_out(self.mixer.forward_from(mixer_in, context, rows, start))
+        mixer_out = self.hook_mixer_out(self.mixer.forward_from(mixer_in, context, rows, start, keep))
         if keep is not None:
-            resid, mixer_out = take_window(resid, keep, 1), take_window(mixer_out, keep, 1)
+            resid = take_window(resid, keep, 1)
         return self._after_mixer(resid, mixer_out)
 
     def _after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
@@ -204,6 +212,20 @@ class HookedLM(HookedRootModule):
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in`
         ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`."""
         return self.blocks[layer].mixer.prefix_context(mixer_in)
+
+    @contextmanager
+    def collecting_contexts(self) -> Iterator[dict[int, list[dict[str, Tensor]]]]:
+        """Within the `with` block every forward also records each block's mixer context of its
+        run (`Mixer.forward_with_context`: computed in the same pass where the mixer can).
+        Yields ``{layer: [context of each forward, in call order]}``."""
+        collected: dict[int, list[dict[str, Tensor]]] = {layer: [] for layer in range(self.cfg.n_layers)}
+        for layer, block in enumerate(self.blocks):
+            block.contexts = collected[layer]
+        try:
+            yield collected
+        finally:
+            for block in self.blocks:
+                block.contexts = None
 
     def resume(self, resid: Tensor, start_at_layer: int, contexts: dict[int, dict[str, Tensor]],
                rows: Tensor, start: Tensor, query: Tensor) -> Tensor:

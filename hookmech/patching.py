@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,7 +214,8 @@ class _Runs:
     """The clean and corrupt runs of a batch: activations of hooks, residuals entering
     blocks and query logits, read from a cache where it holds them, else computed once."""
 
-    def __init__(self, model, batch: Batch, hooks: Sequence[str], cache: CacheFile | None, need_logits: bool, max_batch: int):
+    def __init__(self, model, batch: Batch, hooks: Sequence[str], cache: CacheFile | None, need_logits: bool,
+                 max_batch: int, base: str | None = None):
         self.model, self.batch, self.cache = model, batch, cache
         self.device = next(model.parameters()).device
         wanted = list(dict.fromkeys(hooks))
@@ -225,22 +227,31 @@ class _Runs:
         if cache is not None:
             self.p_answer = {which: cache.p_answer(which).double() for which in ("clean", "corrupt")}
         if missing or need_logits or cache is None:
-            self._compute(missing, max_batch)
+            self._compute(missing, max_batch, base)
 
     @torch.no_grad()
-    def _compute(self, hooks: list[str], max_batch: int) -> None:
+    def _compute(self, hooks: list[str], max_batch: int, base: str | None) -> None:
+        """Run clean and corrupt; the `base` run also records every block's mixer context
+        (`HookedLM.collecting_contexts`), which resumed patches start from."""
         parts: dict[tuple[str, str], list[Tensor]] = {}
         logits: dict[str, list[Tensor]] = {"clean": [], "corrupt": []}
+        collect = base is not None and hasattr(self.model, "collecting_contexts")
+        contexts = {layer: [] for layer in range(self.model.cfg.n_layers)} if collect else {}
         for rows in run_chunks(len(self.batch), max_batch):
             query = self.batch.query_pos[rows].to(self.device)
             for which, tokens in (("clean", self.batch.tokens), ("corrupt", self.batch.corrupt_tokens)):
-                out, acts = self.model.run_with_cache(tokens[rows].to(self.device), names_filter=hooks,
-                                                      return_cache_object=False, positions=query)
+                with self.model.collecting_contexts() if collect and which == base else nullcontext() as recorded:
+                    out, acts = self.model.run_with_cache(tokens[rows].to(self.device), names_filter=hooks,
+                                                          return_cache_object=False, positions=query)
+                for layer, chunk_contexts in (recorded or {}).items():
+                    contexts[layer].extend(chunk_contexts)
                 logits[which].append(out.float())
                 for hook in hooks:
                     parts.setdefault((hook, which), []).append(acts[hook])
-        self.computed = {key: torch.cat(chunks) for key, chunks in parts.items()}
-        self.logits = {which: torch.cat(chunks) for which, chunks in logits.items()}
+        self.computed = {key: _concat(chunks) for key, chunks in parts.items()}
+        for layer, chunks in contexts.items():
+            self.contexts[layer, base] = {name: _concat([chunk[name] for chunk in chunks]) for name in chunks[0]}
+        self.logits = {which: _concat(chunks) for which, chunks in logits.items()}
         if not self.p_answer:
             answers = self.batch.answers.to(self.device)
             self.p_answer = {which: answer_probs(out, answers).double().cpu() for which, out in self.logits.items()}
@@ -252,7 +263,7 @@ class _Runs:
         if key not in self.contexts:
             mixer_in = self.acts(f"blocks.{layer}.hook_mixer_in", which)
             parts = [model.prefix_context(layer, mixer_in[rows]) for rows in run_chunks(len(mixer_in), max_batch)]
-            self.contexts[key] = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+            self.contexts[key] = {name: _concat([part[name] for part in parts]) for name in parts[0]}
         return self.contexts[key]
 
     def acts(self, hook: str, which: str) -> Tensor:
@@ -260,6 +271,11 @@ class _Runs:
         if (hook, which) in self.computed:
             return self.computed[hook, which]
         return self.cache.read(hook, which, slice(0, len(self.batch))).to(self.device)
+
+
+def _concat(chunks: list[Tensor]) -> Tensor:
+    """torch.cat along rows, without copying a single chunk."""
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
 # -- the engine ----------------------------------------------------------------------------
@@ -531,7 +547,7 @@ def patch(
     positions: Iterable[str],
     method: str = "exact",
     threshold: float = 0.01,
-    max_batch: int = 1024,
+    max_batch: int = 256,
     per_example: bool = False,
     metric: str = "p_answer",
     direction: str | None = None,
@@ -624,7 +640,7 @@ def _patch_from(model, batch, cache, patch_sites, positions, method, threshold, 
     hooks = [t.hook for s in patch_sites for t in s.targets]
     hooks += [t.hook for s in computed_sites.values() for t in s.targets]
     runs = _Runs(model, batch, hooks + _hooks_to_start(model, list(computed_sites.values())), cache,
-                 need_logits=metric_name != "p_answer", max_batch=max_batch)
+                 need_logits=metric_name != "p_answer", max_batch=max_batch, base=base)
     metric = _make_metric(metric_name, runs)
     p_clean, p_corrupt = (runs.p_answer[w].mean().item() for w in ("clean", "corrupt"))
     m_clean, m_corrupt = (runs_metric(runs, metric, w).mean().item() for w in ("clean", "corrupt"))

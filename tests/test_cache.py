@@ -78,6 +78,40 @@ def test_failed_write_leaves_no_file(tmp_path, ar_model, ar_task):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_block_output_is_stored_once_as_a_link_to_the_next_block_input(cached, ar_model):
+    path, batch, _ = cached
+    _, reference = ar_model.run_with_cache(batch.tokens)
+    with h5py.File(path, "r") as h5:
+        for which in ("clean", "corrupt"):
+            out, into = h5[f"acts/{which}/blocks.0.hook_resid_post"], h5[f"acts/{which}/blocks.1.hook_resid_pre"]
+            assert out.id == into.id  # one object under two names (an HDF5 hard link)
+        assert h5["acts/clean/blocks.1.hook_resid_post"].id != h5["acts/clean/blocks.1.hook_resid_pre"].id
+        np.testing.assert_array_equal(h5["acts/clean/blocks.0.hook_resid_post"][()],
+                                      reference["blocks.0.hook_resid_post"].numpy())
+
+
+def test_block_output_without_the_next_input_is_stored_itself(tmp_path, ar_model, ar_task):
+    batch = ar_task.sample(5, seed=3)
+    path = write_cache(ar_model, batch, tmp_path / "c.h5", ["blocks.0.hook_resid_post"])
+    _, reference = ar_model.run_with_cache(batch.corrupt_tokens)
+    with h5py.File(path, "r") as h5:
+        assert set(h5["acts/corrupt"]) == {"blocks.0.hook_resid_post"}
+        np.testing.assert_array_equal(h5["acts/corrupt/blocks.0.hook_resid_post"][()],
+                                      reference["blocks.0.hook_resid_post"].numpy())
+
+
+def test_a_failing_background_write_fails_the_cache_and_leaves_no_file(tmp_path, ar_model, ar_task, monkeypatch):
+    from hookmech import cache as cache_module
+
+    def broken_write(self, dataset, rows, value):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(cache_module._ChunkWriter, "_write", broken_write)
+    with pytest.raises(OSError, match="disk full"):
+        write_cache(ar_model, ar_task.sample(40, seed=0), tmp_path / "c.h5", ["blocks.1.hook_resid_pre"], chunk=8)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_reading_one_slice_does_not_read_the_rest(cached, monkeypatch):
     path, _, _ = cached
     reads = []

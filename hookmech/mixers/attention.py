@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer, splice, take_window, window_index
+from .base import Mixer, splice, window_index
 from .short_conv import ShortConv
 
 
@@ -76,22 +76,26 @@ class Attention(Mixer):
         (before the optional short convolutions, which re-run on the spliced buffer)."""
         return {"qkv": self.Wqkv(x)}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
-        """Return the output at the window ``[B, W, d_model]``: only the window's tokens are
-        projected; they attend to the earlier keys and values of the context's run."""
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
+        """Return the output at the window ``[B, W, d_model]`` (``[B, 1, d_model]`` at `keep`):
+        only the window's tokens are projected; they attend to the earlier keys and values of
+        the context's run, and only the kept queries are read out."""
         batch, width, _ = x.shape
         projected = splice(context["qkv"], rows, self.Wqkv(x), start)  # [B, T, 3 d_model]
         parts = dict(zip("qkv", projected.chunk(3, dim=-1)))
         for name, conv in self.convs.items():
             parts[name] = conv(parts[name])
         n_keys = projected.shape[1]
-        q = take_window(parts["q"], start, width).view(batch, width, self.n_heads, self.d_head)
+        queries = window_index(start, width) if keep is None else (start + keep)[:, None]  # [B, Q] positions
+        q = parts["q"].gather(1, queries[..., None].expand(-1, -1, parts["q"].shape[-1]))
+        q = q.view(batch, queries.shape[1], self.n_heads, self.d_head)
         k, v = (parts[c].view(batch, n_keys, self.n_heads, self.d_head) for c in "kv")
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
-        allowed = self._allowed(window_index(start, width)[:, :, None], torch.arange(n_keys, device=x.device))
+        allowed = self._allowed(queries[:, :, None], torch.arange(n_keys, device=x.device))
         pattern = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(dim=-1)
         z = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
-        return self.out_proj(z.reshape(batch, width, -1))
+        return self.out_proj(z.reshape(batch, queries.shape[1], -1))
 
     def _allowed(self, query: Tensor, key: Tensor) -> Tensor:
         """True where a query at position `query` may attend a key at `key` (broadcast):

@@ -38,16 +38,23 @@ class Mixer(nn.Module):
         a dict of tensors whose first axis is the row (N). Default: ``{"x": x}``."""
         return {"x": x}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+    def forward_with_context(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Return ``(forward(x), prefix_context(x))``; a mixer overrides it when one pass can
+        give both (the engine's unpatched base run records contexts this way)."""
+        return self(x), self.prefix_context(x)
+
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
         """Return the output at positions ``start[i] .. start[i] + W - 1`` of row ``rows[i]``,
         ``[B, W, d_model]``, when the input there is `x` ``[B, W, d_model]`` and the input at
         earlier positions is that of the run `context` was made from (`prefix_context`).
+        With `keep` ``[B]`` (window indices) only the output there is wanted: ``[B, 1, d_model]``.
 
         `rows`, `start`: ``[B]`` long; ``start[i] + W <= T``. Must equal ``forward`` on the
         spliced full input at those positions (tests/mixers/test_resume.py checks every mixer).
         """
         full = splice(context["x"], rows, x, start)
-        return take_window(self.forward(full), start, x.shape[1])
+        return kept(take_window(self.forward(full), start, x.shape[1]), keep)
 
 
 def window_index(start: Tensor, width: int) -> Tensor:
@@ -59,6 +66,11 @@ def take_window(full: Tensor, start: Tensor, width: int) -> Tensor:
     """Return ``full[i, start[i] : start[i] + width]`` for every row, ``[B, width, ...]`` of ``[B, T, ...]``."""
     index = window_index(start, width).view(*start.shape, width, *([1] * (full.dim() - 2)))
     return full.gather(1, index.expand(-1, -1, *full.shape[2:]))
+
+
+def kept(window: Tensor, keep: Tensor | None) -> Tensor:
+    """Return ``window[i, keep[i]]`` as ``[B, 1, ...]`` (`window` itself when `keep` is None)."""
+    return window if keep is None else take_window(window, keep, 1)
 
 
 def splice(context: Tensor, rows: Tensor, window: Tensor, start: Tensor) -> Tensor:

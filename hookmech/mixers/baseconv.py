@@ -17,7 +17,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer, splice, take_window
+from .base import Mixer, kept, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
 from .short_conv import ShortConv
 
@@ -86,7 +86,8 @@ class BaseConv(Mixer):
         (there is no projection before it), so the earlier inputs are all it needs."""
         return {"u": x}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
 
         Only the window is projected; the convolution runs over the full-length input with
@@ -95,4 +96,4 @@ class BaseConv(Mixer):
         """
         full = splice(context["u"], rows, x, start)
         u_conv = take_window(self._conv(full), start, x.shape[1])
-        return self._gate(x, u_conv, self.projection(x))
+        return kept(self._gate(x, u_conv, self.projection(x)), keep)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer, splice, state_before, window_index
+from .base import Mixer, kept, splice, state_before, window_index
 from .state_patch import hook_state_with_propagation
 
 TRAIN_VIEWS = ("quadratic", "linear")
@@ -139,7 +139,8 @@ class Based(Mixer):
             return {"phi_k": phi_k, "v": v}
         return {"kv_state": (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=1), "k_state": phi_k.cumsum(dim=1)}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only; the queries attend to the earlier
         keys (quadratic view) or read the state at start - 1 (linear view)."""
@@ -152,7 +153,7 @@ class Based(Mixer):
         else:
             initial = state_before(context["kv_state"], rows, start), state_before(context["k_state"], rows, start)
             y = based_chunked(phi_q, phi_k, v, self.eps, self.chunk_size, initial_state=initial)
-        return self.out_proj(y.reshape(batch, n_pos, -1))
+        return self.out_proj(kept(y.reshape(batch, n_pos, -1), keep))
 
     def _features(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Return phi(q), phi(k) ``[b, t, head, F]`` and v ``[b, t, head, d_head]`` (as `forward`,

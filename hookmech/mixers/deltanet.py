@@ -29,7 +29,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer, state_before
+from .base import Mixer, kept, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -125,7 +125,8 @@ class DeltaNet(Mixer):
         context["state"] = self._states(q, k, v, self._beta(x), None, 0, x.shape[1])
         return context
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only, the delta rule from S_{start-1}."""
         batch, n_pos, _ = x.shape
@@ -140,7 +141,7 @@ class DeltaNet(Mixer):
             y = delta_rule_chunked(q, k, v, self._beta(x), self.chunk_size, initial_state=initial)[0]
         else:
             y = delta_rule_recurrent(q, k, v, self._beta(x), initial_state=initial)[0]
-        return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1))
+        return self.out_proj(kept(self.o_norm(y), keep).flatten(2))
 
     def _heads(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Return q, k, v ``[b, t, head, d_head]`` from the (convolved) projections ``[b, t, d_model]``:

@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer, splice, take_window
+from .base import Mixer, kept, splice, take_window
 from .long_conv import fft_causal_conv
 
 
@@ -172,7 +172,8 @@ class H3(Mixer):
         what the two SSMs read at earlier positions (the query is only read at its own)."""
         return {"k": self._heads(self.k_proj(x)), "v": self._heads(self.v_proj(x))}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
 
         Only the window is projected; both SSM convolutions run over the full-length keys
@@ -181,4 +182,4 @@ class H3(Mixer):
         k = splice(context["k"], rows, self._heads(self.k_proj(x)), start)
         v = splice(context["v"], rows, self._heads(self.v_proj(x)), start)
         s = take_window(self._ssms(k, v), start, x.shape[1])
-        return self._read_out(self._heads(self.q_proj(x)), s)
+        return kept(self._read_out(self._heads(self.q_proj(x)), s), keep)

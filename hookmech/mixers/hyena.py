@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer, splice, take_window
+from .base import Mixer, kept, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
 from .short_conv import ShortConv
 
@@ -85,7 +85,8 @@ class Hyena(Mixer):
         before the short convolution; everything after it is cheap to redo."""
         return {"projected": self.in_proj(x)}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
 
         Only the window goes through in_proj and out_proj; the convolutions run over the
@@ -94,4 +95,4 @@ class Hyena(Mixer):
         """
         projected = splice(context["projected"], rows, self.in_proj(x), start)
         y = take_window(self._gated_long_conv(projected), start, x.shape[1])
-        return self.out_proj(y)
+        return self.out_proj(kept(y, keep))

@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer, splice, state_before, take_window
+from .base import Mixer, kept, splice, state_before, take_window
 from .selective_scan import linear_scan, selective_scan
 from .state_patch import hook_state_with_propagation
 
@@ -179,15 +179,31 @@ class Mamba(Mixer):
         """Return the run's SSM states after every position, ``"state"`` ``[N, T, d_inner,
         d_state]``, and (with a convolution) its input before the convolution, ``"in_x"``
         ``[N, T, d_inner]``, so that a resumed run needs neither its projections nor its scan."""
-        in_x, _ = self._split(self.in_proj(x))
-        u, delta, B, _ = self._ssm_inputs(in_x)
+        return self._states(x)[0]
+
+    def forward_with_context(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
+        states (hooks inside the mixer in use: the two separately, so that they fire)."""
+        if self._inside_hooks_in_use():
+            return super().forward_with_context(x)
+        context, u, z, C = self._states(x)
+        y = (context["state"] @ C[..., None])[..., 0] + u * self.D
+        if self.gate:
+            y = y * F.silu(z)
+        return self.out_proj(y), context
+
+    def _states(self, x: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor | None, Tensor]:
+        """(context, u, z, C) of a run on `x`, the context as `prefix_context` returns it."""
+        in_x, z = self._split(self.in_proj(x))
+        u, delta, B, C = self._ssm_inputs(in_x)
         decay = torch.exp(delta[..., None] * self._A())
         context = {"state": linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :])}
         if self.d_conv > 0:
             context["in_x"] = in_x
-        return context
+        return context, u, z, C
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
         """Return the output at the window ``[B, W, d_model]``: the window is projected and
         scanned from each row's state at start - 1; the convolution reads the d_conv - 1
         earlier inputs from the context."""
@@ -200,7 +216,7 @@ class Mamba(Mixer):
         y = selective_scan(u, delta, self._A(), B, C, self.D, h0=h0)
         if self.gate:
             y = y * F.silu(z)
-        return self.out_proj(y)
+        return self.out_proj(kept(y, keep))
 
     def _split(self, projected: Tensor) -> tuple[Tensor, Tensor | None]:
         """(in_x, z) of in_proj's output; z is None without the gate."""

@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer, state_before
+from .base import Mixer, kept, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -246,7 +246,8 @@ class Mamba2(Mixer):
         _, states = ssd_chunked(x, dt, -torch.exp(self.A_log), B, C, self.chunk_size, return_all_states=True)
         return {"xbc": xbc, "ssm_state": states}
 
-    def forward_from(self, u: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+    def forward_from(self, u: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
         """Return the output ``[B, W, d_model]`` at the window `u` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): in_proj on the window only, SSD from the state at start - 1."""
         batch, n_pos, _ = u.shape
@@ -257,7 +258,7 @@ class Mamba2(Mixer):
         initial = state_before(context["ssm_state"], rows, start)
         y, _ = ssd_chunked(x, dt, -torch.exp(self.A_log), B, C, self.chunk_size, initial_state=initial)
         y = self.norm((y + self.D[:, None] * x).reshape(batch, n_pos, self.d_inner), z)
-        return self.out_proj(y)
+        return self.out_proj(kept(y, keep))
 
     def _in_proj(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Return z ``[b, t, d_inner]``, xBC before the conv ``[b, t, conv_dim]`` and dt before

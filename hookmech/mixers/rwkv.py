@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
-from .base import Mixer, state_before
+from .base import Mixer, kept, state_before
 from .state_patch import hook_state_with_propagation
 
 
@@ -212,7 +212,8 @@ class RWKV6(Mixer):
         _, states = wkv_chunked(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, return_all_states=True)
         return {"x": x, "wkv_state": states}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor) -> Tensor:
+    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
+                     keep: Tensor | None = None) -> Tensor:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only, WKV from S_{start-1}."""
         before = state_before(context["x"], rows, start)  # x_{start-1}, zeros at start 0
@@ -220,7 +221,7 @@ class RWKV6(Mixer):
         r, k, v, g, w = self._projections(x, previous)
         initial = state_before(context["wkv_state"], rows, start)
         out, _ = wkv_chunked(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, initial_state=initial)
-        return self._output(out, g)
+        return self._output(kept(out, keep), kept(g, keep))
 
     def _projections(self, x: Tensor, previous: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Return r, k, v ``[b, t, head, d_head]``, silu(g) ``[b, t, d_model]`` and w ``[b, t, head,

@@ -82,6 +82,22 @@ def test_forward_from_equals_forward_on_the_spliced_input(name, options, width):
     torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_keep_returns_the_kept_outputs_only(name, options):
+    """`keep` (one window index per row, as for the query in the last layer) gives exactly
+    those outputs of the whole window."""
+    mixer = make_mixer(name, options)
+    base = torch.randn(N_ROWS, N_POS, D_MODEL, dtype=torch.float64)
+    rows, start, width = torch.tensor([0, 2, 4, 2]), torch.tensor([0, 3, 7, 1]), 5
+    keep = torch.tensor([4, 0, 2, 3])
+    window = torch.randn(len(rows), width, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        whole = mixer.forward_from(window, context, rows, start)
+        only = mixer.forward_from(window, context, rows, start, keep)
+    torch.testing.assert_close(only, take_window(whole, keep, 1), rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.parametrize(("name", "options"), CONFIGS[:1] + CONFIGS[3:4], ids=IDS[:1] + IDS[3:4])
 def test_context_rows_follow_the_rows_argument(name, options):
     """Rows are looked up in the context: resuming row 2 from its own unchanged input
