@@ -5,13 +5,13 @@ For each checkpoint: every block-level site × every position (`--pos all`) on `
 (`hookmech.atp.attribution_patch`), both from the same `Batch` in the same process (each
 computes its own clean and corrupt runs). Prints both times (best of `--reps`, interleaved),
 the ratio exact / AtP, and the rank agreement of the two scores (p_patched − p_corrupt per
-site × position): Spearman's rho over all cells (ties get average ranks) and
+site × position, at a resolution of 1e-6: smaller differences are float noise, the exact
+engine is exact to 1e-5): Spearman's rho over all cells (ties get average ranks) and
 the exact effect of AtP's 10 strongest cells relative to the 10 strongest exact cells.
 
     python bench/atp.py [CKPT ...] [--n 320] [--reps 2] [--threads 1]
 
-Default checkpoints: fixtures/attention_ar.safetensors (else /tmp/atp_attn64/model.safetensors)
-and /tmp/mamba_run/model.safetensors, where they exist.
+Default checkpoints: the bundled fixtures/attention_ar.safetensors and fixtures/mamba_ar.safetensors.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import hookmech
 from hookmech.atp import attribution_patch
 from hookmech.patching import patch
 
-DEFAULTS = [("fixtures/attention_ar.safetensors", "/tmp/atp_attn64/model.safetensors"), ("/tmp/mamba_run/model.safetensors",)]
+DEFAULTS = [("fixtures/attention_ar.safetensors",), ("fixtures/mamba_ar.safetensors",)]
+RESOLUTION = 1e-6
 
 
 def average_ranks(values: torch.Tensor) -> torch.Tensor:
@@ -66,8 +67,9 @@ def bench(path: str, n: int, reps: int) -> None:
             best[name] = min(best[name], time.perf_counter() - start)
     exact, atp = results["exact"], results["atp"]
     assert [(r["hook"], r["pos"]) for r in exact] == [(r["hook"], r["pos"]) for r in atp]
-    exact_change = torch.tensor([r["p_patched"] - r["p_corrupt"] for r in exact])
-    atp_change = torch.tensor([r["p_patched"] - r["p_corrupt"] for r in atp])
+    exact_change, atp_change = (
+        torch.round(torch.tensor([r["p_patched"] - r["p_corrupt"] for r in records], dtype=torch.float64) / RESOLUTION)
+        * RESOLUTION for records in (exact, atp))
     # Many exact cells tie (attribution 1.0 along the whole path): compare effect mass, not identities.
     top_exact = torch.argsort(-exact_change.abs())[:10]
     top_atp = torch.argsort(-atp_change.abs())[:10]

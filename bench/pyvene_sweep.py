@@ -18,12 +18,13 @@ loop's; the table prints the largest |Δp| over all cells (pyvene vs plain, engi
 for scale, the largest effect |p_patched - p_corrupt| of the plain loop (random-init models have
 small effects, so an exact match, |Δp| = 0, is the telling result rather than |Δp| <= 1e-5).
 
-pyvene is not a dependency of hookmech. Install it into a side directory, leaving the dev
-venv's packages untouched (its own dependencies - torch, transformers, numpy, ... - are already
-in /work/venv, so --no-deps is enough for pyvene 0.1.8), then put that directory on PYTHONPATH:
+pyvene is not a dependency of hookmech. Install it into a side directory, leaving the
+project venv's packages untouched (its own dependencies - torch, transformers, numpy, ... - are
+already there with the dev install, so --no-deps is enough for pyvene 0.1.8), then put that
+directory on PYTHONPATH (from the activated project venv):
 
-    /work/venv/bin/pip install --no-deps --target /tmp/pyvene_pkgs pyvene==0.1.8
-    PYTHONPATH=/tmp/pyvene_pkgs /work/venv/bin/python bench/pyvene_sweep.py [--mixers attention,mamba] [--n 320] [--threads 1]
+    pip install --no-deps --target /tmp/pyvene_pkgs pyvene==0.1.8
+    PYTHONPATH=/tmp/pyvene_pkgs python bench/pyvene_sweep.py [--mixers attention,mamba] [--n 320] [--threads 1]
 
 Without pyvene importable the script says so and exits 0.
 """

@@ -129,7 +129,6 @@ class DeltaNet(Mixer):
                      keep: Tensor | None = None) -> Tensor:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only, the delta rule from S_{start-1}."""
-        batch, n_pos, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.conv_size > 0:
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
