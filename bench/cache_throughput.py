@@ -7,13 +7,12 @@ anyway). Also shown: the same forwards with `run_with_cache` (what the hooks add
 option is the whole `write_cache` to a file (best of `--reps`, interleaved with the baseline),
 with the file size and the time relative to the baseline (target: fp32 uncompressed <= 1.5x).
 
-    python bench/cache_throughput.py [CKPT] [--n 320] [--reps 5] [--threads 1] [--d-model 256]
+    python bench/cache_throughput.py [CKPT] [--n 320] [--reps 5] [--threads 1] [--d-model 256] [--paper-ar]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -21,8 +20,8 @@ from pathlib import Path
 import torch
 
 import hookmech
-from hookmech.config import ModelConfig
-from hookmech.cache import MAX_CHUNK_ROWS, run_chunks, write_cache
+from hookmech.config import ModelConfig, build_config
+from hookmech.cache import default_chunk, run_chunks, write_cache
 from hookmech.sites import resolve_sites
 
 OPTIONS = [("float32", None), ("float16", None), ("float32", "lzf"), ("float16", "lzf"), ("float32", "gzip"),
@@ -38,12 +37,20 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=None, help="rows per forward and per HDF5 chunk (default: write_cache's)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--d-model", type=int, default=None, help="a random-init model of this width instead")
+    parser.add_argument("--paper-ar", action="store_true", help="paper 000's AR setting instead of a checkpoint")
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    path = args.ckpt or next(p for p in DEFAULT if Path(p).exists())
-    model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
-    if args.d_model is not None:  # same task and architecture, random init, another width
+    if args.paper_ar:  # paper 000 §4's AR (vocab 8192, 32 pairs: 67 tokens), random-init attention
+        task = hookmech.tasks.make("ar", vocab_size=8192, num_kv_pairs=32)
+        torch.manual_seed(0)
+        model = hookmech.HookedLM(build_config(d_vocab=task.d_vocab, n_ctx=task.n_ctx, mixers="attention",
+                                               d_model=args.d_model or 64, n_layers=2)).eval()
+        path = f"paper AR (vocab 8192, 32 pairs), 2-layer attention at d_model {model.cfg.d_model} (random init)"
+    else:
+        path = args.ckpt or next(p for p in DEFAULT if Path(p).exists())
+        model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
+    if args.d_model is not None and not args.paper_ar:  # same task and architecture, random init, another width
         torch.manual_seed(0)
         config = json.loads(model.cfg.to_json())
         config["d_model"] = args.d_model
@@ -51,7 +58,7 @@ def main() -> None:
         path = f"{Path(path).stem} at d_model {args.d_model} (random init)"
     batch = task.sample(args.n, seed=1)
     hooks = resolve_sites(["all"], model.hook_dict)
-    chunk = args.chunk or math.ceil(args.n / math.ceil(args.n / MAX_CHUNK_ROWS))  # write_cache's default
+    chunk = args.chunk or default_chunk(args.n, batch.tokens.shape[1])  # write_cache's default
 
     @torch.no_grad()
     def forwards(cache: bool) -> None:
@@ -83,7 +90,7 @@ def main() -> None:
                 if out is not None:
                     sizes[name] = out.stat().st_size
     base = best["forward"]
-    print(f"{Path(path).name}: {len(hooks)} block-level sites x clean+corrupt, N={args.n}, T={batch.tokens.shape[1]}, "
+    print(f"{Path(path).name if Path(path).exists() else path}: {len(hooks)} block-level sites x clean+corrupt, N={args.n}, T={batch.tokens.shape[1]}, "
           f"chunk {chunk} rows, threads {torch.get_num_threads()}")
     print(f"  forward passes alone      {base * 1e3:8.1f} ms   1.00x")
     print(f"  run_with_cache (no file)  {best['run_with_cache'] * 1e3:8.1f} ms   {best['run_with_cache'] / base:.2f}x")

@@ -34,8 +34,19 @@ from .tasks.batch import Batch
 
 FORMAT = "hookmech-cache"
 FORMAT_VERSION = 1
-#: the most rows write_cache runs per forward pass and stores per HDF5 chunk by default
+#: the most rows, and tokens, write_cache runs per forward pass and stores per HDF5 chunk by
+#: default (smaller forwards stay in the CPU's caches and let the writes of one overlap the
+#: next: bench/cache_throughput.py)
 MAX_CHUNK_ROWS = 256
+MAX_CHUNK_TOKENS = 8192
+
+
+def default_chunk(n_rows: int, n_pos: int) -> int:
+    """Return write_cache's rows per chunk: `n_rows` split evenly into the fewest chunks of at
+    most `MAX_CHUNK_ROWS` rows and `MAX_CHUNK_TOKENS` tokens (HDF5 allocates whole chunks:
+    320 rows in chunks of 256 would store 512)."""
+    limit = max(1, min(MAX_CHUNK_ROWS, MAX_CHUNK_TOKENS // max(n_pos, 1)))
+    return math.ceil(n_rows / math.ceil(n_rows / limit))
 
 
 def answer_probs(logits: Tensor, answers: Tensor) -> Tensor:
@@ -66,9 +77,8 @@ def write_cache(
     """Run `batch` clean and corrupt through `model`, storing the `hooks` activations and
     p(answer) in an HDF5 cache at `path` (written to a temporary file, then renamed).
 
-    `chunk` is the rows per forward pass and per HDF5 chunk; None splits the rows evenly into
-    chunks of at most `MAX_CHUNK_ROWS` (HDF5 allocates whole chunks: 320 rows in chunks of 256
-    would store 512). Returns the path written.
+    `chunk` is the rows per forward pass and per HDF5 chunk (None: `default_chunk`). Returns
+    the path written.
     """
     hooks = list(dict.fromkeys(hooks))
     for hook in hooks:
@@ -77,7 +87,7 @@ def write_cache(
     aliases = _stored_once(model, hooks)
     n_rows, n_pos = batch.tokens.shape
     if chunk is None:
-        chunk = math.ceil(n_rows / math.ceil(n_rows / MAX_CHUNK_ROWS))
+        chunk = default_chunk(n_rows, n_pos)
     if chunk < 1:
         raise UsageError(f"chunk must be >= 1 rows, got {chunk}")
     device = next(model.parameters()).device
