@@ -148,3 +148,13 @@ def test_fp16_storage(tmp_path, ar_model, ar_task):
     path = write_cache(ar_model, batch, tmp_path / "c.h5", ["blocks.1.hook_resid_pre"], dtype="float16", compression="gzip")
     with h5py.File(path, "r") as h5:
         assert h5["acts/clean/blocks.1.hook_resid_pre"].dtype == np.float16
+
+
+def test_default_chunk_splits_rows_evenly_under_the_row_and_token_limits():
+    from hookmech.cache import default_chunk
+
+    assert default_chunk(320, 11) == 160     # 256 rows at most: two even chunks, not 256 + 64
+    assert default_chunk(320, 67) == 107     # 8192 tokens at most: 122 rows, so three chunks
+    assert default_chunk(3200, 11) == 247    # 13 chunks
+    assert default_chunk(10, 5000) == 1      # one row is the least, however long
+    assert default_chunk(7, 11) == 7
