@@ -143,3 +143,41 @@ def test_overridden_forward_from_projects_only_the_window(name, options):
     per_row = [shape for shape in seen if len(shape) >= 3 and shape[0] == len(rows)]
     assert per_row, "no linear layer saw the window"
     assert all(shape[1] <= width for shape in per_row), per_row
+
+
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_forward_with_context_is_forward_and_prefix_context(name, options):
+    """One pass (where a mixer overrides it) gives what the two calls give separately."""
+    mixer = make_mixer(name, options)
+    x = torch.randn(3, N_POS, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        out, context = mixer.forward_with_context(x)
+        expected_context = mixer.prefix_context(x)
+        torch.testing.assert_close(out, mixer(x), rtol=1e-9, atol=1e-10)
+    assert context.keys() == expected_context.keys()
+    for key in context:
+        torch.testing.assert_close(context[key], expected_context[key], rtol=1e-9, atol=1e-10)
+
+
+def test_a_model_records_every_blocks_context_in_its_forward():
+    """`HookedLM.collecting_contexts`: one entry per block and forward, equal to the context made
+    from that block's cached mixer input; outside the block nothing is recorded."""
+    import hookmech
+    from hookmech.config import build_config
+
+    torch.manual_seed(0)
+    model = hookmech.HookedLM(build_config(d_vocab=20, n_ctx=12, mixers=["attention", "mamba"], d_model=16,
+                                           n_layers=2)).eval()
+    tokens = torch.randint(0, 20, (3, 9))
+    with torch.no_grad():
+        with model.collecting_contexts() as recorded:
+            logits, cache = model.run_with_cache(tokens, names_filter=lambda hook: hook.endswith("mixer_in"))
+        torch.testing.assert_close(logits, model(tokens))
+        for layer in range(2):
+            assert len(recorded[layer]) == 1
+            expected = model.prefix_context(layer, cache[f"blocks.{layer}.hook_mixer_in"])
+            for key, value in expected.items():
+                torch.testing.assert_close(recorded[layer][0][key], value)
+        model(tokens)
+    assert all(len(entries) == 1 for entries in recorded.values())
+    assert all(block.contexts is None for block in model.blocks)
