@@ -71,6 +71,9 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 @click.option("--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it")
 @click.option("--max-batch", type=int, default=256, show_default=True,
               help="rows per forward pass (bounds memory; 256 is fastest on CPU, bench/patch_engine.py)")
+@click.option("--context-memory", type=int, default=2048, show_default=True, metavar="MIB",
+              help="memory for the mixer states that let patches re-run from the patched position only "
+                   "(beyond it: every position, slower, same numbers)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON array")
 @click.option("--per-example", type=click.Path(dir_okay=False), default=None, help="also write per-row p_patched to this JSON file")
 @click.option("--metric", type=click.Choice(["p_answer", "log_p", "logit_diff", "kl"]), default="p_answer", show_default=True,
@@ -86,7 +89,8 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 @threads_option
 def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, threshold, max_batch, as_json, per_example,
           device, threads,
-          data_path=None, metric="p_answer", direction=None, ablate=None, ablate_seed=0, corrupt=None):
+          data_path=None, metric="p_answer", direction=None, ablate=None, ablate_seed=0, corrupt=None,
+          context_memory=2048):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position."""
     from hookmech.cache import CacheFile
     from hookmech.errors import HookmechError, UsageError
@@ -96,6 +100,8 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
 
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
+    if context_memory < 0:
+        raise UsageError(f"--context-memory must be >= 0 MiB, got {context_memory}")
     if verify_top < 0 or (verify_top and method != "atp"):
         raise UsageError("--verify-top K needs --method atp and K >= 0")
     if corrupt is not None and cache_path is not None:
@@ -118,7 +124,7 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
     try:
         records = run_patch(model, source, split_flag(site_specs), split_flag(pos_specs), method=method, threshold=threshold,
                             max_batch=max_batch, per_example=per_example is not None, metric=metric, direction=direction,
-                            ablate=ablate, ablate_seed=ablate_seed)
+                            ablate=ablate, ablate_seed=ablate_seed, context_memory=context_memory << 20)
         if verify_top:
             from hookmech.atp import verify_top as verify
 

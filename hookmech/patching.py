@@ -51,6 +51,8 @@ METHODS = ("exact", "atp")
 METRICS = ("p_answer", "log_p", "logit_diff", "kl")
 DIRECTIONS = ("denoise", "noise")
 ABLATIONS = ("zero", "mean", "resample")
+#: bytes of mixer contexts the engine keeps for resumed patches by default (`patch`)
+CONTEXT_MEMORY = 2 << 30
 _HEAD_SUFFIX = re.compile(r"^(?P<base>.+)\[(?P<head>\d+|\*)\]$")
 
 
@@ -215,8 +217,10 @@ class _Runs:
     blocks and query logits, read from a cache where it holds them, else computed once."""
 
     def __init__(self, model, batch: Batch, hooks: Sequence[str], cache: CacheFile | None, need_logits: bool,
-                 max_batch: int, base: str | None = None):
+                 max_batch: int, base: str | None = None, context_memory: int = 0):
         self.model, self.batch, self.cache = model, batch, cache
+        # mixer contexts (for resumed patches) are kept only while they fit in this many bytes
+        self.context_memory, self.contexts_refused = context_memory, context_memory <= 0
         self.device = next(model.parameters()).device
         wanted = list(dict.fromkeys(hooks))
         missing = [hook for hook in wanted if cache is None or not (cache.has(hook, "clean") and cache.has(hook, "corrupt"))]
@@ -235,7 +239,7 @@ class _Runs:
         (`HookedLM.collecting_contexts`), which resumed patches start from."""
         parts: dict[tuple[str, str], list[Tensor]] = {}
         logits: dict[str, list[Tensor]] = {"clean": [], "corrupt": []}
-        collect = base is not None and hasattr(self.model, "collecting_contexts")
+        collect = base is not None and hasattr(self.model, "collecting_contexts") and not self.contexts_refused
         contexts = {layer: [] for layer in range(self.model.cfg.n_layers)} if collect else {}
         for rows in run_chunks(len(self.batch), max_batch):
             query = self.batch.query_pos[rows].to(self.device)
@@ -248,6 +252,8 @@ class _Runs:
                 logits[which].append(out.float())
                 for hook in hooks:
                     parts.setdefault((hook, which), []).append(acts[hook])
+            if collect and self._over_budget(contexts, rows.stop):
+                collect, contexts = False, {}
         self.computed = {key: _concat(chunks) for key, chunks in parts.items()}
         for layer, chunks in contexts.items():
             self.contexts[layer, base] = {name: _concat([chunk[name] for chunk in chunks]) for name in chunks[0]}
@@ -256,21 +262,45 @@ class _Runs:
             answers = self.batch.answers.to(self.device)
             self.p_answer = {which: answer_probs(out, answers).double().cpu() for which, out in self.logits.items()}
 
-    def context(self, model, layer: int, which: str, max_batch: int) -> dict[str, Tensor]:
-        """Return block `layer`'s mixer context of the `which` run (`HookedLM.prefix_context`),
-        computed once, in chunks of `max_batch` rows."""
-        key = (layer, which)
-        if key not in self.contexts:
-            mixer_in = self.acts(f"blocks.{layer}.hook_mixer_in", which)
-            parts = [model.prefix_context(layer, mixer_in[rows]) for rows in run_chunks(len(mixer_in), max_batch)]
-            self.contexts[key] = {name: _concat([part[name] for part in parts]) for name in parts[0]}
-        return self.contexts[key]
+    def resume_contexts(self, layer: int, which: str, max_batch: int) -> dict[int, dict[str, Tensor]] | None:
+        """Return the mixer contexts of the `which` run for blocks `layer` .. last
+        (`HookedLM.prefix_context`, computed once, in chunks of `max_batch` rows), or None when
+        they would not fit in `context_memory` bytes (the patches then run on every position)."""
+        for index in range(layer, self.model.cfg.n_layers):
+            if self.contexts_refused:
+                return None
+            if (index, which) not in self.contexts:
+                self._make_context(index, which, max_batch)
+        return None if self.contexts_refused else {i: self.contexts[i, which] for i in range(layer, self.model.cfg.n_layers)}
+
+    def _make_context(self, layer: int, which: str, max_batch: int) -> None:
+        mixer_in = self.acts(f"blocks.{layer}.hook_mixer_in", which)
+        parts: list[dict[str, Tensor]] = []
+        for rows in run_chunks(len(mixer_in), max_batch):
+            parts.append(self.model.prefix_context(layer, mixer_in[rows]))
+            if self._over_budget({layer: parts}, rows.stop):
+                return
+        self.contexts[layer, which] = {name: _concat([part[name] for part in parts]) for name in parts[0]}
+
+    def _over_budget(self, new: dict[int, list[dict[str, Tensor]]], rows_done: int) -> bool:
+        """Whether the contexts kept, plus `new` (made for the first `rows_done` rows, scaled to
+        all rows), exceed `context_memory`; if so, drop every context and refuse more."""
+        kept = sum(_nbytes(context) for context in self.contexts.values())
+        made = sum(_nbytes(context) for chunks in new.values() for context in chunks)
+        if kept + made * len(self.batch) / rows_done <= self.context_memory:
+            return False
+        self.contexts, self.contexts_refused = {}, True
+        return True
 
     def acts(self, hook: str, which: str) -> Tensor:
         """Return `hook`'s activations of the `which` run, ``[N, ...]`` on the model's device."""
         if (hook, which) in self.computed:
             return self.computed[hook, which]
         return self.cache.read(hook, which, slice(0, len(self.batch))).to(self.device)
+
+
+def _nbytes(context: dict[str, Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in context.values())
 
 
 def _concat(chunks: list[Tensor]) -> Tensor:
@@ -359,8 +389,9 @@ def _patched_rows(model, runs: _Runs, site: PatchSite, patches: list[PositionPat
         changed &= _reaches_query(model, runs, plans, masks, start, tokens, resid, max_batch)
     patch_index, row_index = changed.nonzero(as_tuple=True)
     resume_at = _resume_layer(model, site)
-    if resume_at is not None:
-        pairs = _resumed_pairs(model, runs, plans, masks, patch_index, row_index, resume_at, base, max_batch)
+    contexts = None if resume_at is None else runs.resume_contexts(resume_at, base, max_batch)
+    if contexts is not None:
+        pairs = _resumed_pairs(model, runs, plans, masks, patch_index, row_index, resume_at, contexts, base, max_batch)
     else:
         pairs = _full_pairs(model, runs, plans, masks, patch_index, row_index, start, tokens, resid, max_batch)
     for which_patch, rows, logits in pairs:
@@ -393,7 +424,8 @@ def _resume_layer(model, site: PatchSite) -> int | None:
     return None if None in layers else min(layers)
 
 
-def _resumed_pairs(model, runs: _Runs, plans, masks, patch_index, row_index, layer: int, base: str, max_batch: int):
+def _resumed_pairs(model, runs: _Runs, plans, masks, patch_index, row_index, layer: int,
+                   contexts: dict[int, dict[str, Tensor]], base: str, max_batch: int):
     """Yield (patch index, row, query logits) of (patch, row) pairs, each re-run only on the
     positions from its first patched one to its query (`HookedLM.resume`).
 
@@ -407,7 +439,6 @@ def _resumed_pairs(model, runs: _Runs, plans, masks, patch_index, row_index, lay
     widths = (query[row_index] - first + 1).clamp(min=1)
     order = torch.sort(widths, stable=True).indices
     resid = runs.acts(model.resid_hook(layer), base)
-    contexts = {l: runs.context(model, l, base, max_batch) for l in range(layer, model.cfg.n_layers)}
     patchers = [_WindowPatch(plan) for plan in plans]
     # hooks are installed once and pointed at each chunk: adding and removing them per chunk
     # walks every hook point of the model each time
@@ -553,6 +584,7 @@ def patch(
     direction: str | None = None,
     ablate: str | None = None,
     ablate_seed: int = 0,
+    context_memory: int = CONTEXT_MEMORY,
 ) -> list[dict[str, Any]]:
     """Patch every (site, position) and score it (see the module docstring for the formulas).
 
@@ -567,6 +599,10 @@ def patch(
     p(answer), metric_* the metric's means, attribution is computed from metric_*); plus
     ``ablate`` when ablating, and ``p_patched_rows`` (and ``metric_patched_rows``) ``[N]``
     lists when `per_example`.
+
+    Memory: `max_batch` rows per forward, plus the activations of the patched hooks for all N
+    rows, plus the mixer contexts that resumed patches start from while they fit in
+    `context_memory` bytes (beyond it, patches run on every position: slower, same numbers).
     """
     direction = _check_options(method, metric, direction, ablate, max_batch)
     if method == "atp":
@@ -580,13 +616,13 @@ def patch(
         if isinstance(source, (str, Path)):
             with CacheFile(source) as cache:
                 return _patch_from(model, cache.batch(), cache, patch_sites, positions, method, threshold, max_batch,
-                                   per_example, metric, direction, ablate, ablate_seed)
+                                   per_example, metric, direction, ablate, ablate_seed, context_memory)
         if isinstance(source, CacheFile):
             return _patch_from(model, source.batch(), source, patch_sites, positions, method, threshold, max_batch,
-                               per_example, metric, direction, ablate, ablate_seed)
+                               per_example, metric, direction, ablate, ablate_seed, context_memory)
         if isinstance(source, Batch):
             return _patch_from(model, source, None, patch_sites, positions, method, threshold, max_batch,
-                               per_example, metric, direction, ablate, ablate_seed)
+                               per_example, metric, direction, ablate, ablate_seed, context_memory)
         raise HookmechError(f"patch source must be a Batch or a cache file, got {type(source).__name__}")
     finally:
         model.train(was_training)
@@ -633,14 +669,14 @@ def _hooks_to_start(model, patch_sites: list[PatchSite]) -> list[str]:
 
 
 def _patch_from(model, batch, cache, patch_sites, positions, method, threshold, max_batch, per_example,
-                metric_name, direction, ablate, ablate_seed) -> list[dict]:
+                metric_name, direction, ablate, ablate_seed, context_memory) -> list[dict]:
     patches = position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
     base, source = ("corrupt", "clean") if direction == "denoise" else ("clean", "corrupt")
     computed_sites = {site: _equivalent_site(model, site) for site in patch_sites}
     hooks = [t.hook for s in patch_sites for t in s.targets]
     hooks += [t.hook for s in computed_sites.values() for t in s.targets]
     runs = _Runs(model, batch, hooks + _hooks_to_start(model, list(computed_sites.values())), cache,
-                 need_logits=metric_name != "p_answer", max_batch=max_batch, base=base)
+                 need_logits=metric_name != "p_answer", max_batch=max_batch, base=base, context_memory=context_memory)
     metric = _make_metric(metric_name, runs)
     p_clean, p_corrupt = (runs.p_answer[w].mean().item() for w in ("clean", "corrupt"))
     m_clean, m_corrupt = (runs_metric(runs, metric, w).mean().item() for w in ("clean", "corrupt"))

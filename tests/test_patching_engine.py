@@ -260,3 +260,36 @@ def test_block_output_is_patched_once_as_the_next_block_input(ar_task, monkeypat
     out, into = patch(model, batch, ["L0.block_out", "L1.block_in"], ["key"])
     assert set(starts) == {1} and out["p_patched"] == into["p_patched"]
     assert (out["site"], into["site"]) == ("L0.block_out", "L1.block_in")
+
+
+@pytest.mark.parametrize("mixer", ["attention", "mamba"])
+def test_contexts_over_the_memory_budget_fall_back_to_full_runs(ar_task, mixer, monkeypatch):
+    """With no room for mixer contexts the engine runs patches on every position: same numbers."""
+    model = make_model(ar_task, mixers=mixer, d_model=16)
+    batch = ar_task.sample(10, seed=14)
+    resumed = []
+    resume = model.resume
+    monkeypatch.setattr(model, "resume", lambda *a: resumed.append(1) or resume(*a))
+    small = patch(model, batch, ["all"], ["key", "value"], context_memory=1, max_batch=4)
+    assert not resumed
+    roomy = patch(model, batch, ["all"], ["key", "value"], max_batch=4)
+    assert resumed
+    for a, b in zip(small, roomy):
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=1e-6)
+
+
+def test_cli_context_memory(trained_attention, capsys):
+    import json
+
+    from helpers import run_cli
+
+    path, _, _ = trained_attention
+    base = ["patch", "--ckpt", str(path), "--site", "L0.mixer_out,L1.block_in", "--pos", "key,value", "--n", "40", "--json"]
+    code, roomy, err = run_cli(base, capsys)
+    assert code == 0, err
+    code, tight, err = run_cli([*base, "--context-memory", "0"], capsys)
+    assert code == 0, err
+    for a, b in zip(json.loads(roomy), json.loads(tight)):
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=1e-6)
+    code, _, err = run_cli([*base, "--context-memory", "-1"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--context-memory" in err
