@@ -293,3 +293,20 @@ def test_cli_context_memory(trained_attention, capsys):
         assert a["p_patched"] == pytest.approx(b["p_patched"], abs=1e-6)
     code, _, err = run_cli([*base, "--context-memory", "-1"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--context-memory" in err
+
+
+@pytest.mark.parametrize("preset", ["based", "baseconv"])
+def test_resumed_runs_equal_plain_loop_for_preset_models_on_mqar(preset):
+    """Mixed-mixer presets on MQAR, whose queries sit at different positions in each row."""
+    from hookmech.config import build_config
+    from hookmech.presets import expand_preset
+
+    task = hookmech.tasks.make("mqar", vocab_size=64, num_kv_pairs=4, seq_len=24)
+    mixers, options = expand_preset(preset, 3)
+    torch.manual_seed(0)
+    model = hookmech.HookedLM(build_config(d_vocab=task.d_vocab, n_ctx=task.n_ctx, mixers=mixers, layer_options=options,
+                                           d_model=16, n_layers=3)).eval()
+    batch = task.sample(6, seed=5)
+    assert len(set(batch.query_pos.tolist())) > 1
+    assert_matches_reference(model, batch, ["L0.block_out", "L1.mixer_out", "L2.mixer_in"], ["key", "value", "query"],
+                             max_batch=5)
