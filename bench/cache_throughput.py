@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 import hookmech
-from hookmech.config import ModelConfig, build_config
 from hookmech.cache import default_chunk, run_chunks, write_cache
+from hookmech.config import ModelConfig, build_config
 from hookmech.sites import resolve_sites
 
 OPTIONS = [("float32", None), ("float16", None), ("float32", "lzf"), ("float16", "lzf"), ("float32", "gzip"),
