@@ -1,0 +1,59 @@
+"""Bad input on the command line: one row per case, each one line on stderr with a non-zero exit.
+
+Every row is (argv, expected exit code, a substring of the one-line message). `{tmp}` in an
+argument is the test's temporary folder, `{ckpt}` the bundled attention fixture. Add a row for every bad input found, so the list
+only grows. Rows are grouped by what they protect; setups that need files made first live in
+`SETUPS` (a function that prepares `{tmp}` before the command runs).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
+
+TRAIN_SMALL = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3",
+               "--n-train", "0", "--steps", "4", "--d-model", "16", "--n-dev", "8", "--eval-every", "4"]
+
+
+def _nothing(tmp: Path) -> None:
+    """No setup."""
+
+
+#: setups by name: each prepares files under the test's temporary folder
+SETUPS = {"none": _nothing}
+
+#: (id, setup, argv, exit code, message substring)
+ROWS_USAGE = [
+    ("unknown-mixer", "none", [*TRAIN_SMALL, "--mixer", "nosuch", "-o", "{tmp}/r"], 2, "unknown mixer 'nosuch'"),
+    ("unknown-site", "none", ["patch", "--ckpt", "{ckpt}", "--site", "L9.block_in", "--pos", "value"], 2,
+     "L9.block_in"),
+]
+
+ALL_ROWS = ROWS_USAGE
+
+
+def _expand(argv: list[str], tmp: Path) -> list[str]:
+    return [arg.replace("{tmp}", str(tmp)).replace("{ckpt}", str(FIXTURE)) for arg in argv]
+
+
+@pytest.mark.parametrize(("setup", "argv", "code", "message"), [row[1:] for row in ALL_ROWS],
+                         ids=[row[0] for row in ALL_ROWS])
+def test_bad_input_is_one_line_and_an_exit_code(setup, argv, code, message, tmp_path, capsys):
+    SETUPS[setup](tmp_path)
+    got_code, _, err = run_cli(_expand(argv, tmp_path), capsys)
+    lines = err.strip().splitlines()
+    assert got_code == code, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("hookmech: error: "), err
+    assert message in lines[0], err
+    assert "Traceback" not in err and "unexpected" not in err, err
+
+
+def test_every_row_has_a_unique_id():
+    ids = [row[0] for row in ALL_ROWS]
+    assert ids and len(ids) == len(set(ids))
