@@ -130,7 +130,7 @@ class _SelectiveScan(torch.autograd.Function):
             part = slice(start, start + chunk)
             chunk_starts.append(h0)
             _, h = _chunk_states(delta[part], delta_u[part], B[part], A, h0)
-            torch.sum(h * C[part, :, None, :], dim=-1, out=y[part])
+            y[part] = torch.matmul(h, C[part, :, :, None]).squeeze(-1)
             h0 = h[-1].clone()  # a view would keep the whole chunk's states alive
         ctx.chunk = chunk
         ctx.save_for_backward(u, delta, A, B, C, delta_u, *chunk_starts)
@@ -158,9 +158,9 @@ class _SelectiveScan(torch.autograd.Function):
                 g[t].addcmul_(decay[t + 1], g[t + 1])
             carry = decay[0] * g[0]
             # y_t = h_t C_t and b_t = (Δ_t u_t) B_tᵀ: contract the adjoints against each factor
-            torch.sum(h * grad_y[part, :, :, None], dim=2, out=grad_C[part])
-            torch.sum(g * delta_u[part, :, :, None], dim=2, out=grad_B[part])
-            torch.sum(g * B[part, :, None, :], dim=-1, out=grad_delta_u[part])
+            grad_C[part] = torch.matmul(grad_y[part, :, None, :], h).squeeze(-2)
+            grad_B[part] = torch.matmul(delta_u[part, :, None, :], g).squeeze(-2)
+            grad_delta_u[part] = torch.matmul(g, B[part, :, :, None]).squeeze(-1)
             # a_t = exp(Δ_t A): ∂L/∂(Δ_t A) = g_t ⊙ h_{t-1} ⊙ a_t  (in place on g, done with it)
             grad_log_decay = g.mul_(decay)
             grad_log_decay[1:].mul_(h[:-1])

@@ -1,0 +1,94 @@
+"""Training step time of each architecture of a sweep preset, against attention in the same run.
+
+    python bench/train_step.py [--preset ar-paper-d64] [--threads 1] [--steps 30] [--reps 3]
+
+For each architecture of the preset's grid (the first grid point of each), builds exactly the
+model, task and trainer the sweep would run, and times full optimizer steps (forward, backward,
+AdamW) on its training batches. Repetitions are interleaved across architectures (the machine
+is shared and noisy); the best block of each is reported, in ms per step and as a ratio to
+attention's step measured in the same run. Also prints what a run of the preset's length costs.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from hookmech.model import HookedLM
+from hookmech.sweep import build_run, expand
+from hookmech.sweep_presets import load_preset
+from hookmech.training import DataStream, answer_loss, learning_rate
+
+
+def one_run_per_arch(preset: str) -> dict[str, dict]:
+    """Return {architecture: the first run dict of the preset with it}."""
+    runs = {}
+    for run in expand(load_preset(preset)):
+        arch = run.point.get("arch") or run.point.get("mixer") or run.model.get("arch") or run.model.get("mixer")
+        runs.setdefault(str(arch), run.as_dict())
+    return runs
+
+
+class Stepper:
+    """One architecture's model, optimizer and data stream; `step(i)` runs optimizer step i."""
+
+    def __init__(self, run: dict, n_train: int):
+        task, model_config, train_config = build_run(run)
+        self.config = train_config
+        torch.manual_seed(train_config.seed)
+        self.model = HookedLM(model_config).train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=train_config.lr, weight_decay=0.0)
+        # a small training set of the same documents: generation cost is not the step's
+        small = type(train_config)(**{**train_config.__dict__, "n_train": n_train, "epochs": 1, "steps": None})
+        self.data = DataStream(task, small)
+        self.total_steps = train_config.total_steps()
+
+    def step(self, index: int) -> None:
+        batch = self.data.batch(index % self.data.config.steps_per_epoch()).trimmed()
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(index, self.config)
+        loss = answer_loss(self.model, batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+
+def time_block(stepper: Stepper, start: int, steps: int) -> float:
+    began = time.perf_counter()
+    for index in range(start, start + steps):
+        stepper.step(index)
+    return (time.perf_counter() - began) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="ar-paper-d64")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=30, help="steps per timed block")
+    parser.add_argument("--reps", type=int, default=3, help="interleaved blocks per architecture")
+    parser.add_argument("--only", default=None, help="comma list of architectures (attention is always kept)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    runs = one_run_per_arch(args.preset)
+    if args.only:
+        keep = set(args.only.split(",")) | {"attention"}
+        runs = {arch: run for arch, run in runs.items() if arch in keep}
+    steppers = {arch: Stepper(run, n_train=32 * 64) for arch, run in runs.items()}
+    for stepper in steppers.values():
+        time_block(stepper, 0, 3)  # warm-up: allocator, first-call dispatch
+    best = {arch: float("inf") for arch in steppers}
+    for rep in range(args.reps):
+        for arch, stepper in steppers.items():
+            best[arch] = min(best[arch], time_block(stepper, 3 + rep * args.steps, args.steps))
+    base = best.get("attention")
+    print(f"preset {args.preset}, {args.threads} thread(s), best of {args.reps} blocks of {args.steps} steps")
+    print(f"{'architecture':<12} {'ms/step':>8} {'x attention':>12} {'steps/run':>10} {'run (h)':>8}")
+    for arch, seconds in best.items():
+        total = steppers[arch].total_steps
+        ratio = f"{seconds / base:.2f}" if base else "-"
+        print(f"{arch:<12} {seconds * 1e3:8.1f} {ratio:>12} {total:>10} {seconds * total / 3600:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
