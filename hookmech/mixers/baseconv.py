@@ -25,6 +25,11 @@ from .short_conv import ShortConv
 class BaseConv(Mixer):
     """``conv(u) * projection(u) + u`` (no output projection, as in zoology).
 
+    `bias` changes nothing, exactly as in zoology: its ``BaseConv`` takes ``bias`` (paper
+    000's code passes ``bias=False``) into ``**kwargs`` and ignores it, so the projection and
+    the short convolution keep their biases. It is accepted so that a model-wide ``bias``
+    (``--mixer-opt bias=false``, the paper's configs) reaches every layer.
+
     Inside hooks (input ``[batch, pos, d_model]``):
     ``hook_proj`` (linear branch) and ``hook_conv`` (convolution branch, incl. the long
     convolution's skip term): ``[batch, pos, d_model]``; long convolution only:
@@ -38,8 +43,10 @@ class BaseConv(Mixer):
         kernel_size: int = 3,
         implicit_long_conv: bool = True,
         use_act: bool = False,
+        bias: bool = True,
     ):
         super().__init__()
+        del bias  # accepted and ignored, as zoology's BaseConv does (see the class docstring)
         if kernel_size == 0 or kernel_size < -1:
             raise UsageError(f"baseconv: kernel_size must be >= 1 (short conv) or -1 (long conv), got {kernel_size}")
         if l_max < 1:

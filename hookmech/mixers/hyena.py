@@ -6,9 +6,10 @@
     y = out_proj(z)
 
 The filter h is `long_conv.ImplicitFilter` (positional MLP of width `filter_order` = 64,
-exponential decay). ``D`` is zoology's filter bias; paper 000's code (tinylang
-``model/zoology.py``) passes ``bias=False``, which zeroes it, so it is off by default here
-(``filter_bias=True`` restores zoology's own default).
+exponential decay). ``D`` is zoology's filter bias, the one thing zoology's ``Hyena(bias=...)``
+switches (its projections and short convolution always have biases); paper 000's code (tinylang
+``model/zoology.py``) passes ``bias=False``, which zeroes it, so it is off by default here.
+``bias=True`` or ``filter_bias=True`` (the older name, same switch) restores zoology's own default.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class Hyena(Mixer):
         filter_order: int = 64,
         short_filter_order: int = 3,
         filter_bias: bool = False,
+        bias: bool = False,
     ):
         super().__init__()
         if l_max < 1:
@@ -52,7 +54,8 @@ class Hyena(Mixer):
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.short_filter = ShortConv(3 * d_model, short_filter_order)
         self.filter_fn = ImplicitFilter(d_model, l_max, order=filter_order)
-        self.D = nn.Parameter(torch.randn(d_model)) if filter_bias else None
+        # zoology's name for the filter bias is `bias`; either option turns it on
+        self.D = nn.Parameter(torch.randn(d_model)) if filter_bias or bias else None
         self.out_proj = nn.Linear(d_model, d_model)
         self.hook_short_conv = AxisHookPoint("batch pos d_proj")
         self.hook_x1, self.hook_x2, self.hook_v = (AxisHookPoint() for _ in range(3))
