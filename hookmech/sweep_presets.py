@@ -62,12 +62,17 @@ pos_emb = "learned"
 bias = false
 
 # n_positions 1024 is the l_max of the convolutional mixers (it shapes their filters: the
-# implicit filter's time axis and decay, H3's d_state); ours defaults to the document length
+# implicit filter's time axis and decay, H3's d_state); ours defaults to the document length.
+# Short convolutions start as nn.Conv1d (zoology's init leaves them alone); Hyena's filter
+# input z is trained (zoology makes it a parameter, tinylang's AdamW trains all at one lr)
 [mixer_options.hyena]
 l_max = 1024
+conv_bias_init = "torch"
+train_filter_z = true
 
 [mixer_options.baseconv]
 l_max = 1024
+conv_bias_init = "torch"
 
 [mixer_options.h3]
 l_max = 1024

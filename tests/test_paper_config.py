@@ -168,12 +168,54 @@ def test_paper_d64_models_have_the_papers_biases_and_learned_positions(arch):
             assert mixer.Wqkv.bias is None and mixer.out_proj.bias is not None
         elif name == "hyena":
             assert mixer.D is None and {"in_proj.bias", "out_proj.bias"} <= biases
+            assert isinstance(mixer.filter_fn.z, torch.nn.Parameter)  # trained, as in tinylang
+            assert mixer.short_filter.bias.abs().max() > 0  # nn.Conv1d's bias init
         elif name == "mamba":
             assert mixer.in_proj.bias is None and mixer.out_proj.bias is None
         elif name == "based":
             assert biases == set()
         elif name == "baseconv":
             assert "projection.bias" in biases
+            if mixer.kernel_size > 0:
+                assert mixer.conv.bias.abs().max() > 0  # nn.Conv1d's bias init
         elif name == "h3":
             assert mixer.ssm_k_kernel.d_state == 1024 and "out_proj.bias" in biases
     assert [name for name in config.mixers] == expand_preset(arch, 2)[0]
+
+
+def test_short_conv_can_start_as_torch_conv1d():
+    from hookmech.mixers.short_conv import ShortConv
+
+    torch.manual_seed(3)
+    ours = ShortConv(8, 3, torch_bias_init=True)
+    torch.manual_seed(3)
+    reference = torch.nn.Conv1d(8, 8, 3, groups=8)
+    assert torch.equal(ours.weight, reference.weight) and torch.equal(ours.bias, reference.bias)
+    assert torch.count_nonzero(ShortConv(8, 3).bias) == 0
+    for name in ("hyena", "baseconv"):
+        with pytest.raises(UsageError, match="conv_bias_init"):
+            REGISTRY[name](d_model=8, l_max=16, conv_bias_init="kaiming")
+
+
+def test_hyena_can_train_its_filter_input():
+    mixer = REGISTRY["hyena"](d_model=8, l_max=16, train_filter_z=True)
+    assert "filter_fn.z" in mixer.state_dict()
+    mixer(torch.randn(2, 5, 8)).sum().backward()
+    assert mixer.filter_fn.z.grad.abs().sum() > 0
+    assert "filter_fn.z" not in REGISTRY["hyena"](d_model=8, l_max=16).state_dict()
+
+
+def test_paper_hyena_model_round_trips_through_a_checkpoint(tmp_path):
+    from hookmech.checkpoint import load, save
+
+    run = next(run for run in expand(load_preset("ar-paper-d64-pilot")) if run.point["arch"] == "hyena")
+    task, config, _ = build_run(run.as_dict())
+    torch.manual_seed(0)
+    model = HookedLM(config)
+    with torch.no_grad():
+        model.blocks[0].mixer.filter_fn.z.add_(0.5)  # a trained z must come back
+    save(model, tmp_path / "model.safetensors", task_spec=task.spec)
+    loaded = load(tmp_path / "model.safetensors")
+    tokens = task.sample(4, seed=0).tokens
+    assert torch.equal(loaded.blocks[0].mixer.filter_fn.z, model.blocks[0].mixer.filter_fn.z)
+    assert torch.allclose(loaded(tokens), model(tokens))
