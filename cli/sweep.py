@@ -8,7 +8,7 @@ from .common import CONTEXT, check_device, device_option
 
 @click.command(context_settings=CONTEXT)
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--preset", default=None, help="a built-in sweep: ar-paper, ar-cpu, atr-paper, mamba-dconv, mqar-lr")
+@click.option("--preset", default=None, help="a built-in sweep: ar-paper, ar-paper-d64, ar-paper-d64-pilot, ar-cpu, atr-paper, mamba-dconv, mqar-lr")
 @click.option("--show-preset", default=None, metavar="NAME", help="print a preset's TOML and exit")
 @click.option("-o", "--out", "runs_dir", default=None, type=click.Path(file_okay=False), help="runs folder (RUNS)")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)

@@ -3,6 +3,13 @@
 
 - ``ar-paper``: paper 000 §5.1 — AR (vocab 8192, 16 pairs as in the paper's code), six
   architectures × d_model {16…256} × 7 learning rates in [3e-5, 3e-2] (210 runs), 16 epochs.
+- ``ar-paper-d64``: paper 000's own code at its AR configuration (tinylang
+  ``experiments/configs/ar_32``): the six architectures at d_model 64, learned position
+  embeddings in every model, ``bias = false`` in every mixer (zoology's meaning, see
+  docs/mixers.md), ``l_max = 1024`` (its n_positions) in the convolutional mixers, 16 epochs of
+  3126 steps. `lr` is a list to narrow to the pilot's best (``--show-preset``, edit, run the file).
+- ``ar-paper-d64-pilot``: the same models for 5000 steps (same warm-up and cosine schedule,
+  over those 5000 steps) at lr {3e-4, 1e-3, 3e-3}, evaluated at the end: the learning-rate pilot.
 - ``ar-cpu``: the same question at CPU scale (≈30 min on 2 cores): AR vocab 64, 4 pairs,
   fresh documents, 4000 steps; the six architectures × d_model {32, 64}
   × lr {1e-3, 3e-3}. Attention gets the CPU calibration of docs/guide.md (layer 0 limited to
@@ -33,6 +40,44 @@ n = 320
 seed = 0
 """
 
+#: paper 000's code at its AR configuration (tinylang ``experiments/configs/ar_32``, model
+#: ``Zoology``: n_embd 64, n_head 1, n_layer 2, n_positions 1024, bias false): what [task],
+#: [model] and [mixer_options] of both ``ar-paper-d64`` presets share
+_AR_PAPER_CODE = """
+[task]
+name = "ar"
+vocab_size = 8192
+num_kv_pairs = 16
+
+[model]
+d_model = 64
+n_layers = 2
+n_heads = 1
+tie_embeddings = true
+# tinylang's Zoology model: learned absolute position embeddings for every architecture
+pos_emb = "learned"
+# bias=False to every mixer, meaning what zoology's (and mamba-ssm's) `bias` means in each:
+# attention's q/k/v projection, Hyena's filter bias D, Mamba's in/out projections; BaseConv,
+# H3 and Based ignore it there and here (docs/mixers.md)
+bias = false
+
+# n_positions 1024 is the l_max of the convolutional mixers (it shapes their filters: the
+# implicit filter's time axis and decay, H3's d_state); ours defaults to the document length.
+# Short convolutions start as nn.Conv1d (zoology's init leaves them alone); Hyena's filter
+# input z is trained (zoology makes it a parameter, tinylang's AdamW trains all at one lr)
+[mixer_options.hyena]
+l_max = 1024
+conv_bias_init = "torch"
+train_filter_z = true
+
+[mixer_options.baseconv]
+l_max = 1024
+conv_bias_init = "torch"
+
+[mixer_options.h3]
+l_max = 1024
+"""
+
 PRESETS: dict[str, str] = {
     "ar-paper": f"""\
 name = "ar-paper"
@@ -51,6 +96,35 @@ arch = {_PAPER_ARCHS}
 d_model = {_D_MODELS}
 lr = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2]
 seed = [0]
+{_MECH}""",
+    "ar-paper-d64": f"""\
+name = "ar-paper-d64"
+{_AR_PAPER_CODE}
+[train]
+# tinylang: cosine schedule, warm-up 10 %, batch 32, 16 epochs x 3126 steps, no weight decay
+epochs = 16
+n_train = 100032
+
+[grid]
+arch = {_PAPER_ARCHS}
+# narrow to the pilot's (ar-paper-d64-pilot) best learning rate(s): --show-preset, edit, run the file
+lr = [3e-4, 1e-3, 3e-3]
+seed = [0]
+{_MECH}""",
+    "ar-paper-d64-pilot": f"""\
+name = "ar-paper-d64-pilot"
+{_AR_PAPER_CODE}
+[train]
+n_train = 100032
+eval_every = 5000
+
+[grid]
+arch = {_PAPER_ARCHS}
+lr = [3e-4, 1e-3, 3e-3]
+seed = [0]
+# 5000 steps, warm-up 10 % and cosine decay over those 5000 steps; evaluated at the end.
+# A grid key, so that run ids differ from ar-paper-d64's (a finished run is never redone)
+steps = [5000]
 {_MECH}""",
     "ar-cpu": f"""\
 name = "ar-cpu"

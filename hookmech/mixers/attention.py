@@ -20,6 +20,10 @@ from .short_conv import ShortConv
 class Attention(Mixer):
     """softmax(q kᵀ / √d_head + causal mask) v, per head, then an output projection.
 
+    `bias`: the q/k/v projection's bias (zoology's ``MHA(bias=...)``, which leaves the output
+    projection's on; paper 000's code passes ``bias=False``); `out_bias`: the output
+    projection's bias (always on in zoology).
+
     Inside hooks (shapes for input ``[batch, pos, d_model]``):
     ``hook_q, hook_k, hook_v, hook_z``: ``[batch, pos, head, d_head]``;
     ``hook_attn_scores, hook_pattern``: ``[batch, head, query_pos, key_pos]`` (masked
@@ -36,6 +40,7 @@ class Attention(Mixer):
         qkv_conv: str = "",
         conv_size: int = 3,
         bias: bool = True,
+        out_bias: bool = True,
     ):
         super().__init__()
         if n_heads < 1 or d_model % n_heads:
@@ -47,8 +52,9 @@ class Attention(Mixer):
         if conv_size < 1:
             raise UsageError(f"attention: conv_size must be >= 1, got {conv_size}")
         self.n_heads, self.d_head, self.window = n_heads, d_model // n_heads, window
+        # zoology's MHA: `bias` is Wqkv's only; its out_proj always has one (`out_bias` here)
         self.Wqkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=out_bias)
         self.convs = nn.ModuleDict({c: ShortConv(d_model, conv_size) for c in qkv_conv})
         head_axes = "batch pos head d_head"
         self.hook_q, self.hook_k, self.hook_v = (AxisHookPoint(head_axes) for _ in range(3))

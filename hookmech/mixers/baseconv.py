@@ -19,11 +19,19 @@ from ..errors import UsageError
 from ..hooks import AxisHookPoint
 from .base import Mixer, kept, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
-from .short_conv import ShortConv
+from .short_conv import CONV_BIAS_INITS, ShortConv
 
 
 class BaseConv(Mixer):
     """``conv(u) * projection(u) + u`` (no output projection, as in zoology).
+
+    `bias` changes nothing, exactly as in zoology: its ``BaseConv`` takes ``bias`` (paper
+    000's code passes ``bias=False``) into ``**kwargs`` and ignores it, so the projection and
+    the short convolution keep their biases. It is accepted so that a model-wide ``bias``
+    (``--mixer-opt bias=false``, the paper's configs) reaches every layer.
+
+    `conv_bias_init`: the short convolution's bias starts at zero (``"zeros"``) or as
+    ``nn.Conv1d``'s (``"torch"``: zoology's ``ShortConvolution`` is one, left alone by its init).
 
     Inside hooks (input ``[batch, pos, d_model]``):
     ``hook_proj`` (linear branch) and ``hook_conv`` (convolution branch, incl. the long
@@ -38,17 +46,22 @@ class BaseConv(Mixer):
         kernel_size: int = 3,
         implicit_long_conv: bool = True,
         use_act: bool = False,
+        bias: bool = True,
+        conv_bias_init: str = "zeros",
     ):
         super().__init__()
+        del bias  # accepted and ignored, as zoology's BaseConv does (see the class docstring)
         if kernel_size == 0 or kernel_size < -1:
             raise UsageError(f"baseconv: kernel_size must be >= 1 (short conv) or -1 (long conv), got {kernel_size}")
         if l_max < 1:
             raise UsageError(f"baseconv: l_max must be >= 1, got {l_max}")
+        if conv_bias_init not in CONV_BIAS_INITS:
+            raise UsageError(f"baseconv: conv_bias_init must be one of {CONV_BIAS_INITS}, got {conv_bias_init!r}")
         self.l_max, self.kernel_size, self.use_act = l_max, kernel_size, use_act
         self.long, self.implicit = kernel_size == -1, implicit_long_conv
         self.projection = nn.Linear(d_model, d_model)
         if not self.long:
-            self.conv = ShortConv(d_model, kernel_size)
+            self.conv = ShortConv(d_model, kernel_size, torch_bias_init=conv_bias_init == "torch")
         elif implicit_long_conv:
             self.conv = ImplicitFilter(d_model, l_max)
         else:

@@ -62,6 +62,10 @@ class Based(Mixer):
     ``hook_k_state``: ``[batch, pos, head, F]``, the normaliser z_t after position t.
     The states are materialised only when their hook is active; a patched state is
     continued by the recurrence from the patched position on.
+
+    `bias` changes nothing, exactly as in zoology: its ``Based`` takes ``bias`` (paper 000's
+    code passes ``bias=False``) into ``**kwargs`` and ignores it; its projections are always
+    bias-free, and so are ours. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
 
     def __init__(
@@ -74,8 +78,10 @@ class Based(Mixer):
         train_view: str = "quadratic",
         eps: float = 1e-12,
         chunk_size: int = 64,
+        bias: bool = False,
     ):
         super().__init__()
+        del bias  # accepted and ignored, as zoology's Based does (see the class docstring)
         if feature_name not in FEATURE_MAPS:
             raise UsageError(f"based: feature_name must be one of {FEATURE_MAPS}, got {feature_name!r}")
         if train_view not in TRAIN_VIEWS:

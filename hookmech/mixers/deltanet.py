@@ -59,6 +59,7 @@ class DeltaNet(Mixer):
         norm_eps: float = 1e-5,
         mode: str = "chunk",
         chunk_size: int = 64,
+        bias: bool = False,
     ):
         super().__init__()
         if num_heads < 1 or d_model % num_heads:
@@ -72,18 +73,19 @@ class DeltaNet(Mixer):
         self.num_heads, self.d_head = num_heads, d_model // num_heads
         self.mode, self.chunk_size, self.use_beta = mode, chunk_size, use_beta
         # flash-linear-attention's names (its o_proj is our out_proj, for the backbone's init)
-        self.q_proj = nn.Linear(d_model, d_model, bias=False)
-        self.k_proj = nn.Linear(d_model, d_model, bias=False)
-        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        # `bias`: biases on the linear projections (q, k, v, beta, output); off as in fla
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         if use_beta:
-            self.b_proj = nn.Linear(d_model, num_heads, bias=False)
+            self.b_proj = nn.Linear(d_model, num_heads, bias=bias)
         if conv_size > 0:
             self.q_conv1d = ShortConv(d_model, conv_size, bias=conv_bias)
             self.k_conv1d = ShortConv(d_model, conv_size, bias=conv_bias)
             self.v_conv1d = ShortConv(d_model, conv_size, bias=conv_bias)
         self.conv_size = conv_size
         self.o_norm = nn.RMSNorm(self.d_head, eps=norm_eps) if output_norm else nn.Identity()
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         head_axes = "batch pos head d_head"
         self.hook_q, self.hook_k, self.hook_v = (AxisHookPoint(head_axes) for _ in range(3))
         self.hook_beta = AxisHookPoint("batch pos head")

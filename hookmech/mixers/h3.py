@@ -108,10 +108,16 @@ class H3(Mixer):
     filters, no position axis: ``hook_shift_filter`` ``[lag, head, head_dim]``,
     ``hook_ssm_filter`` ``[lag, head]``.
     The SSMs are used as convolutions, so no per-position state is materialised (none is hooked).
+
+    `bias` changes nothing, exactly as in zoology: its ``H3`` takes ``bias`` (paper 000's code
+    passes ``bias=False``) into ``**kwargs`` and ignores it, so q/k/v and the output projection
+    keep their biases. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
 
-    def __init__(self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2):
+    def __init__(self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2,
+                 bias: bool = True):
         super().__init__()
+        del bias  # accepted and ignored, as zoology's H3 does (see the class docstring)
         # the diagonal SSM pairs its modes as conjugates: round l_max up to an even size
         d_state = l_max + l_max % 2 if d_state is None else d_state
         if l_max < 1:

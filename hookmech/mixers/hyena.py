@@ -6,9 +6,14 @@
     y = out_proj(z)
 
 The filter h is `long_conv.ImplicitFilter` (positional MLP of width `filter_order` = 64,
-exponential decay). ``D`` is zoology's filter bias; paper 000's code (tinylang
-``model/zoology.py``) passes ``bias=False``, which zeroes it, so it is off by default here
-(``filter_bias=True`` restores zoology's own default).
+exponential decay). ``D`` is zoology's filter bias, the one thing zoology's ``Hyena(bias=...)``
+switches (its projections and short convolution always have biases); paper 000's code (tinylang
+``model/zoology.py``) passes ``bias=False``, which zeroes it, so it is off by default here.
+``bias=True`` or ``filter_bias=True`` (the older name, same switch) restores zoology's own default.
+``conv_bias_init="torch"`` starts the short convolution's bias as ``nn.Conv1d`` does (zoology's
+``short_filter`` is one; ours starts at zero by default). ``train_filter_z=True`` trains the filter's positional input z (`long_conv.ImplicitFilter`), as paper
+000's code does (zoology registers z as a parameter; tinylang's optimizer trains every parameter at
+the one learning rate); off by default, z fixed.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from ..errors import UsageError
 from ..hooks import AxisHookPoint
 from .base import Mixer, kept, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
-from .short_conv import ShortConv
+from .short_conv import CONV_BIAS_INITS, ShortConv
 
 
 class Hyena(Mixer):
@@ -40,6 +45,9 @@ class Hyena(Mixer):
         filter_order: int = 64,
         short_filter_order: int = 3,
         filter_bias: bool = False,
+        bias: bool = False,
+        train_filter_z: bool = False,
+        conv_bias_init: str = "zeros",
     ):
         super().__init__()
         if l_max < 1:
@@ -48,11 +56,14 @@ class Hyena(Mixer):
             raise UsageError(f"hyena: short_filter_order must be >= 1, got {short_filter_order}")
         if filter_order < 1:
             raise UsageError(f"hyena: filter_order must be >= 1, got {filter_order}")
+        if conv_bias_init not in CONV_BIAS_INITS:
+            raise UsageError(f"hyena: conv_bias_init must be one of {CONV_BIAS_INITS}, got {conv_bias_init!r}")
         self.d_model, self.l_max = d_model, l_max
         self.in_proj = nn.Linear(d_model, 3 * d_model)
-        self.short_filter = ShortConv(3 * d_model, short_filter_order)
-        self.filter_fn = ImplicitFilter(d_model, l_max, order=filter_order)
-        self.D = nn.Parameter(torch.randn(d_model)) if filter_bias else None
+        self.short_filter = ShortConv(3 * d_model, short_filter_order, torch_bias_init=conv_bias_init == "torch")
+        self.filter_fn = ImplicitFilter(d_model, l_max, order=filter_order, train_z=train_filter_z)
+        # zoology's name for the filter bias is `bias`; either option turns it on
+        self.D = nn.Parameter(torch.randn(d_model)) if filter_bias or bias else None
         self.out_proj = nn.Linear(d_model, d_model)
         self.hook_short_conv = AxisHookPoint("batch pos d_proj")
         self.hook_x1, self.hook_x2, self.hook_v = (AxisHookPoint() for _ in range(3))

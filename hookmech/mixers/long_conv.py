@@ -57,9 +57,11 @@ class ImplicitFilter(nn.Module):
 
     ``h_t = (Linear ∘ (sin ∘ Linear)^(1+num_inner_mlps))(z_t) · (exp(-|δ_c| t) + shift)``.
     The sine frequency is one trainable vector shared by every activation (zoology reuses one
-    `Sin` module); ``z``, ``t`` and the decay rates ``δ`` are fixed (zoology trains ``z`` with
-    lr 1e-5 in Hyena and freezes it in BaseConv; we freeze it in both) and recomputed from
-    `l_max` at construction, so they are not part of the state dict.
+    `Sin` module); ``t`` and the decay rates ``δ`` are fixed and recomputed from `l_max` at
+    construction, so they are not part of the state dict. So is ``z`` by default; ``train_z=True``
+    makes it a parameter (``z`` in the state dict), as zoology's Hyena does: it registers ``z`` as
+    a parameter meant for lr 1e-5, which an optimizer over all parameters at one learning rate
+    (paper 000's code) trains at that rate. zoology's BaseConv freezes it.
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class ImplicitFilter(nn.Module):
         slow_decay_pct: float = 1.5,
         target: float = 1e-2,
         shift: float = 0.0,
+        train_z: bool = False,
     ):
         super().__init__()
         if l_max < 1:
@@ -84,7 +87,10 @@ class ImplicitFilter(nn.Module):
             raise UsageError(f"implicit filter: order (MLP width) must be >= 1, got {order}")
         self.l_max, self.shift = l_max, shift
         z, t = positional_embedding(l_max, emb_dim)
-        self.register_buffer("z", z, persistent=False)
+        if train_z:
+            self.z = nn.Parameter(z)
+        else:
+            self.register_buffer("z", z, persistent=False)
         self.register_buffer("t", t, persistent=False)
         # Decay rates spread over channels so that some filters stay long and others are short:
         # the window reaches `target` at fraction `fast_decay_pct`..`slow_decay_pct` of l_max.

@@ -140,6 +140,7 @@ class RWKV6(Mixer):
         init_depth: float = 0.5,
         head_size_divisor: int = 8,
         chunk_size: int = 16,
+        bias: bool = False,
     ):
         super().__init__()
         if head_size < 1 or d_model % head_size:
@@ -152,12 +153,13 @@ class RWKV6(Mixer):
             raise UsageError(f"rwkv: init_depth must be in [0, 1], got {init_depth}")
         self.n_heads, self.head_size, self.chunk_size = d_model // head_size, head_size, chunk_size
         self._init_time_parameters(d_model, mix_lora, decay_lora, init_depth)
-        self.receptance = nn.Linear(d_model, d_model, bias=False)
-        self.key = nn.Linear(d_model, d_model, bias=False)
-        self.value = nn.Linear(d_model, d_model, bias=False)
-        self.gate = nn.Linear(d_model, d_model, bias=False)
+        # `bias`: biases on the linear projections (receptance, key, value, gate, output), off as in RWKV-6
+        self.receptance = nn.Linear(d_model, d_model, bias=bias)
+        self.key = nn.Linear(d_model, d_model, bias=bias)
+        self.value = nn.Linear(d_model, d_model, bias=bias)
+        self.gate = nn.Linear(d_model, d_model, bias=bias)
         self.ln_x = nn.GroupNorm(self.n_heads, d_model, eps=1e-5 * head_size_divisor**2)
-        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
         head_axes = "batch pos head d_head"
         self.hook_r, self.hook_k, self.hook_v = (AxisHookPoint(head_axes) for _ in range(3))

@@ -7,20 +7,30 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 
+#: how a short convolution's bias starts: at zero, or as nn.Conv1d's (the mixers' `conv_bias_init`)
+CONV_BIAS_INITS = ("zeros", "torch")
+
+
 class ShortConv(nn.Module):
     """Causal depthwise convolution along positions: ``[batch, pos, channels] -> same``.
 
     Output at position t sees inputs t-kernel_size+1 .. t only (left padding), so the
     mixer stays causal. Parameters are those of an ``nn.Conv1d(groups=channels)``, named
     ``weight [channels, 1, kernel_size]`` and ``bias [channels]`` as in causal-conv1d.
+    The weight starts as ``nn.Conv1d``'s; the bias at zero, or with ``torch_bias_init=True`` as
+    ``nn.Conv1d``'s (uniform in ±1/√kernel_size, drawn after the weight): what zoology's
+    convolutions start from, since its model-wide initialisation leaves convolutions alone.
     """
 
-    def __init__(self, channels: int, kernel_size: int, bias: bool = True):
+    def __init__(self, channels: int, kernel_size: int, bias: bool = True, torch_bias_init: bool = False):
         super().__init__()
         self.kernel_size = kernel_size
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
         self.bias = nn.Parameter(torch.zeros(channels)) if bias else None
         nn.init.kaiming_uniform_(self.weight, a=5**0.5)
+        if torch_bias_init and self.bias is not None:
+            bound = 1 / kernel_size**0.5  # nn.Conv1d: 1/sqrt(fan_in), fan_in = in_channels/groups * kernel_size
+            nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the convolved ``[batch, pos, channels]``."""

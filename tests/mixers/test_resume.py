@@ -18,6 +18,7 @@ CONFIGS = [
     ("attention", {}),
     ("attention", {"n_heads": 2, "window": 3}),
     ("attention", {"n_heads": 2, "qkv_conv": "qk", "conv_size": 3}),
+    ("attention", {"bias": False, "out_bias": False}),
     ("mamba", {}),
     ("mamba", {"d_conv": 0}),
     ("mamba", {"d_conv": 2, "gate": False}),
@@ -30,6 +31,7 @@ CONFIGS = [
     ("baseconv", {"kernel_size": -1, "l_max": 16, "implicit_long_conv": False, "use_act": True}),
     ("hyena", {"l_max": 16}),
     ("hyena", {"l_max": 16, "filter_bias": True, "short_filter_order": 5}),
+    ("hyena", {"l_max": 64, "bias": True, "train_filter_z": True, "conv_bias_init": "torch"}),
     ("h3", {"l_max": 16}),
     ("h3", {"l_max": 5, "head_dim": 1}),
     ("h3", {"l_max": 16, "d_state": 4, "head_dim": 4}),
@@ -40,8 +42,10 @@ CONFIGS = [
     ("deltanet", {}),
     ("deltanet", {"chunk_size": 4, "num_heads": 2}),
     ("deltanet", {"mode": "recurrent", "conv_size": 0, "use_beta": False, "output_norm": False}),
+    ("deltanet", {"bias": True, "chunk_size": 4}),
     ("rwkv", {}),
     ("rwkv", {"chunk_size": 3}),
+    ("rwkv", {"bias": True}),
 ]
 IDS = [f"{name}-{'-'.join(f'{k}={v}' for k, v in opts.items()) or 'default'}" for name, opts in CONFIGS]
 N_ROWS, N_POS, D_MODEL = 5, 12, 16
