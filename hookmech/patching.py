@@ -42,7 +42,7 @@ from torch import Tensor
 
 from .cache import CacheFile, answer_probs, run_chunks
 from .errors import HookmechError, UsageError, suggest
-from .hooks import pos_axis_of
+from .hooks import axis_size, pos_axis_of
 from .mixers.base import take_window, window_index
 from .sites import PositionPatch, hook_to_site, position_patches, resolve_sites
 from .tasks.batch import Batch
@@ -102,12 +102,14 @@ def head_axis_of(model, hook: str) -> int:
 
 
 def n_heads_of(model, hook: str) -> int:
-    """Return the size of `hook`'s head axis, read from the mixer's `n_heads` (the block's mixer)."""
-    module_path = hook.rsplit(".", 1)[0]
-    n_heads = getattr(model.get_submodule(module_path), "n_heads", None)
+    """Return the size of `hook`'s head axis, as its hook point declares it (`hooks.axis_size`,
+    whatever the mixer calls its head option); a UsageError if it has no head axis or no size."""
+    head_axis_of(model, hook)
+    n_heads = axis_size(model.hook_dict[hook], "head")
     if n_heads is None:
-        raise UsageError(f"{hook_to_site(hook)}[*]: cannot tell how many heads its mixer has; name a head, e.g. [0]")
-    return int(n_heads)
+        raise UsageError(f"{hook_to_site(hook)}[*]: its hook does not declare how many heads it has; "
+                         "name a head, e.g. [0]")
+    return n_heads
 
 
 def parse_sites(specs: Iterable[str], model) -> list[PatchSite]:
