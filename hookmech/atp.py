@@ -27,7 +27,7 @@ from torch import Tensor
 from .cache import CacheFile, run_chunks
 from .errors import HookmechError, UsageError, unknown
 from .hooks import pos_axis_of
-from .patching import _Runs, attribution_score, patch
+from .patching import CONTEXT_MEMORY, _Runs, attribution_score, patch
 from .sites import hook_to_site, position_patches, resolve_sites
 from .tasks.batch import Batch
 
@@ -220,8 +220,10 @@ def verify_top(
     k: int,
     threshold: float = 0.01,
     max_batch: int = 256,
+    context_memory: int = CONTEXT_MEMORY,
 ) -> list[dict[str, Any]]:
-    """Re-run the `k` records with the largest |AtP estimate| exactly (`hookmech.patching.patch`).
+    """Re-run the `k` records with the largest |AtP estimate| exactly (`hookmech.patching.patch`,
+    with `threshold`, `max_batch` and `context_memory` as there).
 
     `source` must be the one the records were computed from. Returns those `k` records, strongest
     first, each the AtP record (``attribution``, ``p_patched`` still the estimate, ``method="atp"``)
@@ -244,7 +246,8 @@ def verify_top(
             if any(_needs_all(label, batch.lengths) for label in specs):
                 # `all` leaves rows shorter than p unpatched; an integer spec would refuse them.
                 specs = ["all", *(label for label in specs if not label.isdigit())]
-            for record in patch(model, source, [hook], specs, threshold=threshold, max_batch=max_batch):
+            for record in patch(model, source, [hook], specs, threshold=threshold, max_batch=max_batch,
+                                context_memory=context_memory):
                 exact[hook, record["pos"]] = record
     verified = []
     for record in top:
