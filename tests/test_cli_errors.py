@@ -57,3 +57,39 @@ def test_bad_input_is_one_line_and_an_exit_code(setup, argv, code, message, tmp_
 def test_every_row_has_a_unique_id():
     ids = [row[0] for row in ALL_ROWS]
     assert ids and len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize(("error", "words"), [
+    (PermissionError(13, "Permission denied", "/ro/d.h5"), "/ro/d.h5: Permission denied"),
+    (FileNotFoundError(2, "No such file or directory", "/gone/d.h5"), "/gone/d.h5: No such file or directory"),
+    (IsADirectoryError(21, "Is a directory", "/out/d.h5"), "/out/d.h5: Is a directory"),
+    (NotADirectoryError(20, "Not a directory", "/file/d.h5"), "/file/d.h5: Not a directory"),
+    (FileExistsError(17, "File exists", "/out"), "/out: File exists"),
+    (OSError(28, "No space left on device", "/full/d.h5"), "/full/d.h5: No space left on device"),
+    (OSError(28, "No space left on device"), "No space left on device"),
+    (OSError(30, "Read-only file system", "/ro/d.h5"), "/ro/d.h5: Read-only file system"),
+], ids=["permission", "not-found", "is-a-directory", "not-a-directory", "exists", "no-space", "no-space-no-name",
+        "read-only"])
+def test_os_errors_the_user_can_fix_are_one_plain_line(error, words, monkeypatch, capsys):
+    """Writing an output the system refuses (root runs these tests, so the refusal is simulated)."""
+    import hookmech.datasets
+
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(hookmech.datasets, "save_dataset", refuse)
+    code, _, err = run_cli(["data", "ar", "--n", "4", "-o", "/ro/d.h5"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0] == f"hookmech: error: {words}", err
+
+
+def test_other_os_errors_are_still_unexpected(monkeypatch, capsys):
+    import hookmech.datasets
+
+    def fail(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(hookmech.datasets, "save_dataset", fail)
+    code, _, err = run_cli(["data", "ar", "--n", "4", "-o", "/x/d.h5"], capsys)
+    assert code == 1 and "unexpected" in err and len(err.strip().splitlines()) == 1, err
