@@ -49,7 +49,7 @@ def evaluate_mechanism(model, batch, sites: Sequence[str], positions: Sequence[s
     """Patch every (site, position) on `batch`; return ``(records, attribution_columns(records))``."""
     from .patching import patch
 
-    records = patch(model, batch, sites=list(sites), positions=list(positions), threshold=threshold,
+    records = patch(model, batch, sites=sites, positions=positions, threshold=threshold,
                     max_batch=max_batch)
     return records, attribution_columns(records)
 
@@ -67,9 +67,9 @@ def check_mech_options(task, model_config, sites: Sequence[str], positions: Sequ
         hook_names = HookedLM(model_config).hook_dict
     finally:
         torch.random.set_rng_state(state)  # building a probe model must not move the trainer's RNG
-    resolve_sites(list(sites), hook_names)
+    resolve_sites(sites, hook_names)
     probe = task.sample(2, seed=(0, MECH_STREAM))
-    position_patches(list(positions), probe.roles, probe.lengths, probe.tokens.shape[1])
+    position_patches(positions, probe.roles, probe.lengths, probe.tokens.shape[1])
 
 
 def mech_callback(
@@ -97,7 +97,11 @@ def mech_callback(
     if every % eval_every:
         raise UsageError(f"--mech-every {every} must be a multiple of --eval-every {eval_every} "
                          "(attributions are measured at evaluations)")
-    sites, positions = list(sites), list(positions)
+    from .patching import check_threshold
+    from .sites import as_specs
+
+    check_threshold(threshold)
+    sites, positions = as_specs(sites), as_specs(positions)
     check_mech_options(task, model_config, sites, positions)
     batch = mech_batch(task, seed, n).trimmed()
 

@@ -10,7 +10,8 @@ A sweep file (TOML) has
               pos_emb, mlp_hidden_mult) and mixer options (`K` for every layer, `L0.K` for one)
     [mixer_options.<mixer>]   options for the layers whose mixer is <mixer> (e.g. attention)
     [grid]    lists whose product is the sweep: any model or trainer key, a mixer option
-              (`d_conv`, `L0.window`) or a task option (`task.num_kv_pairs`)
+              (`d_conv`, `L0.window`) or a task option (`task.num_kv_pairs`); without [grid]
+              the sweep is one run, and an empty [grid] is an error
     [mech]    optional: sites, positions (lists), n, seed, threshold, every (0: only at the end)
 
 Run ids are a pure function of the grid values (a readable part plus a hash), so a re-run of
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HookmechError, UsageError, unknown
-from .fileio import atomic_path, write_text_atomic
+from .fileio import atomic_path, read_json, write_text_atomic
 
 #: model keys a sweep may fix or vary; anything else in [model] or [grid] is a mixer option
 MODEL_KEYS = ("arch", "mixer", "d_model", "n_layers", "n_heads", "mlp", "tie_embeddings", "pos_emb", "mlp_hidden_mult")
@@ -111,6 +112,9 @@ def parse_sweep(text: str, name: str = "sweep") -> Sweep:
         if key not in train_keys:
             raise unknown(f"trainer option in {name} [train]:", key, train_keys)
     grid = _flatten(data.get("grid", {}))
+    if "grid" in data and not grid:
+        raise UsageError(f"{name}: [grid] is empty; give each varied key a list (e.g. seed = [0, 1]), "
+                         "or drop [grid] for a single run")
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise UsageError(f"{name}: [grid] {key} must be a non-empty list, got {values!r}")
@@ -265,7 +269,7 @@ def validate(runs: Iterable[Run]) -> None:
 
 # -- one run -------------------------------------------------------------------------------
 def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_json(path) if path.exists() else None
 
 
 def _needs_test_split(task_spec: dict[str, Any]) -> bool:

@@ -37,7 +37,7 @@ from .cache import answer_probs, run_chunks
 from .checkpoint import save
 from .config import ModelConfig
 from .errors import HookmechError, UsageError
-from .fileio import atomic_path, write_text_atomic
+from .fileio import atomic_path, read_json, write_text_atomic
 from .model import HookedLM
 from .tasks import Task
 from .tasks.ar import rng_for
@@ -256,7 +256,7 @@ def train(
     record = _run_record(model_config, task, config, train_set_sha256)
     run_path = out / "run.json"
     if run_path.exists():
-        previous = json.loads(run_path.read_text())
+        previous = read_json(run_path)
         if previous != json.loads(json.dumps(record)):
             if previous.get("train_set_sha256") != train_set_sha256:
                 raise HookmechError(
@@ -266,7 +266,7 @@ def train(
             raise HookmechError(f"{out} holds a different run (its run.json differs); choose another -o folder")
     if summary_path.exists():
         log(f"{out}: already trained (summary.json exists); not retraining")
-        return json.loads(summary_path.read_text())
+        return read_json(summary_path)
     torch.manual_seed(config.seed)
     # build before writing run.json: a config the mixers refuse must not claim the folder
     model = HookedLM(model_config).to(device).train()

@@ -24,8 +24,67 @@ def _nothing(tmp: Path) -> None:
     """No setup."""
 
 
+def _write_cache(tmp: Path) -> Path:
+    """A small cache of the bundled fixture (8 rows, L1.block_in), its model_sha256 the fixture's."""
+    from hookmech.cache import write_cache
+    from hookmech.checkpoint import load
+    from hookmech.fileio import sha256_of
+    from hookmech.tasks import from_checkpoint
+
+    task = from_checkpoint(FIXTURE)
+    return write_cache(load(FIXTURE), task.sample(8, seed=0), tmp / "c.h5", ["blocks.1.hook_resid_pre"],
+                       model_sha256=sha256_of(FIXTURE), task_spec=task.spec)
+
+
+def _edit_cache(edit):
+    """A setup writing the small cache, then changing it with `edit(h5)`."""
+    def setup(tmp: Path) -> None:
+        import h5py
+
+        with h5py.File(_write_cache(tmp), "r+") as h5:
+            edit(h5)
+    return setup
+
+
+def _short_answers(h5) -> None:
+    answers = h5["answers"][()]
+    del h5["answers"]
+    h5["answers"] = answers[:3]
+
+
+def _dataset(tmp: Path) -> None:
+    from hookmech.datasets import save_dataset
+    from hookmech.tasks import from_checkpoint
+
+    task = from_checkpoint(FIXTURE)
+    save_dataset(task.sample(8, seed=0), task, tmp / "d.h5", seed=0)
+
+
+def _file(tmp: Path) -> None:
+    (tmp / "f").write_text("a file, not a folder\n")
+
+
+def _corrupt_run_json(tmp: Path) -> None:
+    (tmp / "r").mkdir()
+    (tmp / "r" / "run.json").write_text('{"model_config": {')
+
+
+def _sweep_empty_grid(tmp: Path) -> None:
+    (tmp / "s.toml").write_text('[task]\nname = "ar"\n[train]\nsteps = 2\n[grid]\n')
+
+
 #: setups by name: each prepares files under the test's temporary folder
-SETUPS = {"none": _nothing}
+SETUPS = {
+    "none": _nothing,
+    "cache": _write_cache,
+    "cache_v2": _edit_cache(lambda h5: h5.attrs.modify("format_version", 2)),
+    "cache_no_p_answer": _edit_cache(lambda h5: h5.__delitem__("p_answer/clean")),
+    "cache_short_answers": _edit_cache(_short_answers),
+    "dataset": _dataset,
+    "file": _file,
+    "corrupt_run_json": _corrupt_run_json,
+    "sweep_empty_grid": _sweep_empty_grid,
+}
 
 #: (id, setup, argv, exit code, message substring)
 ROWS_USAGE = [
@@ -34,7 +93,39 @@ ROWS_USAGE = [
      "L9.block_in"),
 ]
 
-ALL_ROWS = ROWS_USAGE
+PATCH = ["patch", "--ckpt", "{ckpt}", "--n", "4"]
+
+#: messages that say what was typed, or what is missing, and where
+ROWS_MESSAGES = [
+    ("joint-site-with-an-empty-part", "none", [*PATCH, "--site", "L0.block_out+", "--pos", "value"], 2,
+     "site 'L0.block_out+' has an empty part"),
+    ("joint-position-with-an-empty-part", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value+"], 2,
+     "position 'value+' has an empty part"),
+    ("all-inside-a-joint-position", "none", [*PATCH, "--site", "L0.block_out", "--pos", "key+all"], 2,
+     "'all' cannot be part of the joint position 'key+all'"),
+    ("probe-at-all-positions", "cache", ["probe", "{tmp}/c.h5", "--site", "L1.block_in", "--pos", "all"], 2,
+     "a probe reads one position per row, not 'all'"),
+    ("cache-of-another-format-version", "cache_v2", ["inspect", "{tmp}/c.h5"], 1,
+     "cache format version 2 is not supported (expected 1)"),
+    ("dataset-file-given-as-cache", "dataset", [*PATCH[:3], "--site", "L0.block_out", "--pos", "value",
+                                                "--cache", "{tmp}/d.h5"], 1,
+     "a hookmech dataset file, not an activation cache"),
+    ("cache-without-p-answer", "cache_no_p_answer", ["inspect", "{tmp}/c.h5"], 1, "no p_answer/clean"),
+    ("cache-with-short-answers", "cache_short_answers", [*PATCH[:3], "--site", "L1.block_in", "--pos", "value",
+                                                         "--cache", "{tmp}/c.h5"], 1,
+     "answers has 3 rows, the cache 8"),
+    ("corrupt-run-json", "corrupt_run_json", [*TRAIN_SMALL, "-o", "{tmp}/r"], 1, "run.json: not valid JSON"),
+    ("output-under-a-file", "file", ["data", "ar", "--n", "4", "-o", "{tmp}/f/d.h5"], 1,
+     "/f is a file, not a folder"),
+    ("run-folder-under-a-file", "file", [*TRAIN_SMALL, "-o", "{tmp}/f/r"], 1, "/f is a file, not a folder"),
+    ("threshold-nan", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value", "--threshold", "nan"], 2,
+     "threshold must be a finite number, got nan"),
+    ("threshold-inf-atp", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value", "--method", "atp",
+                                   "--threshold", "inf"], 2, "threshold must be a finite number, got inf"),
+    ("sweep-with-an-empty-grid", "sweep_empty_grid", ["sweep", "{tmp}/s.toml", "--dry-run"], 2, "[grid] is empty"),
+]
+
+ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES
 
 
 def _expand(argv: list[str], tmp: Path) -> list[str]:
@@ -57,3 +148,39 @@ def test_bad_input_is_one_line_and_an_exit_code(setup, argv, code, message, tmp_
 def test_every_row_has_a_unique_id():
     ids = [row[0] for row in ALL_ROWS]
     assert ids and len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize(("error", "words"), [
+    (PermissionError(13, "Permission denied", "/ro/d.h5"), "/ro/d.h5: Permission denied"),
+    (FileNotFoundError(2, "No such file or directory", "/gone/d.h5"), "/gone/d.h5: No such file or directory"),
+    (IsADirectoryError(21, "Is a directory", "/out/d.h5"), "/out/d.h5: Is a directory"),
+    (NotADirectoryError(20, "Not a directory", "/file/d.h5"), "/file/d.h5: Not a directory"),
+    (FileExistsError(17, "File exists", "/out"), "/out: File exists"),
+    (OSError(28, "No space left on device", "/full/d.h5"), "/full/d.h5: No space left on device"),
+    (OSError(28, "No space left on device"), "No space left on device"),
+    (OSError(30, "Read-only file system", "/ro/d.h5"), "/ro/d.h5: Read-only file system"),
+], ids=["permission", "not-found", "is-a-directory", "not-a-directory", "exists", "no-space", "no-space-no-name",
+        "read-only"])
+def test_os_errors_the_user_can_fix_are_one_plain_line(error, words, monkeypatch, capsys):
+    """Writing an output the system refuses (root runs these tests, so the refusal is simulated)."""
+    import hookmech.datasets
+
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(hookmech.datasets, "save_dataset", refuse)
+    code, _, err = run_cli(["data", "ar", "--n", "4", "-o", "/ro/d.h5"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0] == f"hookmech: error: {words}", err
+
+
+def test_other_os_errors_are_still_unexpected(monkeypatch, capsys):
+    import hookmech.datasets
+
+    def fail(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(hookmech.datasets, "save_dataset", fail)
+    code, _, err = run_cli(["data", "ar", "--n", "4", "-o", "/x/d.h5"], capsys)
+    assert code == 1 and "unexpected" in err and len(err.strip().splitlines()) == 1, err

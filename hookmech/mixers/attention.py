@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, splice, window_index
 from .short_conv import ShortConv
 
@@ -61,6 +61,7 @@ class Attention(Mixer):
         self.hook_attn_scores = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
         self.hook_pattern = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
         self.hook_z = AxisHookPoint(head_axes)
+        declare_sizes(self, head=n_heads)
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""

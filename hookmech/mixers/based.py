@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, splice, state_before, window_index
 from .state_patch import hook_state_with_propagation
 
@@ -116,6 +116,7 @@ class Based(Mixer):
         self.hook_kv_state = AxisHookPoint("batch pos head feature d_head")
         self.hook_k_state = AxisHookPoint("batch pos head feature")
         self.hook_y = AxisHookPoint("batch pos head d_head")
+        declare_sizes(self, head=num_heads)
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""

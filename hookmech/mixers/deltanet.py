@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
@@ -91,6 +91,7 @@ class DeltaNet(Mixer):
         self.hook_beta = AxisHookPoint("batch pos head")
         self.hook_state = AxisHookPoint("batch pos head d_head_v d_head_k")
         self.hook_y = AxisHookPoint(head_axes)
+        declare_sizes(self, head=num_heads)
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""

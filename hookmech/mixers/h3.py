@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, splice, take_window
 from .long_conv import fft_causal_conv
 
@@ -141,6 +141,7 @@ class H3(Mixer):
         self.hook_ssm = AxisHookPoint("batch pos head d_k d_v")
         self.hook_shift_filter = AxisHookPoint("lag head d_head", pos_axis=None)
         self.hook_ssm_filter = AxisHookPoint("lag head", pos_axis=None)
+        declare_sizes(self, head=self.n_heads)
 
     def forward(self, u: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""

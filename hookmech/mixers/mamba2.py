@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
@@ -211,6 +211,7 @@ class Mamba2(Mixer):
         self.hook_C = AxisHookPoint("batch pos group d_state")
         self.hook_ssm_state = AxisHookPoint("batch pos head headdim d_state")
         self.hook_y = AxisHookPoint("batch pos head headdim")
+        declare_sizes(self, head=n_heads, group=ngroups)
 
     def forward(self, u: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]`` of ``u [batch, pos, d_model]``."""

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, state_before
 from .state_patch import hook_state_with_propagation
 
@@ -167,6 +167,7 @@ class RWKV6(Mixer):
         self.hook_gate = AxisHookPoint("batch pos d_model")
         self.hook_state = AxisHookPoint("batch pos head d_head_k d_head_v")
         self.hook_output = AxisHookPoint(head_axes)
+        declare_sizes(self, head=self.n_heads)
 
     @torch.no_grad()
     def _init_time_parameters(self, d_model: int, mix_lora: int, decay_lora: int, depth: float) -> None:
