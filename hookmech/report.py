@@ -10,7 +10,8 @@ From ``RUNS/results.csv`` (and the run folders) `build_report` draws
   (induction) against the query (direct retrieval in layer 0) (paper 000 fig. 3b);
 - ``attribution_summary.png`` — mean attribution per position and series with 95% bootstrap
   intervals over runs (paper 000 fig. 4b, 6b);
-- ``heatmap_<run-id>.png`` — site × position attributions of the best run of each series;
+- ``heatmap_<run-id>.png`` — site × position attributions of the best run of each series
+  (`SELECTION_RULE`: highest dev accuracy; ties: smallest lr, then largest d_model);
 - ``dynamics_<run-id>.png`` — loss, accuracy and attributions against the step, for selected
   runs trained with ``--mech-every`` (paper 003 §5).
 
@@ -343,14 +344,20 @@ def headline_table(summary: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: how `select_runs` picks the best run of a series (also said in report.md)
+SELECTION_RULE = "highest dev accuracy; ties: smallest lr, then largest d_model, then first in results.csv"
+
+
 def select_runs(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
-    """Return the best finished run (highest dev accuracy, then smallest lr) of each series."""
-    best: dict[str, dict[str, Any]] = {}
+    """Return the best finished run of each series, in order of each series' first row: highest
+    dev accuracy; ties go to the smallest lr, then the largest d_model, then the first in `rows`
+    (`SELECTION_RULE`)."""
+    best: dict[str, tuple[tuple, dict[str, Any]]] = {}
     for row in rows:
         if row["status"] != "finished":
             continue
         name = series_of(row, keys)
-        rank = (row["dev_acc"], row.get("d_model") or 0, -(row.get("lr") or 0))
+        rank = (row["dev_acc"], -(row.get("lr") or 0), row.get("d_model") or 0)
         if name not in best or rank > best[name][0]:
             best[name] = (rank, row)
     return [entry[1] for entry in best.values()]
@@ -456,7 +463,8 @@ def build_report(
         if plot_dynamics(_read_metrics(run_dir / "metrics.jsonl"), out_dir / name, f"{title}: {label}: training dynamics"):
             detail += [f"![dynamics {row['run_id']}]({name})", ""]
     if detail:
-        lines += ["## Selected runs", "", "Heatmaps: every block-level site × role, one patch each. "
+        chosen = "the runs given" if runs else f"the best run of each series ({SELECTION_RULE})"
+        lines += ["## Selected runs", "", f"Runs: {chosen}. Heatmaps: every block-level site × role, one patch each. "
                   "Dynamics: runs trained with `--mech-every` (or `[mech] every`).", "", *detail]
     report = out_dir / "report.md"
     write_text_atomic(report, "\n".join(lines).rstrip() + "\n")
