@@ -79,13 +79,15 @@ def _acquire(folder: Path, what: str) -> int:
 
 @contextlib.contextmanager
 def folder_lock(folder: str | Path, what: str = "folder") -> Iterator[Path]:
-    """Hold the advisory lock of `folder` (made if missing) for the block; yield the folder.
+    """Hold the advisory lock of `folder` for the block; yield the folder. A missing folder is
+    made, and removed again at the end if the block left it empty.
 
     Raises `FolderLocked` (a HookmechError naming the folder and the PID holding it) at once if
     another process, or another thread of this one, holds it. `what` names the folder in that
     message ("run folder", "runs folder").
     """
     folder = Path(folder)
+    made = not folder.exists()
     if fcntl is None:  # pragma: no cover - not on POSIX
         folder.mkdir(parents=True, exist_ok=True)
         yield folder
@@ -117,3 +119,6 @@ def folder_lock(folder: str | Path, what: str = "folder") -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(folder / LOCK_NAME)  # while still locked: see `_acquire`
         os.close(fd)
+        if made:
+            with contextlib.suppress(OSError):  # only if empty: a block that wrote nothing leaves no folder
+                folder.rmdir()

@@ -23,7 +23,6 @@ from its last checkpoint ends with exactly the weights of an uninterrupted one.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -265,15 +264,9 @@ def train(
     if train_set is None and train_set_sha256 is not None:
         raise UsageError("train_set_sha256 given without a train_set")
     record = _run_record(model_config, task, config, train_set_sha256)
-    created = not out.exists()
-    try:
-        with folder_lock(out, "run folder"):
-            return _train_in_folder(task, model_config, config, out, record, device=device, progress=progress,
-                                    on_step=on_step, on_eval=on_eval, log=log, train_set=train_set)
-    finally:
-        if created:
-            with contextlib.suppress(OSError):  # only when empty: a run that never started leaves no folder
-                out.rmdir()
+    with folder_lock(out, "run folder"):  # a run that never started leaves no folder it made
+        return _train_in_folder(task, model_config, config, out, record, device=device, progress=progress,
+                                on_step=on_step, on_eval=on_eval, log=log, train_set=train_set)
 
 
 #: files whose presence means a run folder holds training done (run.json alone does not)

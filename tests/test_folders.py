@@ -121,3 +121,61 @@ def test_a_folder_holding_only_run_json_is_not_a_run_yet(tmp_path):
     _, _, other = small_setup(lr=1e-2)
     with pytest.raises(HookmechError, match="different run"):
         train(task, model_config, other, out, progress=False)
+
+
+# -- sweeps: the runs folder is locked; each worker locks only its run's folder --------------
+SWEEP = """
+name = "tiny"
+[task]
+name = "ar"
+vocab_size = 16
+num_kv_pairs = 3
+[train]
+steps = 4
+n_train = 0
+n_dev = 8
+batch_size = 8
+eval_every = 2
+ckpt_every = 2
+[grid]
+d_model = [8]
+seed = [0, 1]
+"""
+
+
+def test_a_sweep_into_a_runs_folder_another_sweep_holds_is_refused(tmp_path, holder):
+    from hookmech.sweep import parse_sweep, run_sweep
+
+    process = holder(tmp_path / "runs")
+    with pytest.raises(HookmechError, match=rf"runs folder {tmp_path / 'runs'} is in use by process {process.pid}\b"):
+        run_sweep(parse_sweep(SWEEP), tmp_path / "runs", threads=1, log=lambda m: None)
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [".lock"]  # nothing trained, no results.csv
+
+
+def test_a_sweep_run_whose_folder_another_process_holds_fails_alone(tmp_path, holder):
+    from hookmech.sweep import expand, parse_sweep, read_results, run_sweep
+
+    sweep = parse_sweep(SWEEP)
+    first, second = expand(sweep)
+    process = holder(tmp_path / "runs" / first.run_id)
+    with pytest.raises(HookmechError, match="1 of 2 runs failed"):
+        run_sweep(sweep, tmp_path / "runs", threads=1, log=lambda m: None)
+    rows = {row["run_id"]: row for row in read_results(tmp_path / "runs" / "results.csv")}
+    assert rows[first.run_id]["status"] == "error" and f"in use by process {process.pid}" in rows[first.run_id]["error"]
+    assert rows[second.run_id]["status"] == "finished"  # the other run trained meanwhile
+    assert not (tmp_path / "runs" / ".lock").exists() and not (tmp_path / "runs" / second.run_id / ".lock").exists()
+
+
+# -- sweeps check every option of every run before the first run trains ---------------------
+@pytest.mark.parametrize(("mech", "message"), [
+    ('sites = ["L9.block_in"]', "L9.block_in"),
+    ('positions = ["nosuchrole"]', "nosuchrole"),
+    ("every = 3", "[mech] every 3 must be a multiple of eval_every 2"),
+])
+def test_a_sweep_with_a_bad_mech_option_fails_before_training_anything(tmp_path, capsys, mech, message):
+    sweep_file = tmp_path / "bad.toml"
+    sweep_file.write_text(SWEEP + f"[mech]\n{mech}\n")
+    code, _, err = run_cli(["sweep", str(sweep_file), "-o", str(tmp_path / "runs")], capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("hookmech: error: run d8_s0_") and message in err, err
+    assert not (tmp_path / "runs").exists()  # nothing trained, nothing written
