@@ -179,3 +179,70 @@ def test_a_sweep_with_a_bad_mech_option_fails_before_training_anything(tmp_path,
     assert code == 2, err
     assert err.count("\n") == 1 and err.startswith("hookmech: error: run d8_s0_") and message in err, err
     assert not (tmp_path / "runs").exists()  # nothing trained, nothing written
+
+
+# -- a report folder appears whole, or not at all -------------------------------------------
+@pytest.fixture
+def runs_with_results(tmp_path):
+    from hookmech.sweep import write_results
+
+    from test_report import synthetic_rows
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    write_results(synthetic_rows(), runs / "results.csv")
+    return runs
+
+
+def _beside(folder):
+    """Names in `folder`'s parent that belong to a report being built (temporary folders)."""
+    return sorted(p.name for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}."))
+
+
+def test_a_report_of_an_unknown_run_writes_nothing(runs_with_results, tmp_path, capsys):
+    out = tmp_path / "report"
+    code, _, err = run_cli(["report", str(runs_with_results), "--run", "nosuchrun", "--no-heatmaps", "-o", str(out)],
+                           capsys)
+    assert code == 2 and err.count("\n") == 1 and "unknown run 'nosuchrun'" in err, err
+    assert not out.exists() and _beside(out) == []
+
+
+def test_a_report_replaces_an_earlier_report_whole(runs_with_results, tmp_path):
+    from hookmech.report import build_report
+
+    out = tmp_path / "report"
+    build_report(runs_with_results, out, heatmaps=False)
+    (out / "heatmap_of_an_earlier_selection.png").write_bytes(b"\x89PNG old")
+    before = sorted(p.name for p in out.iterdir())
+    path = build_report(runs_with_results, out, heatmaps=False)
+    assert path == out / "report.md" and path.exists()
+    assert sorted(p.name for p in out.iterdir()) == [name for name in before if not name.startswith("heatmap_")]
+    assert _beside(out) == []
+
+
+def test_a_report_that_fails_midway_leaves_the_earlier_report_as_it_was(runs_with_results, tmp_path, monkeypatch):
+    import hookmech.report as report
+
+    out = tmp_path / "report"
+    report.build_report(runs_with_results, out, heatmaps=False)
+    earlier = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(report, "plot_value_vs_query", broken)
+    with pytest.raises(RuntimeError, match="drawing failed"):
+        report.build_report(runs_with_results, out, heatmaps=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == earlier
+    assert _beside(out) == []
+
+
+def test_a_report_into_a_folder_that_is_not_a_report_is_refused(runs_with_results, tmp_path):
+    from hookmech.errors import UsageError
+    from hookmech.report import build_report
+
+    with pytest.raises(UsageError, match=r"is not a report folder \(it holds results.csv\)"):
+        build_report(runs_with_results, runs_with_results, heatmaps=False)
+    assert sorted(p.name for p in runs_with_results.iterdir()) == ["results.csv"]
+    (tmp_path / "empty").mkdir()
+    assert build_report(runs_with_results, tmp_path / "empty", heatmaps=False).exists()
