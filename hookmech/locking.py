@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import HookmechError
+from .errors import HookmechError, UsageError
 
 try:
     import fcntl
@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - not on POSIX
 
 LOCK_NAME = ".lock"
 
-_held: dict[Path, list[int]] = {}  # resolved folder -> [owning thread, depth]
+_held: dict[Path, tuple[int, int]] = {}  # resolved folder -> (pid, thread) holding its lock
 _guard = threading.Lock()
 
 
@@ -87,6 +87,8 @@ def folder_lock(folder: str | Path, what: str = "folder") -> Iterator[Path]:
     message ("run folder", "runs folder").
     """
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{what} {folder} is a file, not a folder")
     made = not folder.exists()
     if fcntl is None:  # pragma: no cover - not on POSIX
         folder.mkdir(parents=True, exist_ok=True)
@@ -94,23 +96,17 @@ def folder_lock(folder: str | Path, what: str = "folder") -> Iterator[Path]:
         return
     folder.mkdir(parents=True, exist_ok=True)
     key = folder.resolve()
-    me = threading.get_ident()
+    me = (os.getpid(), threading.get_ident())  # a forked child is not the holder
     with _guard:
-        entry = _held.get(key)
-        if entry is not None:
-            if entry[0] != me:
-                raise _busy(folder, what, str(os.getpid()))
-            entry[1] += 1
-    if entry is not None:
-        try:
-            yield folder
-        finally:
-            with _guard:
-                entry[1] -= 1
+        holder = _held.get(key)
+        if holder is not None and holder != me:
+            raise _busy(folder, what, str(os.getpid()))
+    if holder == me:  # nested: the outer block holds the lock and releases it
+        yield folder
         return
     fd = _acquire(folder, what)
     with _guard:
-        _held[key] = [me, 1]
+        _held[key] = me
     try:
         yield folder
     finally:
