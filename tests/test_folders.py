@@ -69,6 +69,15 @@ def test_cli_train_into_a_locked_folder_is_one_line_naming_the_pid(tmp_path, hol
     assert f"in use by process {process.pid}" in err and "Traceback" not in err
 
 
+def test_a_run_folder_that_is_a_file_is_a_usage_error(tmp_path):
+    from hookmech.errors import UsageError
+
+    task, model_config, config = small_setup()
+    (tmp_path / "run").write_text("not a folder")
+    with pytest.raises(UsageError, match=r"run folder .*run is a file, not a folder"):
+        train(task, model_config, config, tmp_path / "run", progress=False)
+
+
 # -- a run folder is claimed only once training has started ---------------------------------
 def test_a_run_that_fails_before_its_first_step_leaves_the_folder_free(tmp_path, monkeypatch):
     task, model_config, config = small_setup(n_dev=10**8)
