@@ -98,6 +98,7 @@ ROWS_RUNS = [
     ("sweep-into-a-locked-runs-folder", "locked-runs", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 1,
      "/runs is in use by process"),
     ("sweep-mech-unknown-site", "sweep-mech-site", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2, "L9.block_in"),
+    ("sweep-dry-run-mech-unknown-site", "sweep-mech-site", ["sweep", "{tmp}/s.toml", "--dry-run"], 2, "L9.block_in"),
     ("sweep-mech-unknown-position", "sweep-mech-position", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2,
      "unknown position 'nosuchrole'"),
     ("sweep-mech-every-off-the-evaluations", "sweep-mech-every", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2,
