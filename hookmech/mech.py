@@ -60,16 +60,22 @@ def check_mech_options(task, model_config, sites: Sequence[str], positions: Sequ
     import torch
 
     from .model import HookedLM
-    from .sites import position_patches, resolve_sites
 
     state = torch.random.get_rng_state()
     try:
         hook_names = HookedLM(model_config).hook_dict
     finally:
         torch.random.set_rng_state(state)  # building a probe model must not move the trainer's RNG
+    check_sites_and_positions(hook_names, task.sample(2, seed=(0, MECH_STREAM)), sites, positions)
+
+
+def check_sites_and_positions(hook_names, batch, sites: Sequence[str], positions: Sequence[str]) -> None:
+    """Raise a UsageError when a site matches no hook of `hook_names` or a position is not one of
+    `batch`'s rows (a role of its task, or an index inside every row); return None otherwise."""
+    from .sites import position_patches, resolve_sites
+
     resolve_sites(sites, hook_names)
-    probe = task.sample(2, seed=(0, MECH_STREAM))
-    position_patches(positions, probe.roles, probe.lengths, probe.tokens.shape[1])
+    position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
 
 
 def mech_callback(

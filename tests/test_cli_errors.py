@@ -86,6 +86,64 @@ SETUPS = {
     "sweep_empty_grid": _sweep_empty_grid,
 }
 
+# -- run, sweep and report folders -----------------------------------------------------------
+#: processes started by setups (holding folder locks); stopped after each test
+_HOLDERS: list = []
+
+SWEEP_SMALL = """
+[task]
+name = "ar"
+vocab_size = 16
+num_kv_pairs = 3
+[train]
+steps = 4
+n_train = 0
+n_dev = 8
+batch_size = 8
+eval_every = 2
+[grid]
+d_model = [8]
+seed = [0, 1]
+"""
+
+
+@pytest.fixture(autouse=True)
+def _stop_lock_holders():
+    yield
+    from lock_holder import stop_lock_holder
+
+    while _HOLDERS:
+        stop_lock_holder(_HOLDERS.pop())
+
+
+def _hold_lock(folder: Path) -> None:
+    from lock_holder import start_lock_holder
+
+    _HOLDERS.append(start_lock_holder(folder))
+
+
+def _sweep_file(tmp: Path, mech: str | None = None) -> None:
+    (tmp / "s.toml").write_text(SWEEP_SMALL + (f"[mech]\n{mech}\n" if mech is not None else ""))
+
+
+def _runs_with_results(tmp: Path) -> None:
+    from hookmech.sweep import write_results
+
+    (tmp / "runs").mkdir()
+    write_results([{"run_id": "a", "d_model": 8, "seed": 0, "status": "finished", "dev_acc": 1.0, "dev_p_answer": 0.9,
+                    "steps": 4, "seconds": 1.0}], tmp / "runs" / "results.csv")
+
+
+SETUPS.update({
+    "locked-run": lambda tmp: _hold_lock(tmp / "r"),
+    "locked-runs": lambda tmp: (_sweep_file(tmp), _hold_lock(tmp / "runs")),
+    "sweep-mech-site": lambda tmp: _sweep_file(tmp, 'sites = ["L9.block_in"]'),
+    "sweep-mech-position": lambda tmp: _sweep_file(tmp, 'positions = ["value", "nosuchrole"]'),
+    "sweep-mech-every": lambda tmp: _sweep_file(tmp, "every = 3"),
+    "sweep-mech-n": lambda tmp: _sweep_file(tmp, 'n = "many"'),
+    "runs-with-results": _runs_with_results,
+})
+
 #: (id, setup, argv, exit code, message substring)
 ROWS_USAGE = [
     ("unknown-mixer", "none", [*TRAIN_SMALL, "--mixer", "nosuch", "-o", "{tmp}/r"], 2, "unknown mixer 'nosuch'"),
@@ -125,7 +183,26 @@ ROWS_MESSAGES = [
     ("sweep-with-an-empty-grid", "sweep_empty_grid", ["sweep", "{tmp}/s.toml", "--dry-run"], 2, "[grid] is empty"),
 ]
 
-ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES
+#: run folders, sweeps and reports: refused before anything is trained or drawn
+ROWS_RUNS = [
+    ("train-into-a-locked-run-folder", "locked-run", [*TRAIN_SMALL, "-o", "{tmp}/r"], 1, "/r is in use by process"),
+    ("sweep-into-a-locked-runs-folder", "locked-runs", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 1,
+     "/runs is in use by process"),
+    ("sweep-mech-unknown-site", "sweep-mech-site", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2, "L9.block_in"),
+    ("sweep-dry-run-mech-unknown-site", "sweep-mech-site", ["sweep", "{tmp}/s.toml", "--dry-run"], 2, "L9.block_in"),
+    ("sweep-mech-unknown-position", "sweep-mech-position", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2,
+     "unknown position 'nosuchrole'"),
+    ("sweep-mech-every-off-the-evaluations", "sweep-mech-every", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2,
+     "[mech] every 3 must be a multiple of eval_every 2"),
+    ("sweep-mech-n-not-a-number", "sweep-mech-n", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2,
+     "[mech] n must be an integer >= 1"),
+    ("report-unknown-run", "runs-with-results", ["report", "{tmp}/runs", "--run", "nosuchrun", "-o", "{tmp}/R"], 2,
+     "unknown run 'nosuchrun'"),
+    ("report-into-a-folder-that-is-not-a-report", "runs-with-results",
+     ["report", "{tmp}/runs", "--no-heatmaps", "-o", "{tmp}/runs"], 2, "is not a report folder (it holds results.csv)"),
+]
+
+ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES + ROWS_RUNS
 
 
 def _expand(argv: list[str], tmp: Path) -> list[str]:
