@@ -67,6 +67,7 @@ def _file(tmp: Path) -> None:
 def _corrupt_run_json(tmp: Path) -> None:
     (tmp / "r").mkdir()
     (tmp / "r" / "run.json").write_text('{"model_config": {')
+    (tmp / "r" / "metrics.jsonl").write_text("")  # a started run: its run.json is read
 
 
 def _sweep_empty_grid(tmp: Path) -> None:
