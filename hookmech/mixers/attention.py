@@ -77,6 +77,19 @@ class Attention(Mixer):
         z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.out_proj(z.reshape(batch, n_pos, -1))
 
+    def effective_attention(self, x: Tensor) -> Tensor:
+        """Return M ``[batch, head, query_pos, key_pos]`` (float32): the attention pattern
+        (`hook_pattern`, window and q/k convolutions included), which is exactly how the
+        head mixes its values: ``hook_z[b, t, h] = Σ_s M[b, h, t, s] hook_v[b, s, h]``."""
+        batch, n_pos, _ = x.shape
+        projected = dict(zip("qk", self.Wqkv(x).chunk(3, dim=-1)))
+        for name in "qk":
+            if name in self.convs:
+                projected[name] = self.convs[name](projected[name])
+        q, k = (projected[c].view(batch, n_pos, self.n_heads, self.d_head) for c in "qk")
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
+        return scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")).softmax(dim=-1).float()
+
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
     def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
         """Return ``{"qkv": Wqkv(x)}`` ``[N, T, 3 d_model]``: the projections of every position
