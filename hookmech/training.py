@@ -40,6 +40,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 from torch.nn import functional as F
 
+from .allocator import keep_freed_memory
 from .cache import answer_probs, run_chunks
 from .checkpoint import save
 from .config import ModelConfig
@@ -252,6 +253,7 @@ def train(
     The folder is locked while the run trains (`hookmech.locking.folder_lock`): a second
     process training into it gets a `HookmechError` naming the PID that holds it.
     """
+    keep_freed_memory()  # CPU steps allocate multi-MB temporaries: see hookmech/allocator.py
     out = Path(out_dir)
     log = log or (lambda message: print(message, file=sys.stderr))
     if train_set is not None:
