@@ -2,7 +2,8 @@
 
 Format version 1::
 
-    /                      attrs: format, format_version, model_sha256, model_config, task, hookmech_version
+    /                      attrs: format, format_version, model_hash, model_sha256, model_config, task,
+                           hookmech_version
     tokens/clean|corrupt   int32 [N, T]
     lengths, answers, doc_index   int32 [N]
     roles/<role>           int32 [N]
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +31,7 @@ from torch import Tensor
 from . import __version__
 from .errors import HookmechError, UsageError, suggest, unknown
 from .fileio import atomic_path
+from .identity import model_hash
 from .sites import hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
 
@@ -95,6 +98,7 @@ def write_cache(
         h5.attrs.update({
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
+            "model_hash": model_hash(model),
             "model_sha256": model_sha256,
             "model_config": model.cfg.to_json(),
             "task": json.dumps(task_spec or {}, sort_keys=True),
@@ -220,6 +224,13 @@ class _ChunkWriter:
             dataset.write_direct(value, dest_sel=np.s_[rows.start:rows.stop])
 
 
+class UnverifiedCacheWarning(UserWarning):
+    """A cache records no model_hash, so the model it was made from cannot be checked."""
+
+
+_warned_unverified = False
+
+
 class CacheFile:
     """Lazy read access to a cache file: nothing is read until it is indexed.
 
@@ -247,7 +258,31 @@ class CacheFile:
     # -- metadata ------------------------------------------------------------------------
     @property
     def model_sha256(self) -> str:
-        return str(self._h5.attrs["model_sha256"])
+        """The SHA-256 of the checkpoint file the cache was made from ('' when unknown)."""
+        return str(self._h5.attrs.get("model_sha256", ""))
+
+    @property
+    def model_hash(self) -> str | None:
+        """The `hookmech.identity.model_hash` of the model the cache was made from; None in
+        caches written before it was recorded."""
+        value = self._h5.attrs.get("model_hash")
+        return str(value) if value else None
+
+    def check_model(self, model) -> None:
+        """Raise `HookmechError` unless `model` is the model this cache was made from (same
+        `model_hash`). A cache without a model_hash (an older one) cannot be checked: that
+        warns (`UnverifiedCacheWarning`, once per process) and passes. Returns None."""
+        global _warned_unverified
+        if self.model_hash is None:
+            if not _warned_unverified:
+                _warned_unverified = True
+                warnings.warn(f"{self.path} records no model_hash (written by an older hookmech): cannot check "
+                              "that it was made from this model", UnverifiedCacheWarning, stacklevel=3)
+            return
+        own = model_hash(model)
+        if own != self.model_hash:
+            raise HookmechError(f"{self.path} was made from another model (its model_hash {self.model_hash}, "
+                                f"this model's {own}); make a cache of this model")
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -338,7 +373,7 @@ class CacheFile:
 
     def summary(self) -> dict[str, Any]:
         """Return what the file holds, reading only metadata and the two ``[N]`` p(answer) arrays:
-        ``path, format_version, n, n_pos, model_sha256, task, model (mixers, d_model, n_layers,
+        ``path, format_version, n, n_pos, model_hash (None in older caches), model_sha256, task, model (mixers, d_model, n_layers,
         d_vocab), hookmech_version, roles, p_clean, p_corrupt`` (means) and ``sites``, one dict per
         stored hook: ``site, hook, runs, shape, dtype, compression, chunks``."""
         config = self.model_config
@@ -353,6 +388,7 @@ class CacheFile:
             "format_version": int(self._h5.attrs["format_version"]),
             "n": self.n,
             "n_pos": int(self._h5["tokens/clean"].shape[1]),
+            "model_hash": self.model_hash,
             "model_sha256": self.model_sha256,
             "task": self.task,
             "model": {key: config.get(key) for key in ("mixers", "d_model", "n_layers", "d_vocab")},

@@ -229,6 +229,7 @@ class _Runs:
         self.computed: dict[tuple[str, str], Tensor] = {}
         self.contexts: dict[tuple[int, str], dict[str, Tensor]] = {}
         if cache is not None:
+            cache.check_model(model)  # a cache of another model would give numbers that mean nothing
             self.p_answer = {which: cache.p_answer(which).double() for which in ("clean", "corrupt")}
         if missing or need_logits or cache is None:
             self._compute(missing, max_batch, base)

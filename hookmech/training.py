@@ -330,7 +330,9 @@ def train(
             on_step(done)
     bar.close()
     summary = {"status": "finished", "steps": total, "seconds": round(elapsed(), 3), **evaluate(model, dev)}
-    save(model, out / "model.safetensors", task_spec=task.spec, summary=summary)
+    # no wall-clock values in the model file: identical runs write identical checkpoints
+    save(model, out / "model.safetensors", task_spec=task.spec,
+         summary={key: value for key, value in summary.items() if key != "seconds"})
     _write_summary(summary_path, summary)
     return summary
 

@@ -24,8 +24,18 @@ def _nothing(tmp: Path) -> None:
     """No setup."""
 
 
+def _cache_of_mamba(tmp: Path) -> None:
+    """{tmp}/mamba.h5: a small cache of the Mamba fixture (another model than {ckpt}'s)."""
+    import hookmech
+    from hookmech.cache import write_cache
+
+    path = FIXTURE.parent / "mamba_ar.safetensors"
+    model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
+    write_cache(model, task.sample(4, seed=0), tmp / "mamba.h5", ["blocks.1.hook_resid_pre"], task_spec=task.spec)
+
+
 #: setups by name: each prepares files under the test's temporary folder
-SETUPS = {"none": _nothing}
+SETUPS = {"none": _nothing, "cache of mamba": _cache_of_mamba}
 
 #: (id, setup, argv, exit code, message substring)
 ROWS_USAGE = [
@@ -34,7 +44,14 @@ ROWS_USAGE = [
      "L9.block_in"),
 ]
 
-ALL_ROWS = ROWS_USAGE
+#: files: a cache of another model
+ROWS_FILES = [
+    ("patch-cache-of-another-model", "cache of mamba",
+     ["patch", "--ckpt", "{ckpt}", "--cache", "{tmp}/mamba.h5", "--site", "L1.block_in", "--pos", "value"], 1,
+     "was made from another model than"),
+]
+
+ALL_ROWS = ROWS_USAGE + ROWS_FILES
 
 
 def _expand(argv: list[str], tmp: Path) -> list[str]:
