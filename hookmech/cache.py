@@ -30,7 +30,7 @@ from torch import Tensor
 
 from . import __version__
 from .errors import HookmechError, UsageError, suggest, unknown
-from .fileio import atomic_path
+from .fileio import atomic_h5
 from .identity import model_hash
 from .sites import hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
@@ -94,7 +94,7 @@ def write_cache(
     if chunk < 1:
         raise UsageError(f"chunk must be >= 1 rows, got {chunk}")
     device = next(model.parameters()).device
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
+    with atomic_h5(path) as h5:
         h5.attrs.update({
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -104,12 +104,12 @@ def write_cache(
             "task": json.dumps(task_spec or {}, sort_keys=True),
             "hookmech_version": __version__,
         })
-        h5["tokens/clean"] = batch.tokens.numpy().astype(np.int32)
-        h5["tokens/corrupt"] = batch.corrupt_tokens.numpy().astype(np.int32)
-        for name in ("lengths", "answers", "doc_index"):
-            h5[name] = getattr(batch, name).numpy().astype(np.int32)
-        for role, positions in batch.roles.items():
-            h5[f"roles/{role}"] = positions.numpy().astype(np.int32)
+        # every dataset stays referenced until the file closes (see atomic_h5: one freed while
+        # the disk is full cannot report its failed flush)
+        columns = {"tokens/clean": batch.tokens, "tokens/corrupt": batch.corrupt_tokens,
+                   **{name: getattr(batch, name) for name in ("lengths", "answers", "doc_index")},
+                   **{f"roles/{role}": positions for role, positions in batch.roles.items()}}
+        written = [h5.create_dataset(name, data=value.numpy().astype(np.int32)) for name, value in columns.items()]
         # One thread writes while the next forward runs: torch computes without holding the
         # GIL, so the file writes (about as long as the forwards on CPU) overlap with them.
         with ThreadPoolExecutor(max_workers=1) as io, _ChunkWriter(h5, n_rows, chunk, compression, io) as writer:
@@ -131,7 +131,8 @@ def write_cache(
                     progress(rows.stop - rows.start)
         for hook, same in aliases.items():
             for which in ("clean", "corrupt"):
-                h5[f"acts/{which}/{hook}"] = h5[f"acts/{which}/{same}"]  # an HDF5 hard link
+                h5[f"acts/{which}/{hook}"] = writer.datasets[f"acts/{which}/{same}"]  # an HDF5 hard link
+    del written  # after the file is closed
     return Path(path)
 
 
@@ -158,6 +159,7 @@ class _ChunkWriter:
         self.collected: list[tuple[str, slice, np.ndarray]] = []
         self.pending: list[Future] = []
         self.previous: list[Future] = []
+        self.failed = False
 
     def __enter__(self) -> _ChunkWriter:
         return self
@@ -198,8 +200,14 @@ class _ChunkWriter:
         futures.clear()
 
     def _put_all(self, collected: list[tuple[str, slice, np.ndarray]]) -> None:
-        for name, rows, value in collected:
-            self._put(name, rows, value)
+        if self.failed:  # a write already failed (a full disk): the file is abandoned
+            return
+        try:
+            for name, rows, value in collected:
+                self._put(name, rows, value)
+        except BaseException:
+            self.failed = True
+            raise
 
     def _put(self, name: str, rows: slice, value: np.ndarray) -> None:
         value = np.ascontiguousarray(value)

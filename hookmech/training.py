@@ -37,7 +37,7 @@ from .cache import answer_probs, run_chunks
 from .checkpoint import save
 from .config import ModelConfig
 from .errors import HookmechError, UsageError
-from .fileio import atomic_path, write_text_atomic
+from .fileio import atomic_path, disk_full_as_error, write_text_atomic
 from .model import HookedLM
 from .tasks import Task
 from .tasks.ar import rng_for
@@ -320,7 +320,7 @@ def train(
             if on_eval is not None:
                 entry.update(on_eval(done, model))
                 model.train()
-            with open(metrics_path, "a") as handle:
+            with disk_full_as_error(metrics_path), open(metrics_path, "a") as handle:
                 handle.write(json.dumps(entry) + "\n")
             loss_sum, loss_count = 0.0, 0
             bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{last_eval['dev_acc']:.3f}")
