@@ -6,8 +6,8 @@ import warnings
 
 import click
 
-from .common import (CONTEXT, device_option, load_model_and_task, progress, set_threads, split_flag, threads_option,
-                     to_json)
+from .common import (CONTEXT, device_option, load_model_and_task, progress, refuse_overwriting_inputs, set_threads,
+                     split_flag, threads_option, to_json)
 
 
 @click.command(context_settings=CONTEXT)
@@ -47,6 +47,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
+    refuse_overwriting_inputs([("-o", out_path)], [("--ckpt", ckpt)])
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
     hooks = resolve_sites(split_flag(site_specs) or ["all"], model.hook_dict)
@@ -107,6 +108,8 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
         raise UsageError("--verify-top K needs --method atp and K >= 0")
     if corrupt is not None and cache_path is not None:
         raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
+    refuse_overwriting_inputs([("--per-example", per_example)],
+                              [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)])
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
     if corrupt is not None:

@@ -43,6 +43,9 @@ from .tasks import Task
 from .tasks.ar import rng_for
 from .tasks.batch import Batch
 
+#: the files `train` writes into a run folder
+RUN_FILES = ("run.json", "model.safetensors", "resume.safetensors", "metrics.jsonl", "summary.json")
+
 # seed streams: independent documents for each purpose
 _TRAIN_SET, _DEV_SET, _FRESH, _EPOCH_ORDER = 0, 1, 2, 3
 

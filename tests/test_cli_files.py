@@ -1,5 +1,5 @@
-"""The command line and the files it reads and writes: `patch --cache` accepts exactly the
-caches of the checkpoint's model."""
+"""The command line and the files it reads and writes: outputs never overwrite inputs, and
+`patch --cache` accepts exactly the caches of the checkpoint's model."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,19 @@ FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 TRAIN_SMALL = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3",
                "--n-train", "0", "--steps", "4", "--d-model", "16", "--n-dev", "8", "--eval-every", "2"]
 PATCH = ["--site", "L1.block_in", "--pos", "value", "--json"]
+
+
+def test_cache_onto_its_own_checkpoint_is_refused_and_the_checkpoint_kept(tmp_path, capsys):
+    ckpt = tmp_path / "m.safetensors"
+    ckpt.write_bytes(FIXTURE.read_bytes())
+    code, _, err = run_cli(["cache", "--ckpt", str(ckpt), "--n", "4", "-o", str(ckpt)], capsys)
+    assert code == 2 and "which is the input --ckpt" in err
+    assert ckpt.read_bytes() == FIXTURE.read_bytes()
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(ckpt)
+    code, _, err = run_cli(["cache", "--ckpt", str(link), "--n", "4", "-o", str(ckpt)], capsys)
+    assert code == 2 and "which is the input --ckpt" in err
+    assert ckpt.read_bytes() == FIXTURE.read_bytes()
 
 
 def test_patch_accepts_the_cache_of_a_retrained_identical_model(tmp_path, capsys):
