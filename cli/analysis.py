@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import click
 
-from .common import (CONTEXT, device_option, load_model_and_task, progress, set_threads, split_flag, threads_option,
-                     to_json)
+from .common import (CONTEXT, device_option, load_model_and_task, progress, refuse_overwriting_inputs, set_threads,
+                     split_flag, threads_option, to_json)
 
 
 @click.command(context_settings=CONTEXT)
@@ -46,6 +47,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
+    refuse_overwriting_inputs([("-o", out_path)], [("--ckpt", ckpt)])
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
     hooks = resolve_sites(split_flag(site_specs) or ["all"], model.hook_dict)
@@ -92,9 +94,9 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
           data_path=None, metric="p_answer", direction=None, ablate=None, ablate_seed=0, corrupt=None,
           context_memory=2048):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position."""
-    from hookmech.cache import CacheFile
-    from hookmech.errors import HookmechError, UsageError
-    from hookmech.fileio import sha256_of, write_text_atomic
+    from hookmech.cache import CacheFile, UnverifiedCacheWarning
+    from hookmech.errors import UsageError
+    from hookmech.fileio import write_text_atomic
     from hookmech.patching import patch as run_patch
     from hookmech.tables import format_records
 
@@ -106,6 +108,8 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
         raise UsageError("--verify-top K needs --method atp and K >= 0")
     if corrupt is not None and cache_path is not None:
         raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
+    refuse_overwriting_inputs([("--per-example", per_example)],
+                              [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)])
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
     if corrupt is not None:
@@ -116,20 +120,22 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
         source = _patch_rows_from_file(data_path, task)
     elif cache_path is not None:
         source = CacheFile(cache_path)
-        if source.model_sha256 != sha256_of(ckpt):
-            source.close()
-            raise HookmechError(f"{cache_path} was made from another checkpoint (model_sha256 differs from {ckpt})")
+        _check_cache_model(source, model, ckpt)
     else:
         source = task.sample(n, seed=seed)
     try:
-        records = run_patch(model, source, split_flag(site_specs), split_flag(pos_specs), method=method, threshold=threshold,
-                            max_batch=max_batch, per_example=per_example is not None, metric=metric, direction=direction,
-                            ablate=ablate, ablate_seed=ablate_seed, context_memory=context_memory << 20)
-        if verify_top:
-            from hookmech.atp import verify_top as verify
+        with warnings.catch_warnings():
+            # an older cache without a model_hash was checked above, by the checkpoint file's hash
+            warnings.simplefilter("ignore", UnverifiedCacheWarning)
+            records = run_patch(model, source, split_flag(site_specs), split_flag(pos_specs), method=method,
+                                threshold=threshold, max_batch=max_batch, per_example=per_example is not None,
+                                metric=metric, direction=direction, ablate=ablate, ablate_seed=ablate_seed,
+                                context_memory=context_memory << 20)
+            if verify_top:
+                from hookmech.atp import verify_top as verify
 
-            records = verify(model, source, records, verify_top, threshold=threshold, max_batch=max_batch,
-                             context_memory=context_memory << 20)
+                records = verify(model, source, records, verify_top, threshold=threshold, max_batch=max_batch,
+                                 context_memory=context_memory << 20)
     finally:
         if cache_path is not None:
             source.close()
@@ -139,6 +145,26 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
             record.pop("p_patched_rows")
             record.pop("metric_patched_rows", None)
     click.echo(to_json(records, indent=1) if as_json else format_records(records))
+
+
+def _check_cache_model(cache, model, ckpt) -> None:
+    """Refuse (closing it) a cache made from another model than `ckpt`'s: by `model_hash`, or,
+    for an older cache that records none, by the SHA-256 of the checkpoint file. Returns None."""
+    from hookmech.errors import HookmechError
+    from hookmech.fileio import sha256_of
+    from hookmech.identity import model_hash
+
+    recorded = cache.model_hash
+    if recorded is not None:
+        own = model_hash(model)
+        if recorded != own:
+            cache.close()
+            raise HookmechError(f"{cache.path} was made from another model than {ckpt} "
+                                f"(cache model_hash {recorded}, checkpoint's {own})")
+    elif cache.model_sha256 != sha256_of(ckpt):
+        cache.close()
+        raise HookmechError(f"{cache.path} was made from another checkpoint (an older cache without model_hash; "
+                            f"its model_sha256 differs from {ckpt}'s file hash)")
 
 
 def _patch_rows_from_file(data_path, task):

@@ -47,6 +47,34 @@ device_option = click.option("--device", default="cpu", show_default=True, help=
 threads_option = click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 
 
+def refuse_overwriting_inputs(outputs, inputs) -> None:
+    """Raise a UsageError if a path the command writes is one of its input files or folders.
+
+    `outputs` and `inputs` are ``(option, path)`` pairs (a None path is skipped); list as
+    outputs the files a command writes inside an output folder too. Paths are compared
+    resolved: `os.path.samefile` when both exist (links, ``./`` and ``..`` all count), else
+    `Path.resolve`. Returns None.
+    """
+    import os
+    from pathlib import Path
+
+    from hookmech.errors import UsageError
+
+    def same(a: str, b: str) -> bool:
+        try:
+            return os.path.samefile(a, b)
+        except OSError:  # one does not exist (yet)
+            return Path(a).resolve() == Path(b).resolve()
+
+    for in_option, in_path in inputs:
+        if in_path is None:
+            continue
+        for out_option, out_path in outputs:
+            if out_path is not None and same(out_path, in_path):
+                raise UsageError(f"{out_option} would write {out_path}, which is the input {in_option} {in_path}; "
+                                 "choose another output path")
+
+
 def load_model_and_task(ckpt: str, device: str):
     """Return (model on `device`, task) of a checkpoint."""
     from hookmech.checkpoint import load

@@ -26,7 +26,7 @@ def inspect(cache_path, as_json):
     lines = [
         f"cache      {summary['path']} (format v{summary['format_version']}, hookmech {summary['hookmech_version']})",
         f"examples   N={summary['n']}, T={summary['n_pos']}",
-        f"model      sha256 {summary['model_sha256'] or '-'}; "
+        f"model      model_hash {summary['model_hash'] or '- (older cache)'}, file sha256 {summary['model_sha256'] or '-'}; "
         f"{','.join(dict.fromkeys(mixers)) or '?'} d_model={model.get('d_model')} n_layers={model.get('n_layers')}",
         f"task       {json.dumps(summary['task'], sort_keys=True)}",
         f"roles      {', '.join(summary['roles'])}",

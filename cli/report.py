@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, set_threads, split_flag, threads_option
+from .common import CONTEXT, refuse_overwriting_inputs, set_threads, split_flag, threads_option
 
 
 @click.command(context_settings=CONTEXT)
@@ -21,6 +21,8 @@ def report(runs_dir, out_dir, run_ids, n, seed, no_heatmaps, threads):
 
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
+    inputs = [("RUNS_DIR", runs_dir), *(("RUNS_DIR", f"{runs_dir}/{name}") for name in ("results.csv", "sweep.json"))]
+    refuse_overwriting_inputs([("-o", out_dir), ("-o", f"{out_dir}/report.md")], inputs)
     set_threads(threads)
     path = build_report(runs_dir, out_dir, runs=split_flag(run_ids) or None, n=n, seed=seed,
                         heatmaps=not no_heatmaps, log=lambda message: click.echo(message, err=True))

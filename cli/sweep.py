@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, check_device, device_option
+from .common import CONTEXT, check_device, device_option, refuse_overwriting_inputs
 
 
 @click.command(context_settings=CONTEXT)
@@ -32,6 +32,9 @@ def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, a
         return
     if (sweep_file is None) == (preset is None):
         raise UsageError("give a SWEEP_FILE or --preset NAME (one of them)")
+    if runs_dir is not None and not dry_run:
+        refuse_overwriting_inputs([("-o", runs_dir), *(("-o", f"{runs_dir}/{name}") for name in ("sweep.json", "results.csv"))],
+                                  [("SWEEP_FILE", sweep_file)])
     spec = load_sweep(sweep_file) if sweep_file is not None else load_preset(preset)
     if dry_run:
         runs = expand(spec)

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .common import CONTEXT, check_device, device_option, set_threads, split_flag, threads_option
+from .common import CONTEXT, check_device, device_option, refuse_overwriting_inputs, set_threads, split_flag, threads_option
 
 
 @click.command(context_settings=CONTEXT)
@@ -48,13 +48,15 @@ def train(task_name, task_opt, mixer, preset, mixer_opt, d_model, n_layers, n_he
     from hookmech.config import build_config
     from hookmech.errors import UsageError
     from hookmech.options import parse_options
-    from hookmech.training import TrainConfig
+    from hookmech.training import RUN_FILES, TrainConfig
     from hookmech.training import train as run_training
 
     if epochs is not None and steps is not None:
         raise UsageError("give --epochs or --steps, not both")
     if d_model <= 0 or n_layers <= 0 or n_heads <= 0:
         raise UsageError("--d-model, --n-layers and --n-heads must be > 0")
+    refuse_overwriting_inputs([("-o", out_dir), *(("-o", f"{out_dir}/{name}") for name in RUN_FILES)],
+                              [("--data", data_path)])
     task_options = parse_options(task_opt, "--task-opt")
     train_set, train_set_sha256 = None, None
     if data_path is None:

@@ -2,7 +2,8 @@
 
 Format version 1::
 
-    /                      attrs: format, format_version, model_sha256, model_config, task, hookmech_version
+    /                      attrs: format, format_version, model_hash, model_sha256, model_config, task,
+                           hookmech_version
     tokens/clean|corrupt   int32 [N, T]
     lengths, answers, doc_index   int32 [N]
     roles/<role>           int32 [N]
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -28,7 +30,8 @@ from torch import Tensor
 
 from . import __version__
 from .errors import HookmechError, UsageError, suggest, unknown
-from .fileio import atomic_path
+from .fileio import atomic_h5
+from .identity import model_hash
 from .sites import hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
 
@@ -142,21 +145,22 @@ def write_cache(
     if chunk < 1:
         raise UsageError(f"chunk must be >= 1 rows, got {chunk}")
     device = next(model.parameters()).device
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
+    with atomic_h5(path) as h5:
         h5.attrs.update({
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
+            "model_hash": model_hash(model),
             "model_sha256": model_sha256,
             "model_config": model.cfg.to_json(),
             "task": json.dumps(task_spec or {}, sort_keys=True),
             "hookmech_version": __version__,
         })
-        h5["tokens/clean"] = batch.tokens.numpy().astype(np.int32)
-        h5["tokens/corrupt"] = batch.corrupt_tokens.numpy().astype(np.int32)
-        for name in ("lengths", "answers", "doc_index"):
-            h5[name] = getattr(batch, name).numpy().astype(np.int32)
-        for role, positions in batch.roles.items():
-            h5[f"roles/{role}"] = positions.numpy().astype(np.int32)
+        # every dataset stays referenced until the file closes (see atomic_h5: one freed while
+        # the disk is full cannot report its failed flush)
+        columns = {"tokens/clean": batch.tokens, "tokens/corrupt": batch.corrupt_tokens,
+                   **{name: getattr(batch, name) for name in ("lengths", "answers", "doc_index")},
+                   **{f"roles/{role}": positions for role, positions in batch.roles.items()}}
+        written = [h5.create_dataset(name, data=value.numpy().astype(np.int32)) for name, value in columns.items()]
         # One thread writes while the next forward runs: torch computes without holding the
         # GIL, so the file writes (about as long as the forwards on CPU) overlap with them.
         with ThreadPoolExecutor(max_workers=1) as io, _ChunkWriter(h5, n_rows, chunk, compression, io) as writer:
@@ -178,7 +182,8 @@ def write_cache(
                     progress(rows.stop - rows.start)
         for hook, same in aliases.items():
             for which in ("clean", "corrupt"):
-                h5[f"acts/{which}/{hook}"] = h5[f"acts/{which}/{same}"]  # an HDF5 hard link
+                h5[f"acts/{which}/{hook}"] = writer.datasets[f"acts/{which}/{same}"]  # an HDF5 hard link
+    del written  # after the file is closed
     return Path(path)
 
 
@@ -205,6 +210,7 @@ class _ChunkWriter:
         self.collected: list[tuple[str, slice, np.ndarray]] = []
         self.pending: list[Future] = []
         self.previous: list[Future] = []
+        self.failed = False
 
     def __enter__(self) -> _ChunkWriter:
         return self
@@ -245,8 +251,14 @@ class _ChunkWriter:
         futures.clear()
 
     def _put_all(self, collected: list[tuple[str, slice, np.ndarray]]) -> None:
-        for name, rows, value in collected:
-            self._put(name, rows, value)
+        if self.failed:  # a write already failed (a full disk): the file is abandoned
+            return
+        try:
+            for name, rows, value in collected:
+                self._put(name, rows, value)
+        except BaseException:
+            self.failed = True
+            raise
 
     def _put(self, name: str, rows: slice, value: np.ndarray) -> None:
         value = np.ascontiguousarray(value)
@@ -269,6 +281,13 @@ class _ChunkWriter:
             dataset.id.write_direct_chunk((rows.start, *[0] * (value.ndim - 1)), memoryview(value))  # no copy
         else:
             dataset.write_direct(value, dest_sel=np.s_[rows.start:rows.stop])
+
+
+class UnverifiedCacheWarning(UserWarning):
+    """A cache records no model_hash, so the model it was made from cannot be checked."""
+
+
+_warned_unverified = False
 
 
 class CacheFile:
@@ -332,7 +351,31 @@ class CacheFile:
     # -- metadata ------------------------------------------------------------------------
     @property
     def model_sha256(self) -> str:
-        return str(self._h5.attrs["model_sha256"])
+        """The SHA-256 of the checkpoint file the cache was made from ('' when unknown)."""
+        return str(self._h5.attrs.get("model_sha256", ""))
+
+    @property
+    def model_hash(self) -> str | None:
+        """The `hookmech.identity.model_hash` of the model the cache was made from; None in
+        caches written before it was recorded."""
+        value = self._h5.attrs.get("model_hash")
+        return str(value) if value else None
+
+    def check_model(self, model) -> None:
+        """Raise `HookmechError` unless `model` is the model this cache was made from (same
+        `model_hash`). A cache without a model_hash (an older one) cannot be checked: that
+        warns (`UnverifiedCacheWarning`, once per process) and passes. Returns None."""
+        global _warned_unverified
+        if self.model_hash is None:
+            if not _warned_unverified:
+                _warned_unverified = True
+                warnings.warn(f"{self.path} records no model_hash (written by an older hookmech): cannot check "
+                              "that it was made from this model", UnverifiedCacheWarning, stacklevel=3)
+            return
+        own = model_hash(model)
+        if own != self.model_hash:
+            raise HookmechError(f"{self.path} was made from another model (its model_hash {self.model_hash}, "
+                                f"this model's {own}); make a cache of this model")
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -423,7 +466,7 @@ class CacheFile:
 
     def summary(self) -> dict[str, Any]:
         """Return what the file holds, reading only metadata and the two ``[N]`` p(answer) arrays:
-        ``path, format_version, n, n_pos, model_sha256, task, model (mixers, d_model, n_layers,
+        ``path, format_version, n, n_pos, model_hash (None in older caches), model_sha256, task, model (mixers, d_model, n_layers,
         d_vocab), hookmech_version, roles, p_clean, p_corrupt`` (means) and ``sites``, one dict per
         stored hook: ``site, hook, runs, shape, dtype, compression, chunks``."""
         config = self.model_config
@@ -438,6 +481,7 @@ class CacheFile:
             "format_version": int(self._h5.attrs["format_version"]),
             "n": self.n,
             "n_pos": int(self._h5["tokens/clean"].shape[1]),
+            "model_hash": self.model_hash,
             "model_sha256": self.model_sha256,
             "task": self.task,
             "model": {key: config.get(key) for key in ("mixers", "d_model", "n_layers", "d_vocab")},

@@ -1,5 +1,5 @@
-"""Checkpoints: one safetensors file with config, task spec and version in its metadata
-(design.md §6). Loading never unpickles."""
+"""Checkpoints: one safetensors file with config, task spec, version and model hash in its
+metadata (design.md §6). Loading never unpickles. The same model saved twice gives the same bytes."""
 from __future__ import annotations
 
 import json
@@ -8,12 +8,13 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save as save_bytes
 
 from . import __version__
 from .config import ModelConfig
 from .errors import HookmechError
 from .fileio import atomic_path
+from .identity import state_hash
 from .model import HookedLM
 
 _PICKLE_MAGIC = b"\x80"  # pickle protocol >= 2 starts with PROTO
@@ -26,18 +27,22 @@ def save(
     task_spec: dict[str, Any] | None = None,
     summary: dict[str, Any] | None = None,
 ) -> Path:
-    """Write `model` (weights + config, task spec, summary) to a safetensors file atomically.
+    """Write `model` (weights + config, task spec, summary, `model_hash`) to a safetensors file
+    atomically; the same model, task spec and summary always give the same bytes.
 
+    The summary should hold no wall-clock values (a run's timings live in its summary.json).
     Returns the path written.
     """
-    metadata = {"hookmech_config": model.cfg.to_json(), "hookmech_version": __version__}
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    config_json = model.cfg.to_json()
+    metadata = {"hookmech_config": config_json, "hookmech_version": __version__,
+                "hookmech_model_hash": state_hash(config_json, tensors)}
     if task_spec is not None:
         metadata["hookmech_task"] = json.dumps(task_spec, sort_keys=True)
     if summary is not None:
         metadata["hookmech_summary"] = json.dumps(summary, sort_keys=True)
-    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+        write_safetensors(tensors, tmp, metadata)
     return Path(path)
 
 
@@ -45,6 +50,26 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
     """True when `head` (a file's first 9 bytes) is a safetensors header: an 8-byte
     little-endian header length that fits the file, then the JSON header's '{'."""
     return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= size - 8
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str]) -> None:
+    """Write a safetensors file whose bytes depend only on `tensors` and `metadata`.
+
+    safetensors writes its metadata in hash-map order, which differs from one call to the
+    next; the header is rewritten here with the metadata keys sorted (same tensors, same
+    offsets: the format's data start right after the 8-byte-aligned header). Returns None.
+    """
+    data = save_bytes(tensors, metadata=metadata)
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    ordered = {"__metadata__": dict(sorted(header.pop("__metadata__", {}).items()))}
+    ordered.update(header)  # tensor entries keep safetensors' (deterministic) order
+    text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as handle:
+        handle.write(len(text).to_bytes(8, "little"))
+        handle.write(text)
+        handle.write(memoryview(data)[8 + size :])
 
 
 def _refuse_non_safetensors(path: Path) -> None:
@@ -62,8 +87,9 @@ def _refuse_non_safetensors(path: Path) -> None:
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
-    """Return ``{"config": ModelConfig, "task": dict|None, "version": str, "summary": dict|None}``
-    from a checkpoint's header, without reading its tensors."""
+    """Return ``{"config": ModelConfig, "task": dict|None, "version": str, "summary": dict|None,
+    "model_hash": str|None}`` from a checkpoint's header, without reading its tensors
+    (``model_hash`` is None in checkpoints written before it was recorded)."""
     path = Path(path)
     if not path.is_file():
         raise HookmechError(f"{path}: no such checkpoint file")
@@ -81,6 +107,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
             "task": json.loads(metadata["hookmech_task"]) if "hookmech_task" in metadata else None,
             "summary": json.loads(metadata["hookmech_summary"]) if "hookmech_summary" in metadata else None,
             "version": metadata.get("hookmech_version"),
+            "model_hash": metadata.get("hookmech_model_hash"),
         }
     except (ValueError, TypeError) as error:
         raise HookmechError(f"{path}: corrupt hookmech metadata ({error})") from None

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from . import __version__
 from .errors import HookmechError
-from .fileio import atomic_path
+from .fileio import atomic_h5
 from .tasks import Task, from_spec
 from .tasks.batch import Batch
 
@@ -97,7 +97,7 @@ def save_dataset(batch: Batch, task: Task, path: str | Path, *, seed: int | None
     for name, array in columns.items():
         if array.shape[0] != n_rows:
             raise HookmechError(f"dataset field {name!r} has {array.shape[0]} rows, the batch {n_rows}")
-    with atomic_path(path) as tmp, h5py.File(tmp, "w") as h5:
+    with atomic_h5(path) as h5:
         h5.attrs.update({
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -106,12 +106,15 @@ def save_dataset(batch: Batch, task: Task, path: str | Path, *, seed: int | None
             "seed": -1 if seed is None else int(seed),
             "hookmech_version": __version__,
         })
+        # keep every dataset open until the file closes: one dropped while the disk is full
+        # fails to flush in its destructor, where h5py can only print the error and go on
+        written = []
         for name, array in columns.items():
             if array.ndim >= 2:
                 chunks = (min(_CHUNK_ROWS, n_rows), *array.shape[1:])
-                h5.create_dataset(name, data=array, chunks=chunks, compression=compression)
+                written.append(h5.create_dataset(name, data=array, chunks=chunks, compression=compression))
             else:
-                h5.create_dataset(name, data=array)
+                written.append(h5.create_dataset(name, data=array))
     return Path(path)
 
 

@@ -235,6 +235,7 @@ class _Runs:
         check_batch_fits(model, batch, "the examples" if cache is None else str(cache.path))
         if cache is not None:
             check_cache_fits(model, cache, batch, [hook for hook in wanted if hook not in missing])
+            cache.check_model(model)  # a cache of another model would give numbers that mean nothing
             self.p_answer = {which: cache.p_answer(which).double() for which in ("clean", "corrupt")}
         if missing or need_logits or cache is None:
             self._compute(missing, max_batch, base)

@@ -45,12 +45,15 @@ from .cache import answer_probs, run_chunks
 from .checkpoint import save
 from .config import ModelConfig
 from .errors import HookmechError, UsageError
-from .fileio import atomic_path, read_json, write_text_atomic
+from .fileio import atomic_path, disk_full_as_error, read_json, write_text_atomic
 from .locking import folder_lock
 from .model import HookedLM
 from .tasks import Task
 from .tasks.ar import rng_for
 from .tasks.batch import Batch
+
+#: the files `train` writes into a run folder
+RUN_FILES = ("run.json", "model.safetensors", "resume.safetensors", "metrics.jsonl", "summary.json")
 
 # seed streams: independent documents for each purpose
 _TRAIN_SET, _DEV_SET, _FRESH, _EPOCH_ORDER = 0, 1, 2, 3
@@ -361,7 +364,7 @@ def _train_loop(task: Task, config: TrainConfig, out: Path, model: HookedLM, opt
             if on_eval is not None:
                 entry.update(on_eval(done, model))
                 model.train()
-            with open(metrics_path, "a") as handle:
+            with disk_full_as_error(metrics_path), open(metrics_path, "a") as handle:
                 handle.write(json.dumps(entry) + "\n")
             loss_sum, loss_count = 0.0, 0
             bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{last_eval['dev_acc']:.3f}")
@@ -371,7 +374,9 @@ def _train_loop(task: Task, config: TrainConfig, out: Path, model: HookedLM, opt
             on_step(done)
     bar.close()
     summary = {"status": "finished", "steps": total, "seconds": round(elapsed(), 3), **evaluate(model, dev)}
-    save(model, out / "model.safetensors", task_spec=task.spec, summary=summary)
+    # no wall-clock values in the model file: identical runs write identical checkpoints
+    save(model, out / "model.safetensors", task_spec=task.spec,
+         summary={key: value for key, value in summary.items() if key != "seconds"})
     _write_summary(summary_path, summary)
     return summary
 

@@ -118,7 +118,7 @@ def test_failed_save_leaves_the_previous_file(tmp_path, ar_model, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint, "save_file", broken)
+    monkeypatch.setattr(checkpoint, "write_safetensors", broken)
     with pytest.raises(OSError):
         hookmech.save(ar_model, path)
     assert path.read_bytes() == before
