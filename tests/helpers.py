@@ -6,6 +6,15 @@ import torch
 import hookmech
 from hookmech.config import build_config
 
+# The documented numerical contracts (README, docs/guide.md §6). A test comparing two different
+# computations of the same numbers uses the contract it checks; only the same computation run
+# twice (determinism) compares exactly.
+#: the patching engine vs the plain `run_with_hooks` loop (hookmech.reference), in every p and
+#: metric; also any two engine paths (batching, resumed or full runs, kept contexts or not)
+ENGINE_TOL = 1e-5
+#: patching from an fp32 activation cache vs patching from scratch, in every p
+CACHE_TOL = 1e-6
+
 
 def make_model(task, seed: int = 0, **overrides) -> hookmech.HookedLM:
     """A random-init model for `task` (eval mode), deterministic in `seed`."""

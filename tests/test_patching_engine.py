@@ -13,7 +13,7 @@ from hookmech.mixers import REGISTRY
 from hookmech.patching import attribution_score, corrupt_answers, parse_sites, patch, resample_order
 from hookmech.reference import plain_loop_patch
 
-from helpers import make_model
+from helpers import ENGINE_TOL, make_model
 
 POSITIONS = ["key", "value+query"]
 ALL_POSITIONS = ["key", "value", "query", "divider", "key+value", "all"]
@@ -29,11 +29,12 @@ def positional_inside_sites(model) -> list[str]:
 def assert_matches_reference(model, batch, sites, positions=POSITIONS, max_batch=37, **options):
     records = patch(model, batch, sites, positions, max_batch=max_batch, **options)
     reference = plain_loop_patch(model, batch, sites, positions, **options)
-    assert len(records) == len(reference)
+    assert len(records) == len(reference) > 0
     for record in records:
         expected = reference[record["hook"], record["pos"]]
-        for key in KEYS:
-            assert abs(record[key] - expected[key]) <= 1e-5, (record["site"], record["pos"], key, record[key], expected[key])
+        for key in KEYS:  # contract: engine vs plain loop, ENGINE_TOL
+            assert abs(record[key] - expected[key]) <= ENGINE_TOL, (record["site"], record["pos"], key, record[key],
+                                                                   expected[key])
     return records
 
 
@@ -88,16 +89,17 @@ def test_all_heads_together_equal_the_whole_hook(ar_task):
     batch = ar_task.sample(12, seed=6)
     both = patch(model, batch, ["L1.mixer.z[0]+L1.mixer.z[1]"], ["key", "value"])
     whole = patch(model, batch, ["L1.mixer.z"], ["key", "value"])
-    for a, b in zip(both, whole):
-        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=1e-7)
+    for a, b in zip(both, whole, strict=True):  # two engine paths (per-head masks, whole hook): ENGINE_TOL
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)
 
 
 def test_noising_the_whole_residual_gives_the_corrupt_run(ar_task):
     model = make_model(ar_task)
     batch = ar_task.sample(20, seed=7)
     record, = patch(model, batch, ["L1.block_in"], ["whole"], direction="noise")
-    assert record["p_patched"] == pytest.approx(record["p_corrupt"], abs=1e-6)
-    assert record["attribution"] == pytest.approx(1.0, abs=1e-4)
+    # a resumed run vs the base run: ENGINE_TOL on p, so on the attribution ENGINE_TOL / its denominator
+    assert record["p_patched"] == pytest.approx(record["p_corrupt"], abs=ENGINE_TOL)
+    assert record["attribution"] == pytest.approx(1.0, abs=ENGINE_TOL / abs(record["p_clean"] - record["p_corrupt"]))
 
 
 def test_kl_attribution_formula(ar_task):
@@ -105,11 +107,12 @@ def test_kl_attribution_formula(ar_task):
     model = make_model(ar_task)
     batch = ar_task.sample(20, seed=8)
     record, = patch(model, batch, ["L1.block_in"], ["value"], metric="kl")
-    assert record["metric_clean"] == pytest.approx(0.0, abs=1e-6)
+    assert record["metric_clean"] == 0.0  # KL of the clean run's own log-softmax against itself: exactly 0
     kl_corrupt, kl_patched = record["metric_corrupt"], record["metric_patched"]
-    assert record["attribution"] == pytest.approx((kl_corrupt - kl_patched) / kl_corrupt, rel=1e-4)
+    # the same quotient written another way: float64 round-off
+    assert record["attribution"] == pytest.approx((kl_corrupt - kl_patched) / kl_corrupt, rel=1e-12)
     assert record["passes_filter"] == (kl_corrupt > 0.01)
-    assert attribution_score(1.0, 0.0, 0.25, "noise") == pytest.approx(0.75)
+    assert attribution_score(1.0, 0.0, 0.25, "noise") == 0.75  # exact in binary floating point
 
 
 def test_corrupt_answer_is_the_corrupt_value_or_the_corrupt_runs_best_other_token():
@@ -157,7 +160,8 @@ def test_skipped_rows_equal_computed_rows(ar_task):
     with torch.no_grad():
         rows = torch.arange(16)
         p = model(batch.corrupt_tokens)[rows, batch.query_pos].softmax(-1)[rows, batch.answers]
-    torch.testing.assert_close(torch.tensor(record["p_patched_rows"], dtype=torch.float32), p)
+    # the engine's base run vs a plain forward: ENGINE_TOL
+    torch.testing.assert_close(torch.tensor(record["p_patched_rows"], dtype=torch.float32), p, rtol=0, atol=ENGINE_TOL)
 
 
 def test_cli_patch_options_call_the_library(tmp_path, capsys):
@@ -182,9 +186,10 @@ def test_cli_patch_options_call_the_library(tmp_path, capsys):
     expected = patch(hookmech.load(ckpt), task.sample(10, seed=0), ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"], ["value"],
                      metric="logit_diff", direction="noise")
     assert [r["site"] for r in records] == ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"]
-    for got, want in zip(records, expected):
+    for got, want in zip(records, expected, strict=True):
         assert got["metric"] == "logit_diff" and got["direction"] == "noise"
-        assert got["metric_patched"] == pytest.approx(want["metric_patched"], abs=1e-6)
+        # the same computation (the CLI calls patch with these options and its defaults): exact
+        assert got["metric_patched"] == want["metric_patched"]
     code, _, err = run(["patch", "--ckpt", str(ckpt), "--site", "L1.block_in", "--pos", "value", "--ablate", "mean",
                         "--direction", "denoise"])
     assert code == 2 and "noise" in err and len(err.strip().splitlines()) == 1
@@ -274,8 +279,8 @@ def test_contexts_over_the_memory_budget_fall_back_to_full_runs(ar_task, mixer, 
     assert not resumed
     roomy = patch(model, batch, ["all"], ["key", "value"], max_batch=4)
     assert resumed
-    for a, b in zip(small, roomy):
-        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=1e-6)
+    for a, b in zip(small, roomy, strict=True):  # two engine paths (full runs, resumed runs): ENGINE_TOL
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)
 
 
 def test_cli_context_memory(trained_attention, capsys):
@@ -289,8 +294,9 @@ def test_cli_context_memory(trained_attention, capsys):
     assert code == 0, err
     code, tight, err = run_cli([*base, "--context-memory", "0"], capsys)
     assert code == 0, err
-    for a, b in zip(json.loads(roomy), json.loads(tight)):
-        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=1e-6)
+    for a, b in zip(json.loads(roomy), json.loads(tight), strict=True):
+        # two engine paths (resumed runs, full runs; reductions in another order): ENGINE_TOL
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)
     code, _, err = run_cli([*base, "--context-memory", "-1"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--context-memory" in err
 
