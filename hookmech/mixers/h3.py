@@ -110,6 +110,11 @@ class H3(Mixer):
     The SSMs are used as convolutions, so no per-position state is materialised (none is hooked).
     """
 
+    @classmethod
+    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
+        head_dim = cls._option("head_dim", options)
+        return d_model // head_dim, head_dim
+
     def __init__(self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2):
         super().__init__()
         # the diagonal SSM pairs its modes as conjugates: round l_max up to an even size
