@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 from transformer_lens import patching as tl_patching
 
 import hookmech
@@ -23,23 +22,10 @@ from hookmech.patching import patch
 from hookmech.presets import expand_preset
 from hookmech.sites import resolve_sites
 
-from helpers import ENGINE_TOL, make_model
+from helpers import ENGINE_TOL, make_model, unit_variance
 
 FIXTURES = {name: Path(__file__).resolve().parent.parent / "fixtures" / f"{name}_ar.safetensors" for name in ("attention", "mamba")}
 WITH_MLP = [name for name in sorted(REGISTRY) if REGISTRY[name].block_mlp]
-
-
-def unit_variance(model: hookmech.HookedLM) -> hookmech.HookedLM:
-    """Re-draw every Linear and Embedding weight with variance 1/fan-in. Under zoology's 0.02
-    init a patch moves p(answer) by less than ENGINE_TOL, which would make an agreement to
-    ENGINE_TOL say nothing; with unit-variance weights patches move it by 1e-4 to 1e-2."""
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                weight = module.weight
-                weight.copy_(torch.randn(weight.shape, generator=generator) * weight.shape[1] ** -0.5)
-    return model
 
 
 def p_answer_metric(batch):
