@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,11 +18,22 @@ HEAD_OPTIONS = ("n_heads", "num_heads")
 CONTEXT_OPTION = "l_max"
 
 
+class NoModelError(UsageError, AttributeError):
+    """`ModelConfig.device` of a config that no model holds. Also an AttributeError, so that
+    ``getattr(cfg, "device", None)`` and ``hasattr`` see no device."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Everything needed to rebuild a `HookedLM` (TransformerLens names where they exist).
 
     Per-layer fields (`mixers`, `mixer_kwargs`, `mlp`, `norms`) have `n_layers` entries.
+
+    Besides its fields it answers what TransformerLens's generic code reads of a ``cfg``
+    (``transformer_lens.patching``: `n_layers`, `n_heads`, `device`), as derived, read-only
+    values that are never serialised (`to_json`), compared (``==``) or hashed: `n_heads` and
+    `d_head` (layer 0's mixer's, `head_shape`) and, for the config a model holds
+    (``model.cfg``), `device`.
     """
 
     d_vocab: int
@@ -51,6 +63,56 @@ class ModelConfig:
                 raise unknown("norm", norm, NORMS)
         if self.pos_emb not in POS_EMBS:
             raise unknown("position embedding", self.pos_emb, POS_EMBS)
+
+    # -- derived values (TransformerLens's names), not fields ------------------------------
+    def head_shape(self, layer: int = 0) -> tuple[int, int]:
+        """Return ``(n_heads, d_head)`` of block `layer`'s mixer as it declares them
+        (`Mixer.head_shape`): the size of the ``head`` axis of its per-head hooks and the width
+        of one head there. A mixer without heads (mamba, baseconv, hyena) has one head of
+        width d_model. n_heads * d_head is d_model except for mamba2 (its heads split d_inner)."""
+        from .mixers import REGISTRY
+
+        if not 0 <= layer < self.n_layers:
+            raise UsageError(f"layer must be in 0..{self.n_layers - 1}, got {layer}")
+        return REGISTRY[self.mixers[layer]].head_shape(self.d_model, **self.mixer_kwargs[layer])
+
+    @property
+    def n_heads(self) -> int:
+        """Heads of layer 0's mixer (`head_shape`; in a mixed model such as the `based` preset,
+        which alternates baseconv and based, layer 0's: ``head_shape(layer)`` gives the others')."""
+        return self.head_shape(0)[0]
+
+    @property
+    def d_head(self) -> int:
+        """Width of one head of layer 0's mixer (`head_shape`)."""
+        return self.head_shape(0)[1]
+
+    @property
+    def device(self):
+        """The ``torch.device`` of the parameters of the model holding this config
+        (``model.cfg``), read at each access, so it follows ``model.to(...)``. A config that no
+        model holds (built, or read from JSON) has none: `NoModelError`."""
+        model = self.holder()
+        if model is None:
+            raise NoModelError("this ModelConfig belongs to no model, so it has no device; "
+                               "read model.cfg.device of a HookedLM built from it")
+        return next(model.parameters()).device
+
+    def held_by(self, model) -> "ModelConfig":
+        """Return an equal config whose `device` is `model`'s (`HookedLM.cfg`; a weak reference,
+        dropped when the config is pickled or copied)."""
+        held = dataclasses.replace(self)
+        object.__setattr__(held, "_model", weakref.ref(model))
+        return held
+
+    def holder(self):
+        """Return the model holding this config (`held_by`), or None."""
+        ref = self.__dict__.get("_model")
+        return None if ref is None else ref()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # pickling or copying keeps the fields only: a copy is held by no model until one takes it
+        return {key: value for key, value in self.__dict__.items() if key != "_model"}
 
     def to_json(self) -> str:
         """Return the config as a JSON string (the checkpoint's `hookmech_config`)."""

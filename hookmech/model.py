@@ -1,4 +1,4 @@
-"""HookedLM: the backbone every architecture shares (design.md §2).
+"""HookedLM: the backbone every architecture shares.
 
 token embedding (+ learned position embedding) -> n pre-norm blocks -> final norm -> LM head.
 A block is ``r = r + mixer(norm1(r))`` and, where it has one, ``r = r + mlp(norm2(r))``.
@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from transformer_lens import ActivationCache, HookedRootModule
 
 from .config import ModelConfig
-from .errors import UsageError
+from .errors import HookmechError, UsageError
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
 from .mixers.base import take_window
@@ -56,7 +56,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm residual block with hooks at every sublayer boundary (design.md §3)."""
+    """One pre-norm residual block with hooks at every sublayer boundary (docs/sites.md)."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -118,15 +118,31 @@ class FinalNorm(nn.Module):
         return self.hook_normalized(self.norm(resid))
 
 
+class AliasedActivationCache(ActivationCache):
+    """TransformerLens's `ActivationCache`, whose keys are the model's hook names, that also
+    answers to the model's hook aliases (`HookedLM.hook_aliases`): ``cache["blocks.0.hook_attn_out"]``
+    is ``cache["blocks.0.hook_mixer_out"]``. Keys, length and iteration are the hooks' own."""
+
+    def __getitem__(self, key):
+        if isinstance(key, str) and key not in self.cache_dict:
+            key = getattr(self.model, "hook_aliases", {}).get(key, key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key) -> bool:
+        return key in self.cache_dict or getattr(self.model, "hook_aliases", {}).get(key) in self.cache_dict
+
+
 class HookedLM(HookedRootModule):
     """A causal language model whose every intermediate activation is a named hook.
 
-    `run_with_hooks`, `run_with_cache` and `hooks()` are TransformerLens's own.
+    `run_with_hooks`, `run_with_cache` and `hooks()` are TransformerLens's own, and so is
+    ``cfg`` as far as TransformerLens's generic code reads it (``transformer_lens.patching``
+    runs on any HookedLM: see `ModelConfig` for `n_heads`, `d_head` and `device`).
     """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.cfg = cfg
+        self._cfg = cfg.held_by(self)
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.hook_embed = AxisHookPoint()
         if cfg.pos_emb == "learned":
@@ -139,6 +155,32 @@ class HookedLM(HookedRootModule):
         self.apply(self._init_weights)
         self._rescale_output_projections()
         self.setup()
+
+    @property
+    def cfg(self) -> ModelConfig:
+        """The model's config: equal to the one it was built from, and held by this model, so
+        that its `ModelConfig.device` is this model's (also in a copy or an unpickled model)."""
+        cfg = self._cfg
+        if cfg.holder() is not self:  # a deep copy or an unpickled model: take its own copy
+            cfg = self._cfg = cfg.held_by(self)
+        return cfg
+
+    def setup(self) -> None:
+        """TransformerLens's `setup` (`mod_dict` and `hook_dict`, the hooks in forward order),
+        plus the hook aliases the mixers declare (`Mixer.block_hook_aliases`): in `mod_dict`,
+        so that `run_with_hooks`/`hooks`/`add_hook` take them by name, never in `hook_dict`
+        (each hook is listed, cached and patched under its own name once)."""
+        super().setup()
+        #: alias hook name -> the hook name it stands for (e.g. blocks.0.hook_attn_out -> blocks.0.hook_mixer_out)
+        self.hook_aliases: dict[str, str] = {}
+        for layer, block in enumerate(self.blocks):
+            for alias, hook in type(block.mixer).block_hook_aliases.items():
+                name, target = f"blocks.{layer}.{alias}", f"blocks.{layer}.{hook}"
+                if name in self.mod_dict or target not in self.hook_dict:
+                    raise HookmechError(f"{type(block.mixer).__name__} declares the hook alias {alias} for {hook}, "
+                                        f"but its block {'already has a ' + alias if name in self.mod_dict else 'has no ' + hook}")
+                self.hook_aliases[name] = target
+                self.mod_dict[name] = self.hook_dict[target]
 
     # -- initialisation (zoology / GPT-2: normal 0.02, output projections scaled) --------
     @staticmethod
@@ -279,13 +321,21 @@ class HookedLM(HookedRootModule):
     def run_with_cache(self, *model_args, return_cache_object: bool = True, **kwargs):
         """Run the model, returning ``(output, cache)``.
 
-        As TransformerLens's HookedTransformer: the cache is an `ActivationCache` unless
-        `return_cache_object=False` (then a plain dict of hook name -> tensor).
+        As TransformerLens's HookedTransformer: the cache is an `ActivationCache` (an
+        `AliasedActivationCache`, which also answers to `hook_aliases`) unless
+        `return_cache_object=False` (then a plain dict of hook name -> tensor). A `names_filter`
+        given as a name or a list of names may use hook aliases; the cache keys them by the
+        hooks' own names.
         """
+        names_filter = kwargs.get("names_filter")
+        if isinstance(names_filter, str):
+            kwargs["names_filter"] = self.hook_aliases.get(names_filter, names_filter)
+        elif isinstance(names_filter, (list, tuple)):
+            kwargs["names_filter"] = [self.hook_aliases.get(name, name) for name in names_filter]
         output, cache_dict = super().run_with_cache(*model_args, **kwargs)
         if not return_cache_object:
             return output, cache_dict
-        return output, ActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+        return output, AliasedActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
     def layer_of_hook(self, hook_name: str) -> int | None:
         """Return l for a hook inside ``blocks.{l}``, None for hooks outside the blocks."""

@@ -1,6 +1,7 @@
 """Shared test fixtures: small random models and tasks (fast), and the bundled trained fixture."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,16 +11,28 @@ import hookmech
 
 from helpers import make_model
 
-# One torch thread: the tests run many tiny forwards, where threads only contend (on a loaded
-# 2-core machine the suite ran 10x slower with torch's default).
-torch.set_num_threads(1)
+# One torch thread by default: the tests run many tiny forwards, where threads only contend (on a
+# loaded 2-core machine the suite ran 10x slower with torch's default). HOOKMECH_TEST_THREADS=N
+# runs the suite with N threads: no result may depend on it (reductions may change order, which
+# the tolerances of helpers.py cover).
+_threads = os.environ.get("HOOKMECH_TEST_THREADS", "1")
+if not _threads.isdigit() or int(_threads) < 1:
+    raise pytest.UsageError(f"HOOKMECH_TEST_THREADS must be an integer >= 1, got {_threads!r}")
+TEST_THREADS = int(_threads)
+torch.set_num_threads(TEST_THREADS)
 
 REPO = Path(__file__).resolve().parent.parent
 ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 
 
+def pytest_report_header(config):
+    return f"torch threads: {TEST_THREADS} (HOOKMECH_TEST_THREADS)"
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
+    if torch.get_num_threads() != TEST_THREADS:  # a test that pins threads (a sweep, --threads 1) left it behind
+        torch.set_num_threads(TEST_THREADS)
     torch.manual_seed(0)
     yield
 

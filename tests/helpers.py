@@ -2,9 +2,19 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 import hookmech
 from hookmech.config import build_config
+
+# The documented numerical contracts (README, docs/guide.md §6). A test comparing two different
+# computations of the same numbers uses the contract it checks; only the same computation run
+# twice (determinism) compares exactly.
+#: the patching engine vs the plain `run_with_hooks` loop (hookmech.reference), in every p and
+#: metric; also any two engine paths (batching, resumed or full runs, kept contexts or not)
+ENGINE_TOL = 1e-5
+#: patching from an fp32 activation cache vs patching from scratch, in every p
+CACHE_TOL = 1e-6
 
 
 def make_model(task, seed: int = 0, **overrides) -> hookmech.HookedLM:
@@ -12,6 +22,20 @@ def make_model(task, seed: int = 0, **overrides) -> hookmech.HookedLM:
     torch.manual_seed(seed)
     options = {"d_vocab": task.d_vocab, "n_ctx": task.n_ctx, "d_model": 32, "n_layers": 2, **overrides}
     return hookmech.HookedLM(build_config(**options)).eval()
+
+
+def unit_variance(model: hookmech.HookedLM, seed: int = 1) -> hookmech.HookedLM:
+    """Re-draw every Linear and Embedding weight of `model` with variance 1/fan-in (in place;
+    returns it). Under zoology's 0.02 init a patch moves p(answer) of a small random model by
+    less than ENGINE_TOL (hyena's not at all), so agreeing to ENGINE_TOL would say nothing;
+    with unit-variance weights patches move it by 1e-4 to 1e-1."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                weight = module.weight
+                weight.copy_(torch.randn(weight.shape, generator=generator, dtype=weight.dtype) * weight.shape[1] ** -0.5)
+    return model
 
 
 def run_cli(argv, capsys):

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 import hookmech
-from hookmech.cache import CacheFile, write_cache
+from hookmech.cache import CacheFile, run_chunks, write_cache
 from hookmech.errors import HookmechError
 from hookmech.patching import patch
 from hookmech.sites import resolve_sites
+
+from helpers import CACHE_TOL
 
 
 @pytest.fixture
@@ -21,6 +23,13 @@ def cached(tmp_path, ar_model, ar_task):
     hooks = resolve_sites(["all"], ar_model.hook_dict)
     path = write_cache(ar_model, batch, tmp_path / "c.h5", hooks, model_sha256="abc", task_spec=ar_task.spec, chunk=16)
     return path, batch, hooks
+
+
+def chunked_run(model, tokens, chunk: int = 16) -> dict[str, torch.Tensor]:
+    """`run_with_cache` on the row chunks `write_cache(chunk=16)` runs: the same computation,
+    so a lossless fp32 cache must hold exactly these numbers."""
+    parts = [model.run_with_cache(tokens[rows], return_cache_object=False)[1] for rows in run_chunks(len(tokens), chunk)]
+    return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
 
 
 def test_format_v1_layout(cached, ar_model, ar_task):
@@ -45,22 +54,23 @@ def test_format_v1_layout(cached, ar_model, ar_task):
 
 def test_cached_activations_match_run_with_cache(cached, ar_model):
     path, batch, _ = cached
-    _, reference = ar_model.run_with_cache(batch.corrupt_tokens)
+    reference = chunked_run(ar_model, batch.corrupt_tokens)
     with hookmech.cache.open(path) as cache:
         stored = cache.read("blocks.1.hook_mlp_out", "corrupt", slice(0, 37))
-        torch.testing.assert_close(stored, reference["blocks.1.hook_mlp_out"])
+        torch.testing.assert_close(stored, reference["blocks.1.hook_mlp_out"], rtol=0, atol=0)
         at_value = cache.at("L1.block_in", "value", which="corrupt")
         rows = torch.arange(37)
-        torch.testing.assert_close(at_value, reference["blocks.1.hook_resid_pre"][rows, batch.roles["value"]])
+        torch.testing.assert_close(at_value, reference["blocks.1.hook_resid_pre"][rows, batch.roles["value"]], rtol=0, atol=0)
 
 
 def test_patching_from_cache_equals_patching_from_scratch(cached, ar_model):
     path, batch, _ = cached
     from_cache = patch(ar_model, path, ["all"], ["key", "value", "query", "divider"])
     from_scratch = patch(ar_model, batch, ["all"], ["key", "value", "query", "divider"])
-    for a, b in zip(from_cache, from_scratch):
-        for key in ("p_clean", "p_corrupt", "p_patched"):
-            assert a[key] == pytest.approx(b[key], abs=1e-6)
+    assert len(from_cache) == 14 * 4
+    for a, b in zip(from_cache, from_scratch, strict=True):
+        for key in ("p_clean", "p_corrupt", "p_patched"):  # contract: fp32 cache vs from scratch, CACHE_TOL
+            assert a[key] == pytest.approx(b[key], abs=CACHE_TOL)
 
 
 def test_patching_a_site_the_cache_lacks_computes_it(tmp_path, ar_model, ar_task):
@@ -68,7 +78,7 @@ def test_patching_a_site_the_cache_lacks_computes_it(tmp_path, ar_model, ar_task
     path = write_cache(ar_model, batch, tmp_path / "c.h5", ["blocks.0.hook_resid_pre"])
     from_cache = patch(ar_model, path, ["L1.mixer.z"], ["value"])
     from_scratch = patch(ar_model, batch, ["L1.mixer.z"], ["value"])
-    assert from_cache[0]["p_patched"] == pytest.approx(from_scratch[0]["p_patched"], abs=1e-6)
+    assert from_cache[0]["p_patched"] == pytest.approx(from_scratch[0]["p_patched"], abs=CACHE_TOL)  # contract
 
 
 def test_failed_write_leaves_no_file(tmp_path, ar_model, ar_task):
@@ -80,7 +90,7 @@ def test_failed_write_leaves_no_file(tmp_path, ar_model, ar_task):
 
 def test_block_output_is_stored_once_as_a_link_to_the_next_block_input(cached, ar_model):
     path, batch, _ = cached
-    _, reference = ar_model.run_with_cache(batch.tokens)
+    reference = chunked_run(ar_model, batch.tokens)
     with h5py.File(path, "r") as h5:
         for which in ("clean", "corrupt"):
             out, into = h5[f"acts/{which}/blocks.0.hook_resid_post"], h5[f"acts/{which}/blocks.1.hook_resid_pre"]

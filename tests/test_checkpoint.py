@@ -14,7 +14,7 @@ def test_round_trip_is_bit_exact(tmp_path, ar_model, ar_task):
     path = hookmech.save(ar_model, tmp_path / "m.safetensors", task_spec=ar_task.spec)
     loaded = hookmech.load(path)
     assert loaded.cfg == ar_model.cfg
-    for (name, a), (_, b) in zip(ar_model.state_dict().items(), loaded.state_dict().items()):
+    for (name, a), (_, b) in zip(ar_model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     tokens = ar_task.sample(3, seed=0).tokens
     assert torch.equal(ar_model(tokens), loaded(tokens))

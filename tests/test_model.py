@@ -42,8 +42,9 @@ def test_residual_stream_adds_up(ar_model, ar_task):
     _, cache = ar_model.run_with_cache(ar_task.sample(4, seed=1).tokens)
     for layer in range(2):
         total = cache[f"blocks.{layer}.hook_resid_pre"] + cache[f"blocks.{layer}.hook_mixer_out"] + cache[f"blocks.{layer}.hook_mlp_out"]
-        torch.testing.assert_close(cache[f"blocks.{layer}.hook_resid_post"], total)
-    torch.testing.assert_close(cache["blocks.1.hook_resid_pre"], cache["blocks.0.hook_resid_post"])
+        # the model's own additions in the same order: exact (torch's fp32 defaults would allow round-off)
+        torch.testing.assert_close(cache[f"blocks.{layer}.hook_resid_post"], total, rtol=0, atol=0)
+    torch.testing.assert_close(cache["blocks.1.hook_resid_pre"], cache["blocks.0.hook_resid_post"], rtol=0, atol=0)
 
 
 def test_run_with_hooks_edits_and_removes_hooks(ar_model, ar_task):
@@ -52,7 +53,7 @@ def test_run_with_hooks_edits_and_removes_hooks(ar_model, ar_task):
     zeroed = ar_model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.hook_mixer_out", lambda act, hook: act * 0)])
     assert not torch.allclose(plain, zeroed)
     assert all(not point.fwd_hooks for point in ar_model.hook_points())
-    torch.testing.assert_close(ar_model(tokens), plain)
+    torch.testing.assert_close(ar_model(tokens), plain, rtol=0, atol=0)  # the same forward again: exact
 
 
 def test_hooks_context_manager_is_temporary(ar_model, ar_task):
@@ -71,9 +72,10 @@ def test_patching_mixer_in_never_changes_the_residual_stream(ar_model, ar_task):
     with ar_model.hooks(fwd_hooks=[("blocks.0.hook_mixer_in", lambda act, hook: act + 10.0)]):
         _, patched = ar_model.run_with_cache(tokens, names_filter=names, reset_hooks_end=False)
     ar_model.reset_hooks()
-    torch.testing.assert_close(patched["blocks.0.hook_resid_pre"], clean["blocks.0.hook_resid_pre"])
+    torch.testing.assert_close(patched["blocks.0.hook_resid_pre"], clean["blocks.0.hook_resid_pre"], rtol=0, atol=0)
     # the mixer saw the edit, the residual entering the mixer's add did not
     assert not torch.allclose(patched["blocks.0.hook_resid_mid"], clean["blocks.0.hook_resid_mid"])
+    # (r + m) - r vs m: fp32 round-off of the addition, within torch's float32 defaults
     torch.testing.assert_close(
         patched["blocks.0.hook_resid_mid"] - patched["blocks.0.hook_resid_pre"],
         ar_model.blocks[0].mixer(clean["blocks.0.hook_mixer_in"] + 10.0),
@@ -86,15 +88,17 @@ def test_start_at_layer_and_positions_match_the_full_forward(ar_model, ar_task):
     rows = torch.arange(6)
     _, cache = ar_model.run_with_cache(batch.tokens)
     resumed = ar_model(cache["blocks.1.hook_resid_pre"], start_at_layer=1, positions=batch.query_pos)
+    # the unembedding of the query rows alone vs of every position: fp32 round-off, torch's float32 defaults
     torch.testing.assert_close(resumed, full[rows, batch.query_pos])
     stopped = ar_model(batch.tokens, stop_at_layer=1)
-    torch.testing.assert_close(stopped, cache["blocks.1.hook_resid_pre"])
+    torch.testing.assert_close(stopped, cache["blocks.1.hook_resid_pre"], rtol=0, atol=0)  # the same layers: exact
 
 
 def test_model_is_causal(ar_model, ar_task):
     tokens = ar_task.sample(4, seed=5).tokens
     changed = tokens.clone()
     changed[:, 6:] = (changed[:, 6:] + 1) % 16
+    # later tokens enter earlier positions only with weight 0: fp32 round-off at most (torch's defaults)
     torch.testing.assert_close(ar_model(tokens)[:, :6], ar_model(changed)[:, :6])
     assert not torch.allclose(ar_model(tokens)[:, 6:], ar_model(changed)[:, 6:])
 
@@ -107,7 +111,7 @@ def test_window_two_attends_to_current_and_previous_token_only(ar_task):
     query, key = torch.meshgrid(torch.arange(n_pos), torch.arange(n_pos), indexing="ij")
     allowed = (key <= query) & (query - key < 2)
     assert torch.all(pattern[~allowed] == 0)
-    torch.testing.assert_close(pattern.sum(-1), torch.ones(n_pos))
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(n_pos))  # a softmax's sum: fp32 round-off
     assert torch.all(cache["blocks.1.mixer.hook_pattern"][0, 0][torch.tril(torch.ones(n_pos, n_pos, dtype=torch.bool))] > 0)
 
 
@@ -140,7 +144,7 @@ def test_tied_and_untied_heads(ar_task):
     untied = make_model(ar_task, tie_embeddings=False)
     assert not hasattr(tied, "unembed") and hasattr(untied, "unembed")
     x = torch.randn(2, 32)
-    torch.testing.assert_close(tied.unembed_resid(x), x @ tied.embed.weight.T)
+    torch.testing.assert_close(tied.unembed_resid(x), x @ tied.embed.weight.T, rtol=0, atol=0)  # the same product
 
 
 def test_position_embedding_defaults(ar_task):
@@ -175,4 +179,4 @@ def test_backbone_init_keeps_the_mixers_marked_initialisation(ar_task):
     model = make_model(ar_task, mixers="mamba", d_model=16)
     dt_bias = model.blocks[0].mixer.dt_proj.bias
     dt = torch.nn.functional.softplus(dt_bias)
-    assert dt.min() >= 1e-4 - 1e-7 and dt.max() <= 0.1 + 1e-6 and dt.std() > 0
+    assert dt.min() >= 1e-4 - 1e-7 and dt.max() <= 0.1 + 1e-6 and dt.std() > 0  # fp32 round-off of softplus(inverse)

@@ -36,6 +36,7 @@ def test_summary_picks_the_best_lr_by_mean_dev_accuracy_over_seeds():
     assert [(e["series"], e["d_model"], e["lr"]) for e in summary] == [
         ("attention", 16, 1e-3), ("attention", 32, 1e-3), ("mamba", 16, 1e-2), ("mamba", 32, 1e-2)]
     first = summary[0]
+    # means of the synthetic numbers, summed in another order: float64 round-off (pytest.approx's rel 1e-6)
     assert first["dev_acc"] == pytest.approx(np.mean([0.90, 0.92]))
     assert (first["dev_min"], first["dev_max"]) == pytest.approx((0.90, 0.92))
     assert first["attr_value"] == pytest.approx(0.905) and first["n_pass"] == 2

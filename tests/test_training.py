@@ -27,6 +27,7 @@ def weights(path):
 
 def test_learning_rate_schedule_by_hand():
     config = TrainConfig(lr=1.0, warmup_frac=0.1, epochs=None, steps=100, n_train=0)
+    # the schedule's float64 formulas vs these hand values: round-off (pytest.approx's rel 1e-6)
     assert learning_rate(0, config) == pytest.approx(0.1)
     assert learning_rate(9, config) == pytest.approx(1.0)
     assert learning_rate(10, config) == pytest.approx(1.0)
@@ -75,7 +76,7 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, n_t
     assert steps == [7, 14, 21, 28, 30]
     whole_metrics = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
     broken_metrics = (tmp_path / "broken" / "metrics.jsonl").read_text().splitlines()
-    for a, b in zip(whole_metrics, broken_metrics):
+    for a, b in zip(whole_metrics, broken_metrics, strict=True):  # the same computation resumed: exact
         a, b = json.loads(a), json.loads(b)
         assert (a["step"], a["loss"], a["dev_acc"]) == (b["step"], b["loss"], b["dev_acc"])
 

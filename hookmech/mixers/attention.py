@@ -31,6 +31,12 @@ class Attention(Mixer):
     """
 
     default_pos_emb = "learned"
+    block_hook_aliases = {"hook_attn_out": "hook_mixer_out"}  # TransformerLens's name
+
+    @classmethod
+    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
+        n_heads = cls._option("n_heads", options)
+        return n_heads, d_model // n_heads
 
     def __init__(
         self,

@@ -23,6 +23,22 @@ class Mixer(nn.Module):
     block_mlp: ClassVar[bool] = True
     #: default position embedding of a model made of this mixer ("learned" or "none")
     default_pos_emb: ClassVar[str] = "none"
+    #: other names of the block's hooks around this mixer, ``{alias: hook}`` (e.g. attention's
+    #: TransformerLens name ``hook_attn_out`` for ``hook_mixer_out``): `HookedLM` resolves them
+    #: in `run_with_hooks`/`hooks` and in its caches, and never lists them as hooks of its own
+    block_hook_aliases: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def head_shape(cls, d_model: int, **options: Any) -> tuple[int, int]:
+        """Return ``(n_heads, d_head)`` of this mixer built with `options`: the size of the
+        ``head`` axis of its per-head hooks and the width of one head there. Default, for a
+        mixer without heads: one head as wide as the model, ``(1, d_model)``."""
+        return 1, d_model
+
+    @classmethod
+    def _option(cls, name: str, options: dict[str, Any]) -> Any:
+        """Return option `name` as given in `options`, else the class's default."""
+        return options[name] if name in options else mixer_options(cls)[name]
 
     # -- resuming a run from a position (the patching engine's protocol) -------------------
     # A patch at position p of a causal model changes nothing before p. To re-run only

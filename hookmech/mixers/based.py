@@ -68,6 +68,11 @@ class Based(Mixer):
     bias-free, and so are ours. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
 
+    @classmethod
+    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
+        n_heads = cls._option("num_heads", options)
+        return n_heads, d_model // n_heads  # the value heads (q and k have feature_dim)
+
     def __init__(
         self,
         d_model: int,

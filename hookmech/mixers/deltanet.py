@@ -48,6 +48,11 @@ class DeltaNet(Mixer):
     ``hook_y``: ``[batch, pos, head, d_head]``, o_t = S_t q_t before the output norm.
     """
 
+    @classmethod
+    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
+        n_heads = cls._option("num_heads", options)
+        return n_heads, d_model // n_heads
+
     def __init__(
         self,
         d_model: int,

@@ -115,6 +115,11 @@ class H3(Mixer):
     keep their biases. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
 
+    @classmethod
+    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
+        head_dim = cls._option("head_dim", options)
+        return d_model // head_dim, head_dim
+
     def __init__(self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2,
                  bias: bool = True):
         super().__init__()

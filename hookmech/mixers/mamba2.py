@@ -153,6 +153,12 @@ class Mamba2(Mixer):
     block_norm = "rmsnorm"
     block_mlp = False
 
+    @classmethod
+    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
+        # the heads split d_inner = expand * d_model, not d_model
+        headdim = cls._option("headdim", options)
+        return cls._option("expand", options) * d_model // headdim, headdim
+
     def __init__(
         self,
         d_model: int,

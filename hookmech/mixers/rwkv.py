@@ -132,6 +132,11 @@ class RWKV6(Mixer):
     block_norm = "layernorm"
     block_mlp = True
 
+    @classmethod
+    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
+        head_size = cls._option("head_size", options)
+        return d_model // head_size, head_size
+
     def __init__(
         self,
         d_model: int,

@@ -1,4 +1,9 @@
-"""DeltaNet: chunked form vs recurrence vs explicit matrices, causality, hooks, state patching."""
+"""DeltaNet: chunked form vs recurrence vs explicit matrices, causality, hooks, state patching.
+
+Tolerances (float64): the recurrence vs explicit matrices 1e-12, the chunked form (a triangular
+solve per chunk) vs either 1e-10, float64 round-off; hand-computed small cases and hand recurrences
+of a patched state use torch's float64 defaults (rtol 1e-7), and unpatched prefixes 1e-12.
+"""
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,10 @@ mixer against its own full forward on the spliced input.
 The reference is the mixer's `forward` on a whole sequence whose positions from each row's
 start on were replaced: `forward_from` must give the same outputs on the window, knowing the
 earlier positions only through the context of the unchanged run.
+
+Tolerances: in float64 the resumed window (another grouping of the same sums: a state carried
+over instead of a scan from 0, a shorter FFT) agrees to 1e-9 relative / 1e-10 absolute, float64
+round-off; the float32 model's forwards that also record contexts use torch's float32 defaults.
 """
 from __future__ import annotations
 

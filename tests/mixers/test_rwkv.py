@@ -1,5 +1,10 @@
 """RWKV-6 time mixing: shapes, gradients, causality, chunked vs recurrent WKV, an
-independent reference forward, inside hooks in a HookedLM, state-patch propagation."""
+independent reference forward, inside hooks in a HookedLM, state-patch propagation.
+
+Tolerances: in float64, chunked vs recurrent WKV, the reference forward and hooked vs unhooked
+forwards agree to 1e-9..1e-11 (float64 round-off), causality 1e-13; the float32 fast-decay case
+1e-5 (float32 round-off); an unpatched prefix uses torch's float64 defaults.
+"""
 from __future__ import annotations
 
 import pytest

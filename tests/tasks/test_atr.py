@@ -139,6 +139,7 @@ def test_grammar_has_no_recursion_and_respects_its_bounds():
         assert ((g.depth_score >= 1) & (g.depth_score <= task.max_depth)).all()
         assert ((g.num_rules >= 1) & (g.num_rules <= task.max_rules_per_nt)).all()
         assert ((g.rule_len >= 1) & (g.rule_len <= task.max_rhs_len - 1)).all()
+        # normalised probabilities: float64 round-off of their sums (np.allclose's defaults)
         assert np.allclose(np.add.reduceat(g.rule_prob, g.rule_offset[:-1]), 1)
         assert np.allclose(g.head_prob.sum(1), 1)
         for nt in range(g.num_nonterminals):

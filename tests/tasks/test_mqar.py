@@ -110,4 +110,5 @@ def test_power_law_gaps_match_sequential_choice():
     for draw in range(k):
         ours_hist = np.bincount(ours[:, draw], minlength=space) / n
         ref_hist = np.bincount(reference[:, draw], minlength=space) / n
+        # two seeded samples of one distribution: a bin's difference has sd <= sqrt(2 * 0.25 / n) = 0.005
         assert np.abs(ours_hist - ref_hist).max() < 0.02
