@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
             _fail(str(error).replace("\n", " "), error.exit_code)
         if isinstance(error, OSError) and (message := _fixable_os_error(error)):
             _fail(message, 1)
+        if isinstance(error, MemoryError):  # a size the user asked for (--n, --n-dev, --n-train, --max-batch)
+            _fail("out of memory: ask for fewer rows (--n, --n-dev, --n-train) or a smaller --max-batch", 1)
         _fail(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} "
               "(unexpected; rerun with HOOKMECH_DEBUG=1 for a traceback)", 1)
 

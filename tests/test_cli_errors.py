@@ -330,3 +330,16 @@ def test_other_os_errors_are_still_unexpected(monkeypatch, capsys):
     monkeypatch.setattr(hookmech.datasets, "save_dataset", fail)
     code, _, err = run_cli(["data", "ar", "--n", "4", "-o", "/x/d.h5"], capsys)
     assert code == 1 and "unexpected" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_running_out_of_memory_is_one_line_naming_what_to_reduce(monkeypatch, capsys):
+    """A size the user asked for that does not fit (e.g. --n-dev 100000000) is their input, not a bug."""
+    import hookmech.datasets
+
+    def fail(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(hookmech.datasets, "save_dataset", fail)
+    code, _, err = run_cli(["data", "ar", "--n", "4", "-o", "/x/d.h5"], capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert "out of memory" in err and "--n-dev" in err and "unexpected" not in err, err
