@@ -1,5 +1,5 @@
 """Release metadata: one version string, read everywhere from hookmech/__init__.py; the license,
-citation and changelog agree with it."""
+citation and changelog agree with it; the tutorial's script and notebook stay a pair."""
 from __future__ import annotations
 
 import ast
@@ -66,3 +66,18 @@ def test_citation_and_changelog_name_the_current_version():
     assert re.search(rf"^## \[{re.escape(hookmech.__version__)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M), \
         "CHANGELOG.md has no section for the current version"
 
+
+def test_tutorial_notebook_is_paired_with_its_script():
+    jupytext = pytest.importorskip("jupytext")
+    nbformat = pytest.importorskip("nbformat")
+    script = jupytext.read(REPO / "examples" / "tutorial.py")
+    notebook = nbformat.read(REPO / "examples" / "tutorial.ipynb", as_version=4)
+
+    def cells(nb):
+        return [(cell.cell_type, cell.source.strip()) for cell in nb.cells]
+
+    assert cells(notebook) == cells(script), \
+        "examples/tutorial.ipynb differs from examples/tutorial.py: run python scripts/run_tutorial.py --update"
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert all(cell.get("outputs") for cell in code), "the notebook is stored without its outputs"
+    assert not any(o.output_type == "error" for cell in code for o in cell.outputs)
