@@ -128,7 +128,8 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
         if verify_top:
             from hookmech.atp import verify_top as verify
 
-            records = verify(model, source, records, verify_top)
+            records = verify(model, source, records, verify_top, threshold=threshold, max_batch=max_batch,
+                             context_memory=context_memory << 20)
     finally:
         if cache_path is not None:
             source.close()

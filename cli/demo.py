@@ -7,7 +7,7 @@ from .common import CONTEXT, set_threads, threads_option
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--fixtures", type=click.Path(file_okay=False), default=None, help="fixtures folder (default: the repository's)")
+@click.option("--fixtures", type=click.Path(file_okay=False), default=None, help="fixtures folder (default: the bundled ones)")
 @threads_option
 def demo(fixtures, threads):
     """Run the paper's mechanistic evaluation on the bundled fixture checkpoints."""

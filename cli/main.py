@@ -2,6 +2,7 @@
 `hookmech --help` stays instant. Errors become one line on stderr and a non-zero exit."""
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -38,9 +39,33 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+#: errnos of file-system refusals the user can fix (a path, its permissions, a full disk):
+#: they are reported as one plain line naming the path, not as unexpected errors
+_FIXABLE_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EACCES", "EPERM", "ENOENT", "EISDIR", "ENOTDIR", "EEXIST", "ENOSPC", "EDQUOT", "EROFS", "ENAMETOOLONG", "ELOOP")
+    if hasattr(errno, name))
+
+
+def _fixable_os_error(error: OSError) -> str | None:
+    """Return ``"PATH: reason"`` for an OSError the user can fix (`_FIXABLE_ERRNOS`; a full disk
+    may name no path), else None."""
+    if error.errno not in _FIXABLE_ERRNOS or (error.filename is None and error.errno != errno.ENOSPC):
+        return None
+    reason = error.strerror or os.strerror(error.errno)
+    paths = [str(name) for name in (error.filename, error.filename2) if name is not None]
+    if error.errno == errno.ENOTDIR and len(paths) == 1:
+        from pathlib import Path
+
+        files = [folder for folder in reversed(Path(paths[0]).parents) if folder.is_file()]
+        if files:
+            return f"{paths[0]}: {files[0]} is a file, not a folder"
+    return f"{' -> '.join(paths)}: {reason}" if paths else reason
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning every error into one line on stderr and an exit code
-    (2 for usage errors, 1 otherwise). Set HOOKMECH_DEBUG=1 for tracebacks."""
+    (2 for usage errors, 1 otherwise; a path the system refuses is named plainly, other
+    unforeseen errors are marked unexpected). Set HOOKMECH_DEBUG=1 for tracebacks. Returns None."""
     try:
         cli.main(args=argv, standalone_mode=False, prog_name="hookmech")
     except click.exceptions.Exit as done:
@@ -62,6 +87,8 @@ def main(argv: list[str] | None = None) -> None:
 
         if isinstance(error, HookmechError):
             _fail(str(error).replace("\n", " "), error.exit_code)
+        if isinstance(error, OSError) and (message := _fixable_os_error(error)):
+            _fail(message, 1)
         _fail(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} "
               "(unexpected; rerun with HOOKMECH_DEBUG=1 for a traceback)", 1)
 

@@ -8,7 +8,7 @@ from .common import CONTEXT, set_threads, split_flag, threads_option
 
 @click.command(context_settings=CONTEXT)
 @click.argument("runs_dir", type=click.Path(file_okay=False, exists=True))
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="report folder")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="report folder (written whole; replaces an earlier report there)")
 @click.option("--run", "run_ids", multiple=True, help="runs for heatmaps and dynamics (default: best of each series)")
 @click.option("--n", type=int, default=320, show_default=True, help="examples per heatmap")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the heatmap examples")

@@ -16,7 +16,7 @@ from .common import CONTEXT, check_device, device_option
 @click.option("--threads", type=int, default=None, help="torch threads per run (default: cores // workers)")
 @click.option("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
 @click.option("--gpus-per-run", type=float, default=0.0, show_default=True, help="Ray: fraction of a GPU per run")
-@click.option("--dry-run", is_flag=True, help="list the runs and exit")
+@click.option("--dry-run", is_flag=True, help="check every run's options, list the runs and exit")
 @device_option
 def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, address, gpus_per_run, dry_run, device):
     """Train a grid of runs (SWEEP_FILE or --preset) into RUNS/<run-id> and write RUNS/results.csv.
@@ -24,7 +24,7 @@ def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, a
     Re-running the same sweep skips finished runs and resumes interrupted ones.
     """
     from hookmech.errors import UsageError
-    from hookmech.sweep import expand, load_sweep, run_sweep
+    from hookmech.sweep import expand, load_sweep, run_sweep, validate
     from hookmech.sweep_presets import load_preset, preset_text
 
     if show_preset is not None:
@@ -35,6 +35,7 @@ def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, a
     spec = load_sweep(sweep_file) if sweep_file is not None else load_preset(preset)
     if dry_run:
         runs = expand(spec)
+        validate(runs)
         for run in runs:
             click.echo(run.run_id)
         click.echo(f"{len(runs)} runs", err=True)

@@ -24,6 +24,8 @@ _LAZY = {
     "sites": ("hookmech.sites", None),
     "cache": ("hookmech.cache", None),
     "training": ("hookmech.training", None),
+    "attention_maps": ("hookmech.effective_attention", "attention_maps"),
+    "induction_scores": ("hookmech.effective_attention", "induction_scores"),
 }
 
 __all__ = ["__version__", *_LAZY]

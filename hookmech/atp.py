@@ -27,8 +27,8 @@ from torch import Tensor
 from .cache import CacheFile, run_chunks
 from .errors import HookmechError, UsageError, unknown
 from .hooks import pos_axis_of
-from .patching import _Runs, attribution_score, patch
-from .sites import hook_to_site, position_patches, resolve_sites
+from .patching import CONTEXT_MEMORY, _Runs, attribution_score, check_threshold, patch
+from .sites import as_specs, hook_to_site, position_patches, resolve_sites
 from .tasks.batch import Batch
 
 
@@ -136,8 +136,8 @@ def _open_runs(model, source, hooks: list[str], max_batch: int) -> Iterator[Any]
 def attribution_patch(
     model,
     source: Batch | CacheFile | str | Path,
-    sites: Iterable[str],
-    positions: Iterable[str],
+    sites: str | Iterable[str],
+    positions: str | Iterable[str],
     threshold: float = 0.01,
     max_batch: int = 256,
     per_example: bool = False,
@@ -145,7 +145,8 @@ def attribution_patch(
     """Estimate every (site, position) interchange intervention to first order.
 
     Arguments as `hookmech.patching.patch` (a `Batch`, a cache path or an open `CacheFile`;
-    site patterns; position specs: roles, integers, ``all``, ``whole``, ``a+b``). Every
+    site patterns; position specs: roles, integers, ``all``, ``whole``, ``a+b``; a bare string
+    is one spec). Every
     site × position comes from one corrupt forward and one backward per chunk of at most
     `max_batch` rows, resumed at the lowest patched layer from the corrupt residual.
     Returns one record per (site, position) with patch's fields
@@ -156,14 +157,15 @@ def attribution_patch(
     """
     if max_batch < 1:
         raise UsageError(f"max_batch must be >= 1, got {max_batch}")
-    hooks = resolve_sites(list(sites), model.hook_dict)
+    check_threshold(threshold)
+    hooks = resolve_sites(as_specs(sites), model.hook_dict)
     flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
     if flat:
         raise UsageError(f"{', '.join(map(hook_to_site, flat))}: no position axis, so no patch at a position "
                          "(attribution patching needs one; leave these sites out)")
     layers = [model.layer_of_hook(hook) for hook in hooks]
     start = None if None in layers else min(layers)  # embeddings need the tokens
-    positions = list(positions)
+    positions = as_specs(positions)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -220,8 +222,10 @@ def verify_top(
     k: int,
     threshold: float = 0.01,
     max_batch: int = 256,
+    context_memory: int = CONTEXT_MEMORY,
 ) -> list[dict[str, Any]]:
-    """Re-run the `k` records with the largest |AtP estimate| exactly (`hookmech.patching.patch`).
+    """Re-run the `k` records with the largest |AtP estimate| exactly (`hookmech.patching.patch`,
+    with `threshold`, `max_batch` and `context_memory` as there).
 
     `source` must be the one the records were computed from. Returns those `k` records, strongest
     first, each the AtP record (``attribution``, ``p_patched`` still the estimate, ``method="atp"``)
@@ -244,7 +248,8 @@ def verify_top(
             if any(_needs_all(label, batch.lengths) for label in specs):
                 # `all` leaves rows shorter than p unpatched; an integer spec would refuse them.
                 specs = ["all", *(label for label in specs if not label.isdigit())]
-            for record in patch(model, source, [hook], specs, threshold=threshold, max_batch=max_batch):
+            for record in patch(model, source, [hook], specs, threshold=threshold, max_batch=max_batch,
+                                context_memory=context_memory):
                 exact[hook, record["pos"]] = record
     verified = []
     for record in top:

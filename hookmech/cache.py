@@ -34,6 +34,8 @@ from .tasks.batch import Batch
 
 FORMAT = "hookmech-cache"
 FORMAT_VERSION = 1
+#: the format attribute of dataset files (`hookmech.datasets`), told apart in messages
+DATASET_FORMAT = "hookmech-dataset"
 #: the most rows, and tokens, write_cache runs per forward pass and stores per HDF5 chunk by
 #: default (smaller forwards stay in the CPU's caches and let the writes of one overlap the
 #: next: bench/cache_throughput.py)
@@ -60,6 +62,54 @@ def run_chunks(n_rows: int, chunk: int) -> Iterator[slice]:
         yield slice(start, min(n_rows, start + chunk))
 
 
+def check_batch_fits(model, batch: Batch, where: str = "the examples") -> None:
+    """Raise a HookmechError unless `model` can run `batch`: every token and answer is one of its
+    token ids (``0 .. d_vocab - 1``) and the rows fit its context (`n_ctx`). Returns None."""
+    d_vocab, n_ctx = model.cfg.d_vocab, model.cfg.n_ctx
+    for name, ids in (("tokens", batch.tokens), ("corrupt tokens", batch.corrupt_tokens), ("answers", batch.answers)):
+        if ids.numel() == 0:
+            continue
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= d_vocab:
+            raise HookmechError(f"{where}: token id {high if high >= d_vocab else low} (in their {name}) is not a token "
+                                f"of the model (d_vocab {d_vocab}, ids 0..{d_vocab - 1}): are they of another task "
+                                "or vocabulary size?")
+    if batch.tokens.shape[1] > n_ctx:
+        raise HookmechError(f"{where}: rows of {batch.tokens.shape[1]} tokens do not fit the model's context (n_ctx {n_ctx})")
+
+
+@torch.no_grad()
+def check_cache_fits(model, cache: CacheFile, batch: Batch, hooks: Iterable[str]) -> None:
+    """Raise a HookmechError naming the first of `hooks` stored in `cache` whose activation per
+    row has another shape than `model`'s (a cache of another model: another width, heads ...),
+    measured with one forward of the cache's first row. Returns None."""
+    stored = [hook for hook in dict.fromkeys(hooks) if cache.has(hook, "clean") or cache.has(hook, "corrupt")]
+    if not stored or len(batch) == 0:
+        return
+    check_batch_fits(model, batch, str(cache.path))
+    device = next(model.parameters()).device
+    _, acts = model.run_with_cache(batch.tokens[:1].to(device), names_filter=stored, return_cache_object=False,
+                                   positions=batch.query_pos[:1].to(device))
+    for hook in stored:
+        which = "clean" if cache.has(hook, "clean") else "corrupt"
+        cached, own = list(cache[hook, which].shape[1:]), list(acts[hook].shape[1:]) if hook in acts else None
+        if own is not None and cached != own:
+            raise HookmechError(f"{cache.path}: cached {hook_to_site(hook)} has shape {cached} per row, this model's "
+                                f"{own}: the cache was made from another model{_config_difference(cache, model)}")
+
+
+def _config_difference(cache: CacheFile, model) -> str:
+    """`` (d_model 16 in the cache, 32 here)``: where the cache's model config differs from `model`'s, or ''."""
+    try:
+        config = cache.model_config
+    except (KeyError, ValueError):  # no readable model config: the shapes say enough
+        return ""
+    own = json.loads(model.cfg.to_json())
+    differ = [f"{key} {config[key]} in the cache, {own.get(key)} here" for key in ("d_model", "n_layers", "d_vocab", "mixers")
+              if key in config and config[key] != own.get(key)]
+    return f" ({'; '.join(differ)})" if differ else ""
+
+
 @torch.no_grad()
 def write_cache(
     model,
@@ -81,6 +131,7 @@ def write_cache(
     the path written.
     """
     hooks = list(dict.fromkeys(hooks))
+    check_batch_fits(model, batch)
     for hook in hooks:
         if getattr(model.hook_dict.get(hook), "pos_axis", 1) is None:
             raise UsageError(f"{hook} has no position axis (it does not depend on the input): nothing to cache per example")
@@ -236,13 +287,47 @@ class CacheFile:
             self._h5 = h5py.File(self.path, "r")
         except OSError as error:
             raise HookmechError(f"{self.path}: not an HDF5 cache ({error})") from None
-        attrs = self._h5.attrs
-        if attrs.get("format") != FORMAT:
+        # read what the messages need before closing: attributes of a closed file read as None
+        kind, version = self._h5.attrs.get("format"), self._h5.attrs.get("format_version")
+        if kind != FORMAT:
             self.close()
-            raise HookmechError(f"{self.path}: not a hookmech cache (format attribute {attrs.get('format')!r})")
-        if int(attrs.get("format_version", -1)) != FORMAT_VERSION:
+            if kind == DATASET_FORMAT:
+                raise HookmechError(f"{self.path}: a hookmech dataset file, not an activation cache (`train --data` and "
+                                    "`patch --data` read it; `hookmech cache` makes caches)")
+            raise HookmechError(f"{self.path}: not a hookmech cache (format attribute {kind!r})")
+        if version is None or int(version) != FORMAT_VERSION:
             self.close()
-            raise HookmechError(f"{self.path}: cache format version {attrs.get('format_version')} is not supported (expected {FORMAT_VERSION})")
+            raise HookmechError(f"{self.path}: cache format version {version} is not supported (expected {FORMAT_VERSION})")
+        try:
+            self._check_layout()
+        except HookmechError:
+            self.close()
+            raise
+
+    def _check_layout(self) -> None:
+        """Raise a HookmechError naming the first dataset the format needs that is missing or
+        whose rows disagree with the tokens' (a truncated or hand-made file). Reads metadata only."""
+        h5 = self._h5
+        for name in ("tokens/clean", "tokens/corrupt", "answers", "lengths", "doc_index", "roles",
+                     "p_answer/clean", "p_answer/corrupt"):
+            if name not in h5:
+                raise HookmechError(f"{self.path}: cache has no {name} (truncated or not written by hookmech)")
+        tokens = h5["tokens/clean"].shape
+        if len(tokens) != 2 or h5["tokens/corrupt"].shape != tokens:
+            raise HookmechError(f"{self.path}: cache tokens have shapes {list(tokens)} (clean) and "
+                                f"{list(h5['tokens/corrupt'].shape)} (corrupt); expected two [N, T] arrays")
+        n_rows = tokens[0]
+        per_row = ["answers", "lengths", "doc_index", "p_answer/clean", "p_answer/corrupt", *(f"roles/{r}" for r in h5["roles"])]
+        for name in per_row:
+            if h5[name].shape != (n_rows,):
+                raise HookmechError(f"{self.path}: {name} has {(h5[name].shape or (0,))[0]} rows, the cache {n_rows} "
+                                    f"(shape {list(h5[name].shape)}, expected [{n_rows}]; truncated or not written by hookmech)")
+        for which in ("clean", "corrupt"):
+            for hook in self.hooks(which):
+                shape = h5[f"acts/{which}/{hook}"].shape
+                if not shape or shape[0] != n_rows:
+                    raise HookmechError(f"{self.path}: acts/{which}/{hook} has shape {list(shape)}, expected "
+                                        f"{n_rows} rows like the tokens (truncated or not written by hookmech)")
 
     # -- metadata ------------------------------------------------------------------------
     @property

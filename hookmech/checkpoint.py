@@ -41,9 +41,19 @@ def save(
     return Path(path)
 
 
+def _looks_like_safetensors(head: bytes, size: int) -> bool:
+    """True when `head` (a file's first 9 bytes) is a safetensors header: an 8-byte
+    little-endian header length that fits the file, then the JSON header's '{'."""
+    return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= size - 8
+
+
 def _refuse_non_safetensors(path: Path) -> None:
     with open(path, "rb") as handle:
-        head = handle.read(8)
+        head = handle.read(9)
+    # a safetensors header length may itself begin with 0x80 or "PK": sniff pickles only in
+    # files that are not safetensors-shaped
+    if _looks_like_safetensors(head, path.stat().st_size):
+        return
     if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_MAGIC):
         raise HookmechError(
             f"{path}: is a pickle/torch.save file, not safetensors; it was not opened "

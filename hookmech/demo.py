@@ -1,6 +1,7 @@
 """`hookmech demo`: the paper's mechanistic evaluation on the bundled fixture checkpoints."""
 from __future__ import annotations
 
+import importlib.resources
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -25,8 +26,16 @@ DEMO_SITE = "L1.block_in"
 
 
 def fixture_dir() -> Path:
-    """Return the repository's `fixtures/` folder (the demo runs from a source checkout)."""
-    return Path(__file__).resolve().parent.parent / "fixtures"
+    """Return the folder of the bundled fixture checkpoints: the package data of
+    ``hookmech.fixtures`` (the repository's `fixtures/`, installed into the package), found
+    through importlib.resources wherever hookmech is installed."""
+    try:
+        folder = importlib.resources.files("hookmech.fixtures")
+    except ModuleNotFoundError:  # an editable install made before the fixtures were package data
+        return Path(__file__).resolve().parent.parent / "fixtures"
+    if not isinstance(folder, Path):
+        raise HookmechError(f"the bundled fixtures are not files on disk ({folder}); give --fixtures DIR")
+    return folder
 
 
 def explain(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
@@ -91,7 +100,7 @@ def run_demo(
     for filename, name, description in FIXTURES:
         ckpt = folder / filename
         if not ckpt.is_file():
-            raise HookmechError(f"fixture {ckpt} is missing (run the demo from a source checkout)")
+            raise HookmechError(f"fixture {ckpt} is missing (give --fixtures DIR, or reinstall hookmech)")
         model, task = load(ckpt), from_checkpoint(ckpt)
         batch = task.sample(n, seed=seed)
         out(f"== {description}\n   checkpoint {ckpt.name}; {n} AR examples (seed {seed}), corrupting the key")

@@ -15,12 +15,15 @@ class AxisHookPoint(HookPoint):
     `axes` names every axis of the activation it sees (e.g. ``"batch pos head d_head"``);
     `pos_axis` is the index of the position axis in that layout, or None when the
     activation has no position axis (patching it "at a position" is then an error).
+    `sizes` holds the sizes the module knows in advance of named axes (``{"head": 4}``; see
+    `declare_sizes`): the patching engine reads the number of heads of ``[*]`` sites from it.
     """
 
-    def __init__(self, axes: str = "batch pos d_model", pos_axis: int | None = 1):
+    def __init__(self, axes: str = "batch pos d_model", pos_axis: int | None = 1, sizes: dict[str, int] | None = None):
         super().__init__()
         self.axes = axes
         self.pos_axis = pos_axis
+        self.sizes: dict[str, int] = dict(sizes or {})
         # TransformerLens (>= 4) reads `pos_dim` for `pos_slice`; keep the two in step.
         self.pos_dim = pos_axis
 
@@ -33,3 +36,19 @@ class AxisHookPoint(HookPoint):
 def pos_axis_of(hook_point: HookPoint) -> int | None:
     """Return the position axis of any hook point (TransformerLens's default is axis 1)."""
     return getattr(hook_point, "pos_axis", 1)
+
+
+def axis_size(hook_point: HookPoint, axis: str) -> int | None:
+    """Return the declared size of the named `axis` of a hook point's activation, or None when
+    the hook point does not declare it (or is a plain TransformerLens `HookPoint`)."""
+    size = getattr(hook_point, "sizes", {}).get(axis)
+    return None if size is None else int(size)
+
+
+def declare_sizes(module, **sizes: int) -> None:
+    """Record axis sizes (``head=4``) on every `AxisHookPoint` directly inside `module` whose
+    axes name that axis; a mixer calls it once after creating its hooks."""
+    for point in module.children():
+        if isinstance(point, AxisHookPoint):
+            names = point.axes.split()
+            point.sizes.update({axis: int(size) for axis, size in sizes.items() if axis in names})

@@ -49,7 +49,7 @@ def evaluate_mechanism(model, batch, sites: Sequence[str], positions: Sequence[s
     """Patch every (site, position) on `batch`; return ``(records, attribution_columns(records))``."""
     from .patching import patch
 
-    records = patch(model, batch, sites=list(sites), positions=list(positions), threshold=threshold,
+    records = patch(model, batch, sites=sites, positions=positions, threshold=threshold,
                     max_batch=max_batch)
     return records, attribution_columns(records)
 
@@ -60,16 +60,22 @@ def check_mech_options(task, model_config, sites: Sequence[str], positions: Sequ
     import torch
 
     from .model import HookedLM
-    from .sites import position_patches, resolve_sites
 
     state = torch.random.get_rng_state()
     try:
         hook_names = HookedLM(model_config).hook_dict
     finally:
         torch.random.set_rng_state(state)  # building a probe model must not move the trainer's RNG
-    resolve_sites(list(sites), hook_names)
-    probe = task.sample(2, seed=(0, MECH_STREAM))
-    position_patches(list(positions), probe.roles, probe.lengths, probe.tokens.shape[1])
+    check_sites_and_positions(hook_names, task.sample(2, seed=(0, MECH_STREAM)), sites, positions)
+
+
+def check_sites_and_positions(hook_names, batch, sites: Sequence[str], positions: Sequence[str]) -> None:
+    """Raise a UsageError when a site matches no hook of `hook_names` or a position is not one of
+    `batch`'s rows (a role of its task, or an index inside every row); return None otherwise."""
+    from .sites import position_patches, resolve_sites
+
+    resolve_sites(sites, hook_names)
+    position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
 
 
 def mech_callback(
@@ -97,7 +103,11 @@ def mech_callback(
     if every % eval_every:
         raise UsageError(f"--mech-every {every} must be a multiple of --eval-every {eval_every} "
                          "(attributions are measured at evaluations)")
-    sites, positions = list(sites), list(positions)
+    from .patching import check_threshold
+    from .sites import as_specs
+
+    check_threshold(threshold)
+    sites, positions = as_specs(sites), as_specs(positions)
     check_mech_options(task, model_config, sites, positions)
     batch = mech_batch(task, seed, n).trimmed()
 

@@ -30,6 +30,7 @@ and stacks the remaining (patch, row) pairs into batched forwards of at most `ma
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
@@ -40,11 +41,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .cache import CacheFile, answer_probs, run_chunks
+from .cache import CacheFile, answer_probs, check_batch_fits, check_cache_fits, run_chunks
 from .errors import HookmechError, UsageError, suggest
-from .hooks import pos_axis_of
+from .hooks import axis_size, pos_axis_of
 from .mixers.base import take_window, window_index
-from .sites import PositionPatch, hook_to_site, position_patches, resolve_sites
+from .sites import PositionPatch, as_specs, hook_to_site, joint_parts, position_patches, resolve_sites
 from .tasks.batch import Batch
 
 METHODS = ("exact", "atp")
@@ -102,23 +103,26 @@ def head_axis_of(model, hook: str) -> int:
 
 
 def n_heads_of(model, hook: str) -> int:
-    """Return the size of `hook`'s head axis, read from the mixer's `n_heads` (the block's mixer)."""
-    module_path = hook.rsplit(".", 1)[0]
-    n_heads = getattr(model.get_submodule(module_path), "n_heads", None)
+    """Return the size of `hook`'s head axis, as its hook point declares it (`hooks.axis_size`,
+    whatever the mixer calls its head option); a UsageError if it has no head axis or no size."""
+    head_axis_of(model, hook)
+    n_heads = axis_size(model.hook_dict[hook], "head")
     if n_heads is None:
-        raise UsageError(f"{hook_to_site(hook)}[*]: cannot tell how many heads its mixer has; name a head, e.g. [0]")
-    return int(n_heads)
+        raise UsageError(f"{hook_to_site(hook)}[*]: its hook does not declare how many heads it has; "
+                         "name a head, e.g. [0]")
+    return n_heads
 
 
-def parse_sites(specs: Iterable[str], model) -> list[PatchSite]:
+def parse_sites(specs: str | Iterable[str], model) -> list[PatchSite]:
     """Resolve site specs to `PatchSite`s, in forward order of their first target.
 
     A spec is a site or pattern, optionally with a head suffix (``[h]`` or ``[*]``), or
-    several of those joined by ``+`` (one joint patch). Returns one `PatchSite` per record.
+    several of those joined by ``+`` (one joint patch); a bare string is one spec. Returns one
+    `PatchSite` per record.
     """
     result: list[PatchSite] = []
-    for spec in specs:
-        parts = [part.strip() for part in spec.split("+")]
+    for spec in as_specs(specs):
+        parts = joint_parts(spec, "site")
         per_part = [_parse_part(part, model) for part in parts]
         if len(parts) == 1:
             result.extend(PatchSite((target,)) for target in per_part[0])
@@ -228,7 +232,9 @@ class _Runs:
         self.p_answer: dict[str, Tensor] = {}
         self.computed: dict[tuple[str, str], Tensor] = {}
         self.contexts: dict[tuple[int, str], dict[str, Tensor]] = {}
+        check_batch_fits(model, batch, "the examples" if cache is None else str(cache.path))
         if cache is not None:
+            check_cache_fits(model, cache, batch, [hook for hook in wanted if hook not in missing])
             self.p_answer = {which: cache.p_answer(which).double() for which in ("clean", "corrupt")}
         if missing or need_logits or cache is None:
             self._compute(missing, max_batch, base)
@@ -556,7 +562,18 @@ def _make_metric(name: str, runs: _Runs) -> Metric:
     return Metric(name, batch.answers)
 
 
-def _check_options(method, metric, direction, ablate, max_batch) -> str:
+def check_threshold(threshold: float) -> None:
+    """Raise a UsageError unless `threshold` (the filter on m_clean − m_corrupt) is a finite number."""
+    try:
+        finite = math.isfinite(float(threshold))
+    except (TypeError, ValueError):
+        finite = False
+    if not finite:
+        raise UsageError(f"threshold must be a finite number, got {threshold!r}")
+
+
+def _check_options(method, metric, direction, ablate, max_batch, threshold) -> str:
+    check_threshold(threshold)
     if method not in METHODS:
         raise UsageError(f"unknown method {method!r} (available: {', '.join(METHODS)})")
     for kind, value, choices in (("metric", metric, METRICS), ("ablation", ablate, ABLATIONS),
@@ -574,8 +591,8 @@ def _check_options(method, metric, direction, ablate, max_batch) -> str:
 def patch(
     model,
     source: Batch | CacheFile | str | Path,
-    sites: Iterable[str],
-    positions: Iterable[str],
+    sites: str | Iterable[str],
+    positions: str | Iterable[str],
     method: str = "exact",
     threshold: float = 0.01,
     max_batch: int = 256,
@@ -590,7 +607,8 @@ def patch(
 
     `source` is a `Batch` (clean and corrupt runs are computed) or an activation cache
     (path or open `CacheFile`: activations and residuals are read from it). `sites` are site
-    specs (`parse_sites`), `positions` position specs (`sites.position_patches`). `metric` in
+    specs (`parse_sites`), `positions` position specs (`sites.position_patches`); a bare string
+    is one spec. `threshold` must be finite. `metric` in
     METRICS; `direction` "denoise" (default) or "noise" ("noise" with `ablate`); `ablate` None
     (interchange) or "zero" / "mean" / "resample" (resample: row i takes row
     `resample_order(N, ablate_seed)[i]`'s clean activation). Returns one record per (site,
@@ -604,12 +622,12 @@ def patch(
     rows, plus the mixer contexts that resumed patches start from while they fit in
     `context_memory` bytes (beyond it, patches run on every position: slower, same numbers).
     """
-    direction = _check_options(method, metric, direction, ablate, max_batch)
+    direction = _check_options(method, metric, direction, ablate, max_batch, threshold)
+    sites, positions = as_specs(sites), as_specs(positions)
     if method == "atp":
         return _attribution_patch(model, source, sites, positions, threshold, max_batch, per_example,
                                   metric, direction, ablate)
-    patch_sites = parse_sites(list(sites), model)
-    positions = list(positions)
+    patch_sites = parse_sites(sites, model)
     was_training = model.training
     model.eval()
     try:

@@ -57,7 +57,10 @@ def probe_data(cache: CacheFile, site: str, pos: str, target: str, which: str = 
     if which not in WHICH:
         raise unknown("run", which, WHICH)
     batch = cache.batch()
-    positions = row_positions(pos, batch.roles, batch.lengths)
+    if pos.strip() in ("all", "whole") or "+" in pos:
+        raise UsageError(f"a probe reads one position per row, not {pos.strip()!r}: give a role "
+                         f"({', '.join(batch.roles)}) or an integer (-1: each row's last token)")
+    positions = row_positions(pos.strip(), batch.roles, batch.lengths)
     features = cache.gather(site, positions.numpy(), which).float().flatten(1)
     if target == "answer":
         labels = batch.answers

@@ -10,7 +10,8 @@ From ``RUNS/results.csv`` (and the run folders) `build_report` draws
   (induction) against the query (direct retrieval in layer 0) (paper 000 fig. 3b);
 - ``attribution_summary.png`` — mean attribution per position and series with 95% bootstrap
   intervals over runs (paper 000 fig. 4b, 6b);
-- ``heatmap_<run-id>.png`` — site × position attributions of the best run of each series;
+- ``heatmap_<run-id>.png`` — site × position attributions of the best run of each series
+  (`SELECTION_RULE`: highest dev accuracy; ties: smallest lr, then largest d_model);
 - ``dynamics_<run-id>.png`` — loss, accuracy and attributions against the step, for selected
   runs trained with ``--mech-every`` (paper 003 §5).
 
@@ -19,16 +20,20 @@ File names depend only on the runs; figures are drawn with fixed seeds and no ti
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import shutil
+import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import HookmechError
+from .errors import HookmechError, UsageError, unknown
 from .fileio import atomic_path, write_text_atomic
 
 SWEPT = ("d_model", "lr", "seed")
@@ -343,14 +348,20 @@ def headline_table(summary: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: how `select_runs` picks the best run of a series (also said in report.md)
+SELECTION_RULE = "highest dev accuracy; ties: smallest lr, then largest d_model, then first in results.csv"
+
+
 def select_runs(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
-    """Return the best finished run (highest dev accuracy, then smallest lr) of each series."""
-    best: dict[str, dict[str, Any]] = {}
+    """Return the best finished run of each series, in order of each series' first row: highest
+    dev accuracy; ties go to the smallest lr, then the largest d_model, then the first in `rows`
+    (`SELECTION_RULE`)."""
+    best: dict[str, tuple[tuple, dict[str, Any]]] = {}
     for row in rows:
         if row["status"] != "finished":
             continue
         name = series_of(row, keys)
-        rank = (row["dev_acc"], row.get("d_model") or 0, -(row.get("lr") or 0))
+        rank = (row["dev_acc"], -(row.get("lr") or 0), row.get("d_model") or 0)
         if name not in best or rank > best[name][0]:
             best[name] = (rank, row)
     return [entry[1] for entry in best.values()]
@@ -394,18 +405,88 @@ def build_report(
 ) -> Path:
     """Write the figures and ``report.md`` of the sweep in `runs_dir` into `out_dir`; return the
     report's path. `runs` names the runs that get a heatmap and a dynamics figure (default: the
-    best run of each series); heatmaps patch `n` examples drawn with `seed`."""
+    best run of each series); heatmaps patch `n` examples drawn with `seed`.
+
+    Every input is checked before anything is drawn. The report is built in a temporary folder
+    beside `out_dir` and renamed onto it when complete, so `out_dir` holds a whole report or is
+    left as it was; an existing `out_dir` is replaced only if it is empty or a report folder
+    (report.md and PNGs), else a UsageError names what it holds.
+    """
     from .sweep import read_results
 
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     log = log or (lambda message: None)
+    if n < 1:
+        raise UsageError(f"n must be >= 1 examples per heatmap, got {n}")
     rows = read_results(runs_dir / "results.csv")
     if not rows:
         raise HookmechError(f"{runs_dir}/results.csv has no runs")
+    by_id = {row["run_id"]: row for row in rows}
+    missing = [r for r in runs or () if r not in by_id]
+    if missing:
+        raise unknown("run", missing[0], by_id)
+    _check_report_folder(out_dir)
+    with _fresh_folder(out_dir) as building:
+        _write_report(runs_dir, building, rows, runs=runs, n=n, seed=seed, heatmaps=heatmaps, log=log)
+    return out_dir / "report.md"
+
+
+#: what a report folder holds (`_check_report_folder` replaces nothing else)
+REPORT_FILES = ("report.md", "*.png")
+
+
+def _check_report_folder(out_dir: Path) -> None:
+    """Raise a UsageError unless `out_dir` is missing, empty or a report folder."""
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise UsageError(f"-o {out_dir} is not a folder; give a report folder")
+    if not out_dir.exists():
+        return
+    others = sorted(entry.name for entry in out_dir.iterdir()
+                    if not (entry.is_file() and not entry.is_symlink() and any(entry.match(pattern) for pattern in REPORT_FILES)))
+    if others:
+        raise UsageError(f"-o {out_dir} exists and is not a report folder (it holds {others[0]}"
+                         f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}); "
+                         "give a new folder or an earlier report's")
+
+
+@contextlib.contextmanager
+def _fresh_folder(path: Path) -> Iterator[Path]:
+    """Yield a new empty folder beside `path`; when the block succeeds, rename it onto `path`
+    (replacing the folder there), else remove it and leave `path` as it was."""
+    path = Path(os.path.abspath(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        os.chmod(building, 0o777 & ~_umask())  # mkdtemp makes 0700; give what mkdir would
+        yield building
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old)  # onto the empty folder just made
+            try:
+                os.replace(building, path)
+            except BaseException:
+                os.replace(old, path)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(building, path)
+    finally:
+        if building.exists():
+            shutil.rmtree(building, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_report(runs_dir: Path, out_dir: Path, rows: list[dict[str, Any]], *, runs: Sequence[str] | None, n: int,
+                  seed: int, heatmaps: bool, log: Callable[[str], None]) -> None:
+    """Draw the figures and write report.md of `rows` into the existing folder `out_dir`."""
     keys = grid_keys(runs_dir, rows)
     title = json.loads((runs_dir / "sweep.json").read_text())["name"] if (runs_dir / "sweep.json").exists() \
         else runs_dir.name
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarise(rows, keys)
     site = attribution_site(rows)
     counts = defaultdict(int)
@@ -433,11 +514,6 @@ def build_report(
                   "![attribution summary](attribution_summary.png)", ""]
     by_id = {row["run_id"]: row for row in rows}
     if runs:
-        missing = [r for r in runs if r not in by_id]
-        if missing:
-            from .errors import unknown
-
-            raise unknown("run", missing[0], by_id)
         selected = [by_id[r] for r in runs]
     else:
         selected = select_runs(rows, keys)
@@ -456,8 +532,7 @@ def build_report(
         if plot_dynamics(_read_metrics(run_dir / "metrics.jsonl"), out_dir / name, f"{title}: {label}: training dynamics"):
             detail += [f"![dynamics {row['run_id']}]({name})", ""]
     if detail:
-        lines += ["## Selected runs", "", "Heatmaps: every block-level site × role, one patch each. "
+        chosen = "the runs given" if runs else f"the best run of each series ({SELECTION_RULE})"
+        lines += ["## Selected runs", "", f"Runs: {chosen}. Heatmaps: every block-level site × role, one patch each. "
                   "Dynamics: runs trained with `--mech-every` (or `[mech] every`).", "", *detail]
-    report = out_dir / "report.md"
-    write_text_atomic(report, "\n".join(lines).rstrip() + "\n")
-    return report
+    write_text_atomic(out_dir / "report.md", "\n".join(lines).rstrip() + "\n")

@@ -68,17 +68,35 @@ def site_to_hook(site: str) -> str:
     raise UsageError(f"malformed site {site!r}{suggest(site, [*BLOCK_SITES, *GLOBAL_SITES])}")
 
 
+def as_specs(specs: str | Iterable[str]) -> list[str]:
+    """Return site or position specs as a list: a bare string is one spec (``"L1.block_in"``),
+    not a list of characters."""
+    return [specs] if isinstance(specs, str) else list(specs)
+
+
+def joint_parts(spec: str, kind: str) -> list[str]:
+    """Return the stripped ``+``-separated parts of a joint `kind` spec ("site", "position"); a
+    UsageError naming the spec as typed if a part is empty (``"value+"``)."""
+    parts = [part.strip() for part in spec.split("+")]
+    if "" in parts:
+        example = "L0.block_out+L1.mixer_in" if kind == "site" else "key+value"
+        raise UsageError(f"{kind} {spec.strip()!r} has an empty part: a joint {kind} joins {kind}s with '+', e.g. {example}")
+    return parts
+
+
 def _is_inside(site: str) -> bool:
     return ".mixer." in site
 
 
-def resolve_sites(patterns: Iterable[str], hook_names: Iterable[str]) -> list[str]:
-    """Expand site patterns against a model's hooks; return hook names in forward order.
+def resolve_sites(patterns: str | Iterable[str], hook_names: Iterable[str]) -> list[str]:
+    """Expand site patterns (a bare string is one pattern) against a model's hooks; return hook
+    names in forward order.
 
     `hook_names` is the model's hook list in forward order (``model.hook_dict``). Block-level
     wildcards never reach inside hooks; inside hooks need ``L{l}.mixer.<name or *>``. An
     unknown site is a UsageError naming close matches.
     """
+    patterns = as_specs(patterns)
     ordered = list(hook_names)
     sites = [hook_to_site(hook) for hook in ordered]
     block_level = [s for s in sites if _BLOCK_SITE.match(s) and not _is_inside(s)]
@@ -164,15 +182,15 @@ def _single_mask(spec: str, roles: dict[str, Tensor], lengths: Tensor, n_pos: in
 
 
 def position_patches(
-    specs: Iterable[str], roles: dict[str, Tensor], lengths: Tensor, n_pos: int
+    specs: str | Iterable[str], roles: dict[str, Tensor], lengths: Tensor, n_pos: int
 ) -> list[PositionPatch]:
     """Turn position specs into per-row masks ``[N, T]``, one `PositionPatch` per patch.
 
     ``all`` expands to one patch per position 0..T-1 (rows shorter than a position are not
-    patched there); ``a+b`` patches a and b jointly.
+    patched there); ``a+b`` patches a and b jointly. A bare string is one spec.
     """
     patches = []
-    for spec in dict.fromkeys(spec.strip() for spec in specs):  # a repeated spec is one patch
+    for spec in dict.fromkeys(spec.strip() for spec in as_specs(specs)):  # a repeated spec is one patch
         if spec == "all":
             patches.extend(
                 PositionPatch(str(p), torch.zeros(len(lengths), n_pos, dtype=torch.bool).index_fill_(1, torch.tensor([p]), True)
@@ -180,10 +198,13 @@ def position_patches(
                 for p in range(n_pos)
             )
             continue
-        parts = spec.split("+")
+        parts = joint_parts(spec, "position")
+        if "all" in parts:
+            raise UsageError(f"'all' cannot be part of the joint position {spec!r} (it is one patch per position); "
+                             "use 'whole' to patch every position at once")
         mask = torch.zeros(len(lengths), n_pos, dtype=torch.bool)
         for part in parts:
-            mask |= _single_mask(part.strip(), roles, lengths, n_pos)
+            mask |= _single_mask(part, roles, lengths, n_pos)
         patches.append(PositionPatch(spec, mask))
     if not patches:
         raise UsageError("no position given")

@@ -10,12 +10,17 @@ A sweep file (TOML) has
               pos_emb, mlp_hidden_mult) and mixer options (`K` for every layer, `L0.K` for one)
     [mixer_options.<mixer>]   options for the layers whose mixer is <mixer> (e.g. attention)
     [grid]    lists whose product is the sweep: any model or trainer key, a mixer option
-              (`d_conv`, `L0.window`) or a task option (`task.num_kv_pairs`)
+              (`d_conv`, `L0.window`) or a task option (`task.num_kv_pairs`); without [grid]
+              the sweep is one run, and an empty [grid] is an error
     [mech]    optional: sites, positions (lists), n, seed, threshold, every (0: only at the end)
 
 Run ids are a pure function of the grid values (a readable part plus a hash), so a re-run of
 the same sweep finds its folders: finished runs (``summary.json``) are skipped and broken ones
 resume from their last checkpoint. ``RUNS/results.csv`` has one row per run, in grid order.
+
+Every option of every run ([mech] sites and positions included) is checked before the first run
+trains (`validate`). The sweep holds ``RUNS/.lock`` while it runs (one sweep per runs folder) and
+each worker holds its run folder's lock while it trains and evaluates (`hookmech.locking`).
 """
 from __future__ import annotations
 
@@ -36,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HookmechError, UsageError, unknown
-from .fileio import atomic_path, write_text_atomic
+from .fileio import atomic_path, read_json, write_text_atomic
+from .locking import folder_lock
 
 #: model keys a sweep may fix or vary; anything else in [model] or [grid] is a mixer option
 MODEL_KEYS = ("arch", "mixer", "d_model", "n_layers", "n_heads", "mlp", "tie_embeddings", "pos_emb", "mlp_hidden_mult")
@@ -111,6 +117,9 @@ def parse_sweep(text: str, name: str = "sweep") -> Sweep:
         if key not in train_keys:
             raise unknown(f"trainer option in {name} [train]:", key, train_keys)
     grid = _flatten(data.get("grid", {}))
+    if "grid" in data and not grid:
+        raise UsageError(f"{name}: [grid] is empty; give each varied key a list (e.g. seed = [0, 1]), "
+                         "or drop [grid] for a single run")
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise UsageError(f"{name}: [grid] {key} must be a non-empty list, got {values!r}")
@@ -125,12 +134,34 @@ def parse_sweep(text: str, name: str = "sweep") -> Sweep:
         for key in ("sites", "positions"):
             if isinstance(mech[key], str):
                 mech[key] = [mech[key]]
+        _check_mech_values(mech, name)
     mixer_options = data.get("mixer_options", {})
     for mixer, options in mixer_options.items():
         if not isinstance(options, dict):
             raise UsageError(f"{name}: [mixer_options.{mixer}] must be a table of options")
     return Sweep(name=str(data.get("name", name)), task=task, train=train, model=_flatten(data.get("model", {})),
                  mixer_options={k: _flatten(v) for k, v in mixer_options.items()}, grid=grid, mech=mech)
+
+
+def _check_mech_values(mech: dict[str, Any], name: str) -> None:
+    """Raise a UsageError naming the [mech] key whose value has the wrong type or range."""
+    for key in ("sites", "positions"):
+        values = mech[key]
+        if not isinstance(values, list) or not values or not all(isinstance(v, str) and v.strip() for v in values):
+            raise UsageError(f"{name}: [mech] {key} must be a non-empty list of names, got {values!r}")
+
+    def integer(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not integer(mech["n"]) or mech["n"] < 1:
+        raise UsageError(f"{name}: [mech] n must be an integer >= 1, got {mech['n']!r}")
+    if not integer(mech["seed"]) or mech["seed"] < 0:
+        raise UsageError(f"{name}: [mech] seed must be an integer >= 0, got {mech['seed']!r}")
+    if not integer(mech["every"]) or mech["every"] < 0:
+        raise UsageError(f"{name}: [mech] every must be an integer >= 0 (0: only at the end), got {mech['every']!r}")
+    threshold = mech["threshold"]
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise UsageError(f"{name}: [mech] threshold must be a number, got {threshold!r}")
 
 
 def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -245,27 +276,51 @@ def build_run(run: dict[str, Any]):
 
 
 def validate(runs: Iterable[Run]) -> None:
-    """Build every run's task, model config and trainer config, and each distinct model on
-    torch's meta device (no memory, no compute); raise on the first bad run."""
+    """Check every option of every run before any run trains; return None, or raise (a
+    HookmechError naming the run) on the first bad one.
+
+    Builds each run's task (and its test split, where it has one), model config and trainer
+    config, each distinct model on torch's meta device (no memory, no compute), and checks the
+    [mech] sites against that model's hooks, the positions against the run's mech batch, and
+    ``every`` against the run's ``eval_every``.
+    """
     import torch
 
+    from . import tasks
+    from .mech import check_sites_and_positions, mech_batch
     from .model import HookedLM
 
-    built: set[str] = set()
+    hooks: dict[str, Any] = {}
+    batches: dict[str, Any] = {}
     for run in runs:
         try:
-            model_config = build_run(run.as_dict())[1]
-            if model_config.to_json() not in built:
-                built.add(model_config.to_json())
+            task, model_config, train_config = build_run(run.as_dict())
+            if _needs_test_split(run.task):
+                tasks.from_spec({**run.task, "split": "test"})
+            key = model_config.to_json()
+            if key not in hooks:
                 with torch.device("meta"):
-                    HookedLM(model_config)
+                    hooks[key] = HookedLM(model_config).hook_dict
+            mech = run.mech
+            if mech is None:
+                continue
+            if mech["every"] and mech["every"] % train_config.eval_every:
+                raise UsageError(f"[mech] every {mech['every']} must be a multiple of eval_every "
+                                 f"{train_config.eval_every} (attributions are measured at evaluations), or 0")
+            batch_key = json.dumps([task.spec, mech["seed"], mech["n"]], sort_keys=True)
+            if batch_key not in batches:
+                batches[batch_key] = mech_batch(task, mech["seed"], mech["n"])
+            try:
+                check_sites_and_positions(hooks[key], batches[batch_key], mech["sites"], mech["positions"])
+            except HookmechError as error:
+                raise type(error)(f"[mech]: {error}") from None
         except HookmechError as error:
             raise type(error)(f"run {run.run_id}: {error}") from None
 
 
 # -- one run -------------------------------------------------------------------------------
 def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_json(path) if path.exists() else None
 
 
 def _needs_test_split(task_spec: dict[str, Any]) -> bool:
@@ -311,14 +366,16 @@ def execute_run(run: dict[str, Any], runs_dir: str, threads: int | None = None, 
                                 total_steps=train_config.total_steps(), n=mech_config["n"],
                                 seed=mech_config["seed"], threshold=mech_config["threshold"], device=device)
     log = (lambda message: None) if quiet else None
-    try:
-        summary = train(task, model_config, train_config, out, device=device, progress=False, on_eval=on_eval, log=log)
-    except HookmechError:
-        summary = _read_json(out / "summary.json")
-        if summary is None or summary.get("status") != "nan":
-            raise
-    if summary.get("status") == "finished":
-        _finish_run(run, out, task, train_config, device)
+    with folder_lock(out, "run folder"):  # training, test.json and mech.json: one process at a time
+        try:
+            summary = train(task, model_config, train_config, out, device=device, progress=False, on_eval=on_eval,
+                            log=log)
+        except HookmechError:
+            summary = _read_json(out / "summary.json")
+            if summary is None or summary.get("status") != "nan":
+                raise
+        if summary.get("status") == "finished":
+            _finish_run(run, out, task, train_config, device)
     return collect_row(run, runs_dir)
 
 
@@ -445,6 +502,10 @@ def run_sweep(
     `workers` runs go in parallel, each pinned to `threads` torch threads (default: cores //
     workers). Returns the rows in grid order. Runs that fail with anything but a NaN loss get
     ``status = "error"``; the sweep then raises a HookmechError after writing the table.
+
+    Every run is checked (`validate`) before anything is written; a bad option of any run raises
+    then, naming the run. Raises `hookmech.locking.FolderLocked` if another process holds
+    `runs_dir`.
     """
     if engine not in ENGINES:
         raise unknown("engine", engine, ENGINES)
@@ -461,40 +522,42 @@ def run_sweep(
     runs = expand(sweep)
     validate(runs)
     runs_dir = Path(runs_dir)
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(runs_dir / "sweep.json", json.dumps(dataclasses.asdict(sweep), indent=1, sort_keys=True))
-    as_dicts = [run.as_dict() for run in runs]
-    rows: dict[str, dict[str, Any]] = {}
-    todo = []
-    for run in as_dicts:
-        if run_is_complete(run, runs_dir):
-            rows[run["run_id"]] = collect_row(run, runs_dir)
-        else:
-            todo.append(run)
-    log(f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
-        f"({engine}, {workers} workers x {threads} threads)")
-    began = time.perf_counter()
+    # one sweep at a time in a runs folder (its results.csv is rewritten as runs finish); each
+    # worker then locks only its own run folder, so workers never wait for each other
+    with folder_lock(runs_dir, "runs folder"):
+        write_text_atomic(runs_dir / "sweep.json", json.dumps(dataclasses.asdict(sweep), indent=1, sort_keys=True))
+        as_dicts = [run.as_dict() for run in runs]
+        rows: dict[str, dict[str, Any]] = {}
+        todo = []
+        for run in as_dicts:
+            if run_is_complete(run, runs_dir):
+                rows[run["run_id"]] = collect_row(run, runs_dir)
+            else:
+                todo.append(run)
+        log(f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
+            f"({engine}, {workers} workers x {threads} threads)")
+        began = time.perf_counter()
 
-    def done(run: dict[str, Any], row: dict[str, Any]) -> None:
-        rows[run["run_id"]] = row
-        acc = row.get("dev_acc")
-        detail = row.get("error") or (f"dev_acc {acc:.3f}" if isinstance(acc, float) else "")
-        log(f"[{len(rows)}/{len(runs)}] {run['run_id']}: {row['status']} {detail} "
-            f"({time.perf_counter() - began:.0f} s)")
-        write_results([rows[r["run_id"]] for r in as_dicts if r["run_id"] in rows], runs_dir / "results.csv")
+        def done(run: dict[str, Any], row: dict[str, Any]) -> None:
+            rows[run["run_id"]] = row
+            acc = row.get("dev_acc")
+            detail = row.get("error") or (f"dev_acc {acc:.3f}" if isinstance(acc, float) else "")
+            log(f"[{len(rows)}/{len(runs)}] {run['run_id']}: {row['status']} {detail} "
+                f"({time.perf_counter() - began:.0f} s)")
+            write_results([rows[r["run_id"]] for r in as_dicts if r["run_id"] in rows], runs_dir / "results.csv")
 
-    if todo:
-        if engine == "local":
-            _run_local(todo, str(runs_dir), workers, threads, device, done)
-        else:
-            _run_ray(todo, str(runs_dir), workers, threads, device, done, address, gpus_per_run)
-    ordered = [rows[run["run_id"]] for run in as_dicts]
-    write_results(ordered, runs_dir / "results.csv")
-    failed = [row["run_id"] for row in ordered if row["status"] == "error"]
-    if failed:
-        raise HookmechError(f"{len(failed)} of {len(runs)} runs failed ({', '.join(failed[:3])}"
-                            f"{', …' if len(failed) > 3 else ''}); results.csv has the rest; rerun to retry")
-    return ordered
+        if todo:
+            if engine == "local":
+                _run_local(todo, str(runs_dir), workers, threads, device, done)
+            else:
+                _run_ray(todo, str(runs_dir), workers, threads, device, done, address, gpus_per_run)
+        ordered = [rows[run["run_id"]] for run in as_dicts]
+        write_results(ordered, runs_dir / "results.csv")
+        failed = [row["run_id"] for row in ordered if row["status"] == "error"]
+        if failed:
+            raise HookmechError(f"{len(failed)} of {len(runs)} runs failed ({', '.join(failed[:3])}"
+                                f"{', …' if len(failed) > 3 else ''}); results.csv has the rest; rerun to retry")
+        return ordered
 
 
 # -- results.csv ---------------------------------------------------------------------------

@@ -7,6 +7,13 @@ A run lives in one folder::
     resume.safetensors    weights + optimizer moments + step, written atomically together
     metrics.jsonl         one JSON object per evaluation (each step once, also after a resume)
     summary.json          written last: the run is finished
+    .lock                 while a process trains into the folder: its PID (`hookmech.locking`)
+
+The folder is locked while a process trains into it: a second `train` into it fails at once,
+naming the PID that holds it. run.json is written once the model and the data are built, and
+it claims the folder (a rerun with other options is refused) only once the folder holds
+training done (a checkpoint, metrics or a summary): a run that fails before then leaves the
+folder free.
 
 Training data is a pure function of (seed, step): a fixed training set sampled once with
 seed (seed, 0) — or given (``train(train_set=...)``, e.g. read from a dataset file; its
@@ -33,11 +40,13 @@ from safetensors.torch import save_file
 from torch import Tensor
 from torch.nn import functional as F
 
+from .allocator import keep_freed_memory
 from .cache import answer_probs, run_chunks
 from .checkpoint import save
 from .config import ModelConfig
 from .errors import HookmechError, UsageError
-from .fileio import atomic_path, write_text_atomic
+from .fileio import atomic_path, read_json, write_text_atomic
+from .locking import folder_lock
 from .model import HookedLM
 from .tasks import Task
 from .tasks.ar import rng_for
@@ -240,10 +249,13 @@ def train(
     `train_set` (rows of `task`, ``config.n_train`` of them) replaces the sampled training set;
     `train_set_sha256` (default: `batch_sha256` of it; the CLI gives the dataset file's) is
     recorded in run.json, so resuming the run with other training data is refused.
+
+    The folder is locked while the run trains (`hookmech.locking.folder_lock`): a second
+    process training into it gets a `HookmechError` naming the PID that holds it.
     """
+    keep_freed_memory()  # CPU steps allocate multi-MB temporaries: see hookmech/allocator.py
     out = Path(out_dir)
     log = log or (lambda message: print(message, file=sys.stderr))
-    summary_path, resume_path, metrics_path = out / "summary.json", out / "resume.safetensors", out / "metrics.jsonl"
     if train_set is not None:
         from .datasets import check_batch
 
@@ -254,9 +266,24 @@ def train(
     if train_set is None and train_set_sha256 is not None:
         raise UsageError("train_set_sha256 given without a train_set")
     record = _run_record(model_config, task, config, train_set_sha256)
+    with folder_lock(out, "run folder"):  # a run that never started leaves no folder it made
+        return _train_in_folder(task, model_config, config, out, record, device=device, progress=progress,
+                                on_step=on_step, on_eval=on_eval, log=log, train_set=train_set)
+
+
+#: files whose presence means a run folder holds training done (run.json alone does not)
+PROGRESS_FILES = ("summary.json", "resume.safetensors", "metrics.jsonl", "model.safetensors")
+
+
+def _train_in_folder(task: Task, model_config: ModelConfig, config: TrainConfig, out: Path, record: dict[str, Any], *,
+                     device: str, progress: bool | None, on_step, on_eval, log, train_set: Batch | None) -> dict[str, Any]:
+    """`train`'s work, with the run folder locked."""
+    summary_path, resume_path, metrics_path = out / "summary.json", out / "resume.safetensors", out / "metrics.jsonl"
+    train_set_sha256 = record.get("train_set_sha256")
     run_path = out / "run.json"
-    if run_path.exists():
-        previous = json.loads(run_path.read_text())
+    started = any((out / name).exists() for name in PROGRESS_FILES)
+    if run_path.exists() and started:
+        previous = read_json(run_path)
         if previous != json.loads(json.dumps(record)):
             if previous.get("train_set_sha256") != train_set_sha256:
                 raise HookmechError(
@@ -266,13 +293,29 @@ def train(
             raise HookmechError(f"{out} holds a different run (its run.json differs); choose another -o folder")
     if summary_path.exists():
         log(f"{out}: already trained (summary.json exists); not retraining")
-        return json.loads(summary_path.read_text())
+        return read_json(summary_path)
     torch.manual_seed(config.seed)
-    # build before writing run.json: a config the mixers refuse must not claim the folder
+    # build the model and the data before writing run.json: a config the mixers refuse, or data
+    # that does not fit in memory, must not claim the folder
     model = HookedLM(model_config).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    out.mkdir(parents=True, exist_ok=True)
+    data = DataStream(task, config, train_set)
+    dev = task.sample(config.n_dev, seed=(config.seed, _DEV_SET))
     write_text_atomic(run_path, json.dumps(record, indent=2, sort_keys=True))
+    try:
+        return _train_loop(task, config, out, model, optimizer, data, dev, device=device, progress=progress,
+                           on_step=on_step, on_eval=on_eval, log=log)
+    except BaseException:
+        if not started and not any((out / name).exists() for name in PROGRESS_FILES):
+            run_path.unlink(missing_ok=True)  # failed before its first step: the folder stays free
+        raise
+
+
+def _train_loop(task: Task, config: TrainConfig, out: Path, model: HookedLM, optimizer: torch.optim.Optimizer,
+                data: DataStream, dev: Batch, *, device: str, progress: bool | None, on_step, on_eval,
+                log) -> dict[str, Any]:
+    """Run the optimizer steps left in `out` (resuming from its resume state) and return the summary."""
+    summary_path, resume_path, metrics_path = out / "summary.json", out / "resume.safetensors", out / "metrics.jsonl"
     start, seconds_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
     if resume_path.exists():
         extra = _load_resume(resume_path, model, optimizer)
@@ -281,8 +324,6 @@ def train(
         log(f"{out}: resuming from step {start}")
     _truncate_metrics(metrics_path, start)
 
-    data = DataStream(task, config, train_set)
-    dev = task.sample(config.n_dev, seed=(config.seed, _DEV_SET))
     total = config.total_steps()
     began = time.perf_counter()
     last_eval: dict[str, float] = {}

@@ -29,6 +29,20 @@ def test_untied_model_round_trip(tmp_path, ar_task):
     assert torch.equal(loaded.unembed.weight, model.unembed.weight)
 
 
+def test_a_checkpoint_whose_header_length_starts_like_a_pickle_loads(tmp_path, ar_model, ar_task):
+    """The 8-byte header length of a safetensors file can begin with 0x80 (pickle's PROTO) or
+    with "PK": such a checkpoint is still a safetensors file and must load."""
+    for padding in range(256):  # metadata padding moves the header length through every low byte
+        path = hookmech.save(ar_model, tmp_path / "m.safetensors", task_spec={**ar_task.spec, "pad": "x" * padding})
+        if path.read_bytes()[:1] == b"\x80":
+            break
+    else:
+        pytest.fail("no padding gave a header length starting with 0x80")
+    loaded = hookmech.load(path)
+    assert all(torch.equal(a, b) for a, b in zip(ar_model.state_dict().values(), loaded.state_dict().values(),
+                                                 strict=True))
+
+
 class _Boom:
     def __reduce__(self):
         import os

@@ -24,8 +24,126 @@ def _nothing(tmp: Path) -> None:
     """No setup."""
 
 
+def _write_cache(tmp: Path) -> Path:
+    """A small cache of the bundled fixture (8 rows, L1.block_in), its model_sha256 the fixture's."""
+    from hookmech.cache import write_cache
+    from hookmech.checkpoint import load
+    from hookmech.fileio import sha256_of
+    from hookmech.tasks import from_checkpoint
+
+    task = from_checkpoint(FIXTURE)
+    return write_cache(load(FIXTURE), task.sample(8, seed=0), tmp / "c.h5", ["blocks.1.hook_resid_pre"],
+                       model_sha256=sha256_of(FIXTURE), task_spec=task.spec)
+
+
+def _edit_cache(edit):
+    """A setup writing the small cache, then changing it with `edit(h5)`."""
+    def setup(tmp: Path) -> None:
+        import h5py
+
+        with h5py.File(_write_cache(tmp), "r+") as h5:
+            edit(h5)
+    return setup
+
+
+def _short_answers(h5) -> None:
+    answers = h5["answers"][()]
+    del h5["answers"]
+    h5["answers"] = answers[:3]
+
+
+def _dataset(tmp: Path) -> None:
+    from hookmech.datasets import save_dataset
+    from hookmech.tasks import from_checkpoint
+
+    task = from_checkpoint(FIXTURE)
+    save_dataset(task.sample(8, seed=0), task, tmp / "d.h5", seed=0)
+
+
+def _file(tmp: Path) -> None:
+    (tmp / "f").write_text("a file, not a folder\n")
+
+
+def _corrupt_run_json(tmp: Path) -> None:
+    (tmp / "r").mkdir()
+    (tmp / "r" / "run.json").write_text('{"model_config": {')
+    (tmp / "r" / "metrics.jsonl").write_text("")  # a started run: its run.json is read
+
+
+def _sweep_empty_grid(tmp: Path) -> None:
+    (tmp / "s.toml").write_text('[task]\nname = "ar"\n[train]\nsteps = 2\n[grid]\n')
+
+
 #: setups by name: each prepares files under the test's temporary folder
-SETUPS = {"none": _nothing}
+SETUPS = {
+    "none": _nothing,
+    "cache": _write_cache,
+    "cache_v2": _edit_cache(lambda h5: h5.attrs.modify("format_version", 2)),
+    "cache_no_p_answer": _edit_cache(lambda h5: h5.__delitem__("p_answer/clean")),
+    "cache_short_answers": _edit_cache(_short_answers),
+    "dataset": _dataset,
+    "file": _file,
+    "corrupt_run_json": _corrupt_run_json,
+    "sweep_empty_grid": _sweep_empty_grid,
+}
+
+# -- run, sweep and report folders -----------------------------------------------------------
+#: processes started by setups (holding folder locks); stopped after each test
+_HOLDERS: list = []
+
+SWEEP_SMALL = """
+[task]
+name = "ar"
+vocab_size = 16
+num_kv_pairs = 3
+[train]
+steps = 4
+n_train = 0
+n_dev = 8
+batch_size = 8
+eval_every = 2
+[grid]
+d_model = [8]
+seed = [0, 1]
+"""
+
+
+@pytest.fixture(autouse=True)
+def _stop_lock_holders():
+    yield
+    from lock_holder import stop_lock_holder
+
+    while _HOLDERS:
+        stop_lock_holder(_HOLDERS.pop())
+
+
+def _hold_lock(folder: Path) -> None:
+    from lock_holder import start_lock_holder
+
+    _HOLDERS.append(start_lock_holder(folder))
+
+
+def _sweep_file(tmp: Path, mech: str | None = None) -> None:
+    (tmp / "s.toml").write_text(SWEEP_SMALL + (f"[mech]\n{mech}\n" if mech is not None else ""))
+
+
+def _runs_with_results(tmp: Path) -> None:
+    from hookmech.sweep import write_results
+
+    (tmp / "runs").mkdir()
+    write_results([{"run_id": "a", "d_model": 8, "seed": 0, "status": "finished", "dev_acc": 1.0, "dev_p_answer": 0.9,
+                    "steps": 4, "seconds": 1.0}], tmp / "runs" / "results.csv")
+
+
+SETUPS.update({
+    "locked-run": lambda tmp: _hold_lock(tmp / "r"),
+    "locked-runs": lambda tmp: (_sweep_file(tmp), _hold_lock(tmp / "runs")),
+    "sweep-mech-site": lambda tmp: _sweep_file(tmp, 'sites = ["L9.block_in"]'),
+    "sweep-mech-position": lambda tmp: _sweep_file(tmp, 'positions = ["value", "nosuchrole"]'),
+    "sweep-mech-every": lambda tmp: _sweep_file(tmp, "every = 3"),
+    "sweep-mech-n": lambda tmp: _sweep_file(tmp, 'n = "many"'),
+    "runs-with-results": _runs_with_results,
+})
 
 #: (id, setup, argv, exit code, message substring)
 ROWS_USAGE = [
@@ -34,7 +152,58 @@ ROWS_USAGE = [
      "L9.block_in"),
 ]
 
-ALL_ROWS = ROWS_USAGE
+PATCH = ["patch", "--ckpt", "{ckpt}", "--n", "4"]
+
+#: messages that say what was typed, or what is missing, and where
+ROWS_MESSAGES = [
+    ("joint-site-with-an-empty-part", "none", [*PATCH, "--site", "L0.block_out+", "--pos", "value"], 2,
+     "site 'L0.block_out+' has an empty part"),
+    ("joint-position-with-an-empty-part", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value+"], 2,
+     "position 'value+' has an empty part"),
+    ("all-inside-a-joint-position", "none", [*PATCH, "--site", "L0.block_out", "--pos", "key+all"], 2,
+     "'all' cannot be part of the joint position 'key+all'"),
+    ("probe-at-all-positions", "cache", ["probe", "{tmp}/c.h5", "--site", "L1.block_in", "--pos", "all"], 2,
+     "a probe reads one position per row, not 'all'"),
+    ("cache-of-another-format-version", "cache_v2", ["inspect", "{tmp}/c.h5"], 1,
+     "cache format version 2 is not supported (expected 1)"),
+    ("dataset-file-given-as-cache", "dataset", [*PATCH[:3], "--site", "L0.block_out", "--pos", "value",
+                                                "--cache", "{tmp}/d.h5"], 1,
+     "a hookmech dataset file, not an activation cache"),
+    ("cache-without-p-answer", "cache_no_p_answer", ["inspect", "{tmp}/c.h5"], 1, "no p_answer/clean"),
+    ("cache-with-short-answers", "cache_short_answers", [*PATCH[:3], "--site", "L1.block_in", "--pos", "value",
+                                                         "--cache", "{tmp}/c.h5"], 1,
+     "answers has 3 rows, the cache 8"),
+    ("corrupt-run-json", "corrupt_run_json", [*TRAIN_SMALL, "-o", "{tmp}/r"], 1, "run.json: not valid JSON"),
+    ("output-under-a-file", "file", ["data", "ar", "--n", "4", "-o", "{tmp}/f/d.h5"], 1,
+     "/f is a file, not a folder"),
+    ("run-folder-under-a-file", "file", [*TRAIN_SMALL, "-o", "{tmp}/f/r"], 1, "/f is a file, not a folder"),
+    ("threshold-nan", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value", "--threshold", "nan"], 2,
+     "threshold must be a finite number, got nan"),
+    ("threshold-inf-atp", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value", "--method", "atp",
+                                   "--threshold", "inf"], 2, "threshold must be a finite number, got inf"),
+    ("sweep-with-an-empty-grid", "sweep_empty_grid", ["sweep", "{tmp}/s.toml", "--dry-run"], 2, "[grid] is empty"),
+]
+
+#: run folders, sweeps and reports: refused before anything is trained or drawn
+ROWS_RUNS = [
+    ("train-into-a-locked-run-folder", "locked-run", [*TRAIN_SMALL, "-o", "{tmp}/r"], 1, "/r is in use by process"),
+    ("sweep-into-a-locked-runs-folder", "locked-runs", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 1,
+     "/runs is in use by process"),
+    ("sweep-mech-unknown-site", "sweep-mech-site", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2, "L9.block_in"),
+    ("sweep-dry-run-mech-unknown-site", "sweep-mech-site", ["sweep", "{tmp}/s.toml", "--dry-run"], 2, "L9.block_in"),
+    ("sweep-mech-unknown-position", "sweep-mech-position", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2,
+     "unknown position 'nosuchrole'"),
+    ("sweep-mech-every-off-the-evaluations", "sweep-mech-every", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2,
+     "[mech] every 3 must be a multiple of eval_every 2"),
+    ("sweep-mech-n-not-a-number", "sweep-mech-n", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2,
+     "[mech] n must be an integer >= 1"),
+    ("report-unknown-run", "runs-with-results", ["report", "{tmp}/runs", "--run", "nosuchrun", "-o", "{tmp}/R"], 2,
+     "unknown run 'nosuchrun'"),
+    ("report-into-a-folder-that-is-not-a-report", "runs-with-results",
+     ["report", "{tmp}/runs", "--no-heatmaps", "-o", "{tmp}/runs"], 2, "is not a report folder (it holds results.csv)"),
+]
+
+ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES + ROWS_RUNS
 
 
 def _expand(argv: list[str], tmp: Path) -> list[str]:
@@ -57,3 +226,39 @@ def test_bad_input_is_one_line_and_an_exit_code(setup, argv, code, message, tmp_
 def test_every_row_has_a_unique_id():
     ids = [row[0] for row in ALL_ROWS]
     assert ids and len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize(("error", "words"), [
+    (PermissionError(13, "Permission denied", "/ro/d.h5"), "/ro/d.h5: Permission denied"),
+    (FileNotFoundError(2, "No such file or directory", "/gone/d.h5"), "/gone/d.h5: No such file or directory"),
+    (IsADirectoryError(21, "Is a directory", "/out/d.h5"), "/out/d.h5: Is a directory"),
+    (NotADirectoryError(20, "Not a directory", "/file/d.h5"), "/file/d.h5: Not a directory"),
+    (FileExistsError(17, "File exists", "/out"), "/out: File exists"),
+    (OSError(28, "No space left on device", "/full/d.h5"), "/full/d.h5: No space left on device"),
+    (OSError(28, "No space left on device"), "No space left on device"),
+    (OSError(30, "Read-only file system", "/ro/d.h5"), "/ro/d.h5: Read-only file system"),
+], ids=["permission", "not-found", "is-a-directory", "not-a-directory", "exists", "no-space", "no-space-no-name",
+        "read-only"])
+def test_os_errors_the_user_can_fix_are_one_plain_line(error, words, monkeypatch, capsys):
+    """Writing an output the system refuses (root runs these tests, so the refusal is simulated)."""
+    import hookmech.datasets
+
+    def refuse(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(hookmech.datasets, "save_dataset", refuse)
+    code, _, err = run_cli(["data", "ar", "--n", "4", "-o", "/ro/d.h5"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0] == f"hookmech: error: {words}", err
+
+
+def test_other_os_errors_are_still_unexpected(monkeypatch, capsys):
+    import hookmech.datasets
+
+    def fail(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(hookmech.datasets, "save_dataset", fail)
+    code, _, err = run_cli(["data", "ar", "--n", "4", "-o", "/x/d.h5"], capsys)
+    assert code == 1 and "unexpected" in err and len(err.strip().splitlines()) == 1, err

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from hookmech.report import bootstrap_interval, build_report, summarise
+from hookmech.report import bootstrap_interval, build_report, select_runs, summarise
 from hookmech.sweep import parse_sweep, run_sweep, write_results
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -40,6 +40,19 @@ def test_summary_picks_the_best_lr_by_mean_dev_accuracy_over_seeds():
     assert (first["dev_min"], first["dev_max"]) == pytest.approx((0.90, 0.92))
     assert first["attr_value"] == pytest.approx(0.905) and first["n_pass"] == 2
     assert summary[2]["attr_query"] == pytest.approx(0.8)
+
+
+def test_best_run_of_a_series_breaks_ties_by_smaller_lr_then_larger_d_model():
+    def row(run_id, d_model, lr, acc, status="finished"):
+        return {"run_id": run_id, "arch": "attention", "d_model": d_model, "lr": lr, "seed": 0, "status": status,
+                "dev_acc": acc}
+
+    keys = ["arch", "d_model", "lr", "seed"]
+    rows = [row("big_fast", 64, 1e-2, 1.0), row("small_slow", 32, 1e-3, 1.0), row("worse", 128, 1e-4, 0.9),
+            row("diverged", 256, 1e-5, None, status="nan")]
+    assert [r["run_id"] for r in select_runs(rows, keys)] == ["small_slow"]  # accuracy tie: smaller lr
+    rows += [row("small_slow_wide", 64, 1e-3, 1.0), row("small_slow_wide_again", 64, 1e-3, 1.0)]
+    assert [r["run_id"] for r in select_runs(rows, keys)] == ["small_slow_wide"]  # then larger d_model, then first
 
 
 def test_bootstrap_interval_brackets_the_mean_and_is_deterministic():

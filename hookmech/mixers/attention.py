@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, splice, window_index
 from .short_conv import ShortConv
 
@@ -61,6 +61,7 @@ class Attention(Mixer):
         self.hook_attn_scores = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
         self.hook_pattern = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
         self.hook_z = AxisHookPoint(head_axes)
+        declare_sizes(self, head=n_heads)
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
@@ -75,6 +76,19 @@ class Attention(Mixer):
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.out_proj(z.reshape(batch, n_pos, -1))
+
+    def effective_attention(self, x: Tensor) -> Tensor:
+        """Return M ``[batch, head, query_pos, key_pos]`` (float32): the attention pattern
+        (`hook_pattern`, window and q/k convolutions included), which is exactly how the
+        head mixes its values: ``hook_z[b, t, h] = Σ_s M[b, h, t, s] hook_v[b, s, h]``."""
+        batch, n_pos, _ = x.shape
+        projected = dict(zip("qk", self.Wqkv(x).chunk(3, dim=-1)))
+        for name in "qk":
+            if name in self.convs:
+                projected[name] = self.convs[name](projected[name])
+        q, k = (projected[c].view(batch, n_pos, self.n_heads, self.d_head) for c in "qk")
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
+        return scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")).softmax(dim=-1).float()
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
     def prefix_context(self, x: Tensor) -> dict[str, Tensor]:

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..errors import UsageError, suggest
+from ..errors import HookmechError, UsageError, suggest
 
 
 class Mixer(nn.Module):
@@ -55,6 +55,30 @@ class Mixer(nn.Module):
         """
         full = splice(context["x"], rows, x, start)
         return kept(take_window(self.forward(full), start, x.shape[1]), keep)
+
+    # -- effective attention (`hookmech.attention_maps`) ------------------------------------
+    # Every mixer here mixes positions by an operator that is linear in some "value" once its
+    # data-dependent parts (queries, keys, gates, decays) are fixed by the input. Written as a
+    # matrix M over (query, key) positions it is comparable across architectures, exactly.
+    #: what axis 1 of `effective_attention` indexes: "head" (one M per head, shared by the
+    #: head's value channels) or "channel" (one M per channel: SSMs with per-channel decays,
+    #: gated convolutions); `attention_maps(summary="mean")` averages channels, never heads
+    attention_axis: ClassVar[str] = "head"
+
+    def effective_attention(self, x: Tensor) -> Tensor:
+        """Return M ``[batch, head_or_channel, query_pos, key_pos]`` (float32) for the input
+        `x` ``[batch, pos, d_model]``: the mixer's sequence operation as a matrix, such that
+        an inside hook (or a product of two) is M applied to values over positions,
+        ``Σ_s M[b, h, t, s] value[b, s, h]``; each mixer's docstring names the hook, the values
+        and anything the hook adds that is not mixing (a skip D ⊙ u, a bias). Computed as the
+        mixer runs with no hook inside it in use.
+
+        The base class has none: a mixer without one raises a HookmechError.
+        """
+        raise HookmechError(
+            f"mixer {type(self).__name__} does not define effective_attention(x), so it has no "
+            "effective attention map; implement it (see hookmech/mixers/base.py)"
+        )
 
 
 def window_index(start: Tensor, width: int) -> Tensor:

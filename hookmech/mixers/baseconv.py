@@ -15,10 +15,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..errors import UsageError
+from ..errors import HookmechError, UsageError
 from ..hooks import AxisHookPoint
 from .base import Mixer, kept, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
+from .operators import toeplitz
 from .short_conv import CONV_BIAS_INITS, ShortConv
 
 
@@ -93,6 +94,38 @@ class BaseConv(Mixer):
         if self.use_act:
             return F.silu(u_conv) * F.silu(u_proj) + u
         return u_conv * u_proj + u
+
+    attention_axis = "channel"
+
+    def effective_attention(self, u: Tensor) -> Tensor:
+        """Return M ``[batch, d_model, query_pos, key_pos]`` (float32): the convolution gated by
+        the projection, as a matrix per channel acting on the input u itself,
+
+            M[d, t, s] = proj(u)_t[d] T[d, t, s]
+
+        where T is the convolution's Toeplitz matrix: short, T[t, s] = w[t - s] for the kernel's
+        lags; long, T[t, s] = h[t - s] + [s = t] (the long convolution's own skip). So
+        ``hook_conv[b, t, d] hook_proj[b, t, d] = Σ_s M[b, d, t, s] u[b, s, d] + bias[d] hook_proj[b, t, d]``
+        exactly, bias being the short convolution's (zero for the long one); the mixer's
+        output adds u. With ``use_act`` the gate is silu(conv(u)), not linear in u: no M (HookmechError).
+        """
+        if self.use_act:
+            raise HookmechError(
+                "baseconv with use_act=True has no effective attention: silu(conv(u)) ⊙ silu(proj(u)) "
+                "is not linear in u, so no matrix over positions reproduces it"
+            )
+        n_pos = u.shape[1]
+        if not self.long:
+            # ShortConv cross-correlates over the last kernel_size inputs: lag t - s is tap k - 1 - (t - s)
+            kernel = self.conv.weight[:, 0].flip(-1).T
+        elif n_pos > self.l_max:
+            raise UsageError(f"baseconv: sequence of {n_pos} positions exceeds l_max {self.l_max}")
+        else:
+            kernel = self.conv(n_pos) if self.implicit else self.filter[:n_pos]
+        operator = toeplitz(kernel.double(), n_pos)
+        if self.long:
+            operator = operator + torch.eye(n_pos, dtype=operator.dtype, device=operator.device)
+        return (self.projection(u).double().transpose(1, 2)[..., :, None] * operator).float()
 
     def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
         """Return ``{"u": x}`` ``[N, T, d_model]``: the convolution reads the mixer input itself

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, splice, state_before, window_index
 from .state_patch import hook_state_with_propagation
 
@@ -116,6 +116,7 @@ class Based(Mixer):
         self.hook_kv_state = AxisHookPoint("batch pos head feature d_head")
         self.hook_k_state = AxisHookPoint("batch pos head feature")
         self.hook_y = AxisHookPoint("batch pos head d_head")
+        declare_sizes(self, head=num_heads)
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
@@ -133,6 +134,22 @@ class Based(Mixer):
             y = based_chunked(phi_q, phi_k, v, self.eps, self.chunk_size)
         y = self.hook_y(y)
         return self.out_proj(y.reshape(batch, n_pos, -1))
+
+    def effective_attention(self, x: Tensor) -> Tensor:
+        """Return M ``[batch, head, query_pos, key_pos]`` (float32): the feature-map kernel,
+        normalised as the mixer normalises it (either view; they compute the same y):
+
+            M[h, t, s] = phi(q_t) · phi(k_s) / (Σ_{s'<=t} phi(q_t) · phi(k_s') + eps)     (s <= t)
+
+        so that ``hook_y[b, t, h] = Σ_s M[b, h, t, s] hook_v[b, s, h]`` exactly. The Taylor
+        kernel phi(q)·phi(k) = ((qᵀk/√d + 1)² + 1) / 2 is positive, so each row of M is a
+        distribution over keys (up to eps), like a softmax pattern.
+        """
+        phi_q, phi_k, _ = self._features(x)
+        n_pos = x.shape[1]
+        causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=x.device).tril()
+        scores = torch.einsum("bqhf,bkhf->bhqk", phi_q.double(), phi_k.double()).masked_fill(~causal, 0.0)
+        return (scores / (scores.sum(-1, keepdim=True) + self.eps)).float()
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, x: Tensor) -> dict[str, Tensor]:

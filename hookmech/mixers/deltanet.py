@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
@@ -91,6 +91,7 @@ class DeltaNet(Mixer):
         self.hook_beta = AxisHookPoint("batch pos head")
         self.hook_state = AxisHookPoint("batch pos head d_head_v d_head_k")
         self.hook_y = AxisHookPoint(head_axes)
+        declare_sizes(self, head=num_heads)
 
     def forward(self, x: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
@@ -112,6 +113,37 @@ class DeltaNet(Mixer):
             y = delta_rule_recurrent(q, k, v, beta)[0]
         y = self.hook_y(y)
         return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1))
+
+    def effective_attention(self, x: Tensor) -> Tensor:
+        """Return M ``[batch, head, query_pos, key_pos]`` (float32): the delta rule's exact
+        operator on the values, key removal included. Unrolling
+        S_t = S_{t-1} (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ gives
+        S_t = Σ_{s<=t} β_s v_s k_sᵀ (I - β_{s+1} k_{s+1} k_{s+1}ᵀ) ··· (I - β_t k_t k_tᵀ), so
+
+            M[h, t, s] = β_s k_sᵀ (Π_{r=s+1..t} (I - β_r k_r k_rᵀ)) q_t      (s <= t, r ascending)
+
+        and ``hook_y[b, t, h] = Σ_s M[b, h, t, s] hook_v[b, s, h]`` exactly (o_t = S_t q_t,
+        before the output norm). Equivalently M = tril(Q Kᵀ) (I + stril(diag(β) K Kᵀ))⁻¹ diag(β),
+        the UT form of Yang et al. 2024; the backward sweep below never inverts a matrix: it
+        carries every query back through one factor per key position (float64, each factor
+        has norm <= 1, so nothing grows).
+        """
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.conv_size > 0:
+            q, k = self.q_conv1d(q), self.k_conv1d(k)
+        q, k, _ = self._heads(q, k, k)  # the values are not needed (M acts on them)
+        q, k = (t.double().transpose(1, 2) for t in (q, k))  # [b, h, t, d_k]
+        beta = self._beta(x).double().transpose(1, 2)  # [b, h, t]
+        n_pos = x.shape[1]
+        M = q.new_zeros(*beta.shape, n_pos)
+        # carried[..., t, :] = (Π_{r=s+1..t} (I - β_r k_r k_rᵀ)) q_t for the current s (t >= s)
+        carried = q.clone()
+        for s in reversed(range(n_pos)):
+            read = torch.einsum("bhd,bhtd->bht", k[:, :, s], carried[:, :, s:])  # k_sᵀ (Π ...) q_t
+            M[:, :, s:, s] = beta[:, :, s, None] * read
+            # one more factor for key s - 1: (I - β_s k_s k_sᵀ) applied to every carried query
+            carried[:, :, s:] -= M[:, :, s:, s, None] * k[:, :, s, None, :]
+        return M.float()
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, x: Tensor) -> dict[str, Tensor]:

@@ -25,9 +25,10 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, splice, take_window
 from .long_conv import fft_causal_conv
+from .operators import toeplitz
 
 
 class ShiftKernel(nn.Module):
@@ -141,6 +142,7 @@ class H3(Mixer):
         self.hook_ssm = AxisHookPoint("batch pos head d_k d_v")
         self.hook_shift_filter = AxisHookPoint("lag head d_head", pos_axis=None)
         self.hook_ssm_filter = AxisHookPoint("lag head", pos_axis=None)
+        declare_sizes(self, head=self.n_heads)
 
     def forward(self, u: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
@@ -172,6 +174,27 @@ class H3(Mixer):
         # zoology orders the output channels (d_v, head); kept so out_proj sees the same layout
         y = torch.einsum("bthk,bthkv->btvh", q, s)
         return self.out_proj(y.reshape(*y.shape[:2], -1))
+
+    def effective_attention(self, u: Tensor) -> Tensor:
+        """Return M ``[batch, head, query_pos, key_pos]`` (float32): H3 as linear attention with
+        an SSM kernel for a decay. Since kv_s = k̃_s ⊗ v_s and the diagonal SSM is the causal
+        convolution by K (one kernel per head, zero beyond l_max lags) plus D, the query
+        read-out q_t · s_t is, per head,
+
+            M[h, t, s] = (q_t · k̃_s) (K_h[t - s] + D_h [s = t])      (s <= t)
+
+        with k̃ = ``hook_shift`` (the shift SSM's keys): ``Σ_i hook_q[b, t, h, i] hook_ssm[b, t, h, i]
+        = Σ_s M[b, h, t, s] hook_v[b, s, h]`` exactly (that read-out is out_proj's input, which
+        has no hook of its own). Per head, not per channel: the key index is contracted by q.
+        """
+        q, k = self._heads(self.q_proj(u)), self._heads(self.k_proj(u))
+        n_pos = u.shape[1]
+        n_lags = min(n_pos, self.l_max)
+        shift_filter = self.ssm_k_kernel(n_lags).view(n_lags, self.n_heads, self.head_dim)
+        k = fft_causal_conv(k, shift_filter) + k * self.ssm_k_D.view(k.shape[2:])  # k̃, as `_ssms`
+        kernel = toeplitz(self.kernel(n_lags).double(), n_pos)  # [head, t, s]
+        kernel = kernel + torch.diag_embed(self.D.double()[:, None].expand(-1, n_pos))
+        return (torch.einsum("bthi,bshi->bhts", q.double(), k.double()) * kernel).float()
 
     def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
         """Return the key and value projections ``{"k", "v"}``, each ``[N, T, head, head_dim]``:

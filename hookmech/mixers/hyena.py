@@ -24,6 +24,7 @@ from ..errors import UsageError
 from ..hooks import AxisHookPoint
 from .base import Mixer, kept, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
+from .operators import toeplitz
 from .short_conv import CONV_BIAS_INITS, ShortConv
 
 
@@ -90,6 +91,24 @@ class Hyena(Mixer):
         if self.D is not None:
             conv = conv + v * self.D
         return self.hook_y(self.hook_long_conv(conv) * x2)
+
+    attention_axis = "channel"
+
+    def effective_attention(self, u: Tensor) -> Tensor:
+        """Return M ``[batch, d_model, query_pos, key_pos]`` (float32): the gated long
+        convolution as a matrix per channel, both gates folded in,
+
+            M[d, t, s] = x2_t[d] (h[t - s, d] + D[d] [s = t]) x1_s[d]      (s <= t; D: the filter bias, if on)
+
+        so that ``hook_y[b, t, d] = Σ_s M[b, d, t, s] hook_v[b, s, d]`` exactly (x1 = ``hook_x1``
+        gates each value before the convolution, x2 = ``hook_x2`` each output after it).
+        """
+        n_pos = u.shape[1]
+        x1, x2, _ = self.short_filter(self.in_proj(u)).double().split(self.d_model, dim=-1)
+        operator = toeplitz(self.filter_fn(n_pos).double(), n_pos)  # [d, t, s]
+        if self.D is not None:
+            operator = operator + torch.diag_embed(self.D.double()[:, None].expand(-1, n_pos))
+        return (x2.transpose(1, 2)[..., :, None] * operator * x1.transpose(1, 2)[..., None, :]).float()
 
     def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
         """Return ``{"projected": in_proj(x)}`` ``[N, T, 3*d_model]``: the input projection,

@@ -31,6 +31,7 @@ from torch.nn import functional as F
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
 from .base import Mixer, kept, splice, state_before, take_window
+from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan
 from .state_patch import hook_state_with_propagation
 
@@ -173,6 +174,30 @@ class Mamba(Mixer):
         if self.gate:
             y = y * F.silu(z)
         return self.out_proj(y)
+
+    attention_axis = "channel"
+
+    def effective_attention(self, x: Tensor) -> Tensor:
+        """Return M ``[batch, d_inner, query_pos, key_pos]`` (float32): the selective SSM
+        unrolled into a matrix per channel (the "attention" form L ∘ C Bᵀ of Dao & Gu 2024 §3,
+        with the selective decay and the Δ of B̄ = Δ B):
+
+            M[d, t, s] = Σ_n C_t[n] exp(Σ_{r=s+1..t} Δ_r[d] A[d, n]) Δ_s[d] B_s[n]     (s <= t)
+
+        M leaves out the skip D ⊙ u, and no hook holds the SSM output without it, so what M
+        reproduces is ``hook_y[b, t, d] = Σ_s M[b, d, t, s] u[b, s, d] + D[d] u[b, t, d]`` with
+        u = ``hook_conv_act``. Built in float64, one state dimension n at a time (the largest
+        tensor is one ``[batch, d_inner, pos, pos]``).
+        """
+        _, delta, B, C = (t.double() for t in self._ssm_inputs(self._split(self.in_proj(x))[0]))
+        # Σ_{r<=t} Δ_r A: the decays of every pair of positions are differences of these
+        log_decay = torch.cumsum(delta[..., None] * self._A().double(), dim=1).permute(0, 2, 3, 1)  # [b, d, n, t]
+        written = delta.transpose(1, 2)[:, :, None, :]  # Δ_s [b, d, 1, s]
+        M = x.new_zeros(x.shape[0], self.d_inner, x.shape[1], x.shape[1], dtype=torch.float64)
+        for n in range(self.d_state):
+            decay = causal_decay(log_decay[:, :, n], log_decay[:, :, n])  # [b, d, t, s]
+            M += C[:, None, :, n, None] * decay * written * B[:, None, None, :, n]
+        return M.float()
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
     def prefix_context(self, x: Tensor) -> dict[str, Tensor]:

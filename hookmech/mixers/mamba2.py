@@ -25,8 +25,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, state_before
+from .operators import causal_decay
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -211,6 +212,7 @@ class Mamba2(Mixer):
         self.hook_C = AxisHookPoint("batch pos group d_state")
         self.hook_ssm_state = AxisHookPoint("batch pos head headdim d_state")
         self.hook_y = AxisHookPoint("batch pos head headdim")
+        declare_sizes(self, head=n_heads, group=ngroups)
 
     def forward(self, u: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]`` of ``u [batch, pos, d_model]``."""
@@ -235,6 +237,24 @@ class Mamba2(Mixer):
         y = self.hook_y(y + self.D[:, None] * x)
         y = self.norm(y.reshape(batch, n_pos, self.d_inner), z)
         return self.out_proj(y)
+
+    def effective_attention(self, u: Tensor) -> Tensor:
+        """Return M ``[batch, head, query_pos, key_pos]`` (float32): SSD's matrix per head
+        (Dao & Gu 2024 §3-4, M = L ∘ C Bᵀ with a scalar decay per head, Δ folded into B):
+
+            M[h, t, s] = (C_t · B_s) exp(Σ_{r=s+1..t} Δ_r[h] A[h]) Δ_s[h]     (s <= t)
+
+        M leaves out the skip D ⊙ x, and no hook holds the SSD output without it, so what M
+        reproduces is ``hook_y[b, t, h] = Σ_s M[b, h, t, s] x[b, s, h] + D[h] x[b, t, h]``
+        with x = ``hook_conv_act`` (``[..., head, headdim]``: one M for the head's channels).
+        """
+        _, xbc, dt = self._in_proj(u)
+        _, dt, B, C = self._ssm_inputs(self.conv1d(xbc) if self.conv1d is not None else xbc, dt)
+        dt = dt.double().transpose(1, 2)  # [b, h, t]
+        B, C = (_expand_groups(t, self.n_heads).double() for t in (B, C))  # heads share their group's
+        log_decay = torch.cumsum(dt * -torch.exp(self.A_log.double())[:, None], dim=-1)  # Σ_{r<=t} Δ_r A
+        scores = torch.einsum("bthn,bshn->bhts", C, B)
+        return (scores * causal_decay(log_decay, log_decay) * dt[:, :, None, :]).float()
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, u: Tensor) -> dict[str, Tensor]:

@@ -25,8 +25,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, declare_sizes
 from .base import Mixer, kept, state_before
+from .operators import causal_decay
 from .state_patch import hook_state_with_propagation
 
 
@@ -167,6 +168,7 @@ class RWKV6(Mixer):
         self.hook_gate = AxisHookPoint("batch pos d_model")
         self.hook_state = AxisHookPoint("batch pos head d_head_k d_head_v")
         self.hook_output = AxisHookPoint(head_axes)
+        declare_sizes(self, head=self.n_heads)
 
     @torch.no_grad()
     def _init_time_parameters(self, d_model: int, mix_lora: int, decay_lora: int, depth: float) -> None:
@@ -205,6 +207,28 @@ class RWKV6(Mixer):
         else:
             out, _ = wkv_chunked(r, k, v, log_decay, self.time_faaaa, self.chunk_size)
         return self._output(self.hook_output(out), g)
+
+    def effective_attention(self, x: Tensor) -> Tensor:
+        """Return M ``[batch, head, query_pos, key_pos]`` (float32): the WKV operator before
+        the group norm. The decays are per key channel i, but o_t = r_t (S_{t-1} + diag(u) k_tᵀ v_t)
+        contracts the key channels away, so one M per head acts on all its value channels:
+
+            M[h, t, s] = Σ_i r_t[i] k_s[i] Π_{r=s+1..t-1} exp(-exp(w_r[i]))    (s < t)
+            M[h, t, t] = Σ_i r_t[i] u[h, i] k_t[i]                             (the bonus)
+
+        and ``hook_output[b, t, h] = Σ_s M[b, h, t, s] hook_v[b, s, h]`` exactly. Built in
+        float64, one key channel at a time (the largest tensor is one ``[batch, head, pos, pos]``).
+        """
+        r, k, _, _, w = self._projections(x, F.pad(x, (0, 0, 1, -1)))
+        r, k = (t.double().permute(0, 2, 3, 1) for t in (r, k))  # [b, h, i, t]
+        log_decay = -torch.exp(w.double()).permute(0, 2, 3, 1)
+        decay_in = torch.cumsum(log_decay, dim=-1)  # Σ_{r<=t} log w_r
+        decay_before = decay_in - log_decay  # Σ_{r<t}: o_t reads S_{t-1}
+        M = torch.diag_embed(torch.einsum("bhit,hi,bhit->bht", r, self.time_faaaa.double(), k))
+        for i in range(self.head_size):
+            decay = causal_decay(decay_before[:, :, i], decay_in[:, :, i], strict=True)  # [b, h, t, s]
+            M += r[:, :, i, :, None] * decay * k[:, :, i, None, :]
+        return M.float()
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
