@@ -39,8 +39,11 @@
 # helpers that do the same thing faster.
 
 # %%
-import tempfile
 import warnings
+
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notebook widgets, unused here
+
+import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -53,12 +56,11 @@ from hookmech.demo import fixture_dir, mechanism  # where `hookmech demo` finds 
 from hookmech.fileio import sha256_of
 from hookmech.sites import resolve_sites
 
-warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's notebook widgets, unused here
 torch.manual_seed(0)  # nothing below is random except through explicit seeds; this is belt and braces
 FIXTURES = fixture_dir()
 ATTENTION = FIXTURES / "attention_ar.safetensors"
 MAMBA = FIXTURES / "mamba_ar.safetensors"
-print("hookmech", hookmech.__version__, "| torch", torch.__version__.split("+")[0])
+print("bundled checkpoints:", sorted(path.name for path in FIXTURES.glob("*.safetensors")))
 
 # %% [markdown]
 # ## 1. The task and its corruption

@@ -81,3 +81,5 @@ def test_tutorial_notebook_is_paired_with_its_script():
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert all(cell.get("outputs") for cell in code), "the notebook is stored without its outputs"
     assert not any(o.output_type == "error" for cell in code for o in cell.outputs)
+    stored = (REPO / "examples" / "tutorial.ipynb").read_text()
+    assert str(REPO) not in stored and "site-packages" not in stored, "the stored outputs name local paths"
