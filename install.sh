@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install hookmech into the active Python environment (a venv is recommended).
 #   ./install.sh        the package
-#   ./install.sh dev    the package and the test extras
+#   ./install.sh dev    the package and the development extras: tests, release build, the
+#                       tutorial notebook's kernel, and the documentation site's tools
+#   ./install.sh docs   the package and the documentation site's tools only
 # torch is installed first, as the CPU build, only where none is present: a plain
 # `pip install torch` would pull a multi-GB CUDA build. HOOKMECH_TORCH overrides the spec.
 set -euo pipefail
