@@ -35,8 +35,9 @@ def test_based_model_alternates_baseconv_and_based():
 
 def test_presets_name_only_registered_mixers_and_registry_is_untouched():
     assert REGISTRY["based"].__name__ == "Based"
+    assert MODEL_PRESETS
     for pattern in MODEL_PRESETS.values():
-        assert all(mixer in REGISTRY for mixer, _ in pattern)
+        assert pattern and all(mixer in REGISTRY for mixer, _ in pattern)
 
 
 def test_unknown_preset_suggests():

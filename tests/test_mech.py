@@ -70,6 +70,7 @@ def test_training_with_the_callback_logs_attributions_and_learns_the_same_weight
     assert [line["step"] for line in lines] == [3, 6, 9, 12]
     plain = hookmech.load(tmp_path / "plain" / "model.safetensors").state_dict()
     mech = hookmech.load(tmp_path / "mech" / "model.safetensors").state_dict()
+    assert plain and plain.keys() == mech.keys()
     assert all(torch.equal(plain[name], mech[name]) for name in plain)
 
 

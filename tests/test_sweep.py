@@ -118,6 +118,7 @@ def test_interrupted_sweep_resumes_and_matches_an_uninterrupted_one(tmp_path):
     for run in runs:
         a = hookmech.load(tmp_path / "a" / run.run_id / "model.safetensors").state_dict()
         b = hookmech.load(tmp_path / "b" / run.run_id / "model.safetensors").state_dict()
+        assert a and a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert _rows_without_timing(tmp_path / "a" / "results.csv") == _rows_without_timing(tmp_path / "b" / "results.csv")
     # a second pass retrains nothing

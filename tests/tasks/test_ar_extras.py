@@ -61,7 +61,7 @@ def test_split_pairs_disjoint(seed, split_seed, query_by):
         values = batch.tokens[rows, torch.maximum(batch.role("key"), batch.role("value"))].numpy() - 32
         held = held_out(keys, values, split_seed)
         assert held.all() if split == "test" else not held.any()
-        seen[split] = set(zip(keys.tolist(), values.tolist()))
+        seen[split] = set(zip(keys.tolist(), values.tolist(), strict=True))
     assert not (seen["train"] | seen["dev"]) & seen["test"]
 
 
