@@ -81,3 +81,72 @@ def assert_state_built_only_when_hooked(monkeypatch, module, kernel: str, model,
     assert calls[2:] == [False, False]
     model.run_with_cache(tokens, names_filter=state_hook)
     assert calls[4:] == [True, False]
+
+
+def first_edits(edits: dict) -> dict[int, int]:
+    """{row: its first edited position} of state edits ``{(row, pos): state}``."""
+    first: dict[int, int] = {}
+    for row, pos in sorted(edits):
+        first.setdefault(row, pos)
+    return first
+
+
+def random_state_edits(rows_at: dict[int, list[int]], n_rows: int, state_shape, seed: int) -> dict:
+    """State edits ``{(row, pos): state}`` of float64 normal states at the positions and rows of
+    `rows_at` ``{pos: rows}`` (one ``[n_rows, *state_shape]`` draw per position, in order)."""
+    generator = torch.Generator().manual_seed(seed)
+    states = {pos: torch.randn(n_rows, *state_shape, generator=generator, dtype=torch.double) for pos in rows_at}
+    return {(row, pos): states[pos][row] for pos, rows in rows_at.items() for row in rows}
+
+
+def restarted_reference(forward, x: torch.Tensor, edits: dict) -> torch.Tensor:
+    """The output of a recurrence written out position by position, ``forward(x, replace) ->
+    (out, ..., states)`` (`replace` maps a position to the states ``[batch, ...]`` that replace
+    the recurrence's there), with the states of `edits` ``{(row, pos): state}``: at each edited
+    position, in order, the edited rows take their new state and the others keep the one the
+    recurrence reached there."""
+    replaced = {}
+    for pos in sorted({pos for _, pos in edits}):
+        running = forward(x, replaced or None)[-1]
+        state = running[:, pos].clone()
+        for (row, at), value in edits.items():
+            if at == pos:
+                state[row] = value
+        replaced[pos] = state
+    return forward(x, replaced)[0]
+
+
+def assert_state_edit_propagates(model, tokens, state_hook: str, out_hook: str, edits: dict, reference, *,
+                                 style: str = "copy", lag: int = 0, rtol: float = 1e-9, atol: float = 1e-11,
+                                 prefix_atol: float = 0.0) -> None:
+    """An edit of a recurrent-state hook propagates through the recurrence (docs/sites.md:
+    "patching propagates"; hookmech/mixers/state_patch.py). `state_hook` is edited at `edits`
+    ``{(row, pos): state}`` in a `run_with_hooks` forward: on a copy the hook returns
+    (``"copy"``), in place returning None (``"in_place"``, as TransformerLens hooks often do)
+    or in place returning the tensor (``"in_place_returned"``). Then
+
+    - `out_hook` equals ``reference(clean_cache, edits)``: the recurrence written out in the
+      test, restarted from each edited state (to rtol, atol; the model is float64);
+    - in every row, the positions before its first edit (+ `lag`: a state edited at position p
+      shows in `out_hook` from p + lag on) are the clean run's (exactly, or to `prefix_atol`
+      where the edited run recomputes them), and the rest (if any) are not the clean run's."""
+    assert edits and style in ("copy", "in_place", "in_place_returned"), style
+    _, clean = model.run_with_cache(tokens)
+
+    def edit(state, hook):
+        edited = state.clone() if style == "copy" else state
+        for (row, pos), value in edits.items():
+            edited[row, pos] = value
+        return None if style == "in_place" else edited
+
+    captured = {}
+    model.run_with_hooks(tokens, fwd_hooks=[(state_hook, edit),
+                                            (out_hook, lambda act, hook: captured.setdefault("out", act.clone()))])
+    out, clean_out = captured["out"], clean[out_hook]
+    torch.testing.assert_close(out, reference(clean, edits), rtol=rtol, atol=atol)
+    first, n_pos = first_edits(edits), tokens.shape[1]
+    for row in range(len(tokens)):
+        shows = min(first.get(row, n_pos) + lag, n_pos)
+        torch.testing.assert_close(out[row, :shows], clean_out[row, :shows], rtol=0, atol=prefix_atol)
+        if shows < n_pos:
+            assert not torch.allclose(out[row, shows:], clean_out[row, shows:]), (row, shows)
