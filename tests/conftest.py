@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 import hookmech
 
-from helpers import make_model
+from helpers import ATTENTION_FIXTURE, make_model
 
 # One torch thread by default: the tests run many tiny forwards, where threads only contend (on a
 # loaded 2-core machine the suite ran 10x slower with torch's default). HOOKMECH_TEST_THREADS=N
@@ -20,9 +19,6 @@ if not _threads.isdigit() or int(_threads) < 1:
     raise pytest.UsageError(f"HOOKMECH_TEST_THREADS must be an integer >= 1, got {_threads!r}")
 TEST_THREADS = int(_threads)
 torch.set_num_threads(TEST_THREADS)
-
-REPO = Path(__file__).resolve().parent.parent
-ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 
 
 def pytest_report_header(config):

@@ -1,11 +1,17 @@
 """Helpers shared by the tests."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
 import hookmech
 from hookmech.config import build_config
+
+REPO = Path(__file__).resolve().parent.parent
+#: the bundled trained attention AR checkpoint (also the `trained_attention` fixture)
+ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 
 # The documented numerical contracts (README, docs/guide.md §6). A test comparing two different
 # computations of the same numbers uses the contract it checks; only the same computation run

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import ATTENTION_FIXTURE as FIXTURE, run_cli
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 
 TRAIN_SMALL = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3",
                "--n-train", "0", "--steps", "4", "--d-model", "16", "--n-dev", "8", "--eval-every", "4"]
