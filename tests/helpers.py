@@ -45,16 +45,43 @@ def unit_variance(model: hookmech.HookedLM, seed: int = 1) -> hookmech.HookedLM:
 
 
 def run_cli(argv, capsys):
-    """Run the `hookmech` CLI in-process; return (exit code, stdout, stderr)."""
+    """Run the `hookmech` CLI in-process (arguments may be paths); return (exit code, stdout, stderr)."""
     from hookmech.cli.main import main
 
     try:
-        main(argv)
+        main([str(arg) for arg in argv])
         code = 0
     except SystemExit as done:
         code = done.code or 0
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def fail_cache_write_on_call(monkeypatch, number: int, error: OSError) -> list[int]:
+    """Make the cache's chunk writer raise `error` on its `number`-th write (after writing the
+    others); return the list of calls so far."""
+    from hookmech.cache import _ChunkWriter
+
+    calls, original = [], _ChunkWriter._write
+
+    def write(self, dataset, rows, value):
+        calls.append(1)
+        if len(calls) == number:
+            raise error
+        return original(self, dataset, rows, value)
+
+    monkeypatch.setattr(_ChunkWriter, "_write", write)
+    return calls
+
+
+def assert_same_rows(a, b):
+    """Assert two batches hold the same rows, roles and subclass fields."""
+    assert type(a) is type(b)
+    for name in ("tokens", "corrupt_tokens", "answers", "lengths", "doc_index"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.roles.keys() == b.roles.keys()
+    for role in a.roles:
+        assert torch.equal(a.roles[role], b.roles[role]), role
 
 
 def assert_causal(mixer, d_model: int, n_pos: int = 10, t: int = 5) -> None:
