@@ -1,4 +1,4 @@
-"""Helpers shared by the tests."""
+"""Helpers shared by the tests (fixtures are in conftest.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,6 +23,7 @@ ENGINE_TOL = 1e-5
 CACHE_TOL = 1e-6
 
 
+# -- models --------------------------------------------------------------------------------
 def make_model(task, seed: int = 0, **overrides) -> hookmech.HookedLM:
     """A random-init model for `task` (eval mode), deterministic in `seed`."""
     torch.manual_seed(seed)
@@ -44,6 +45,7 @@ def unit_variance(model: hookmech.HookedLM, seed: int = 1) -> hookmech.HookedLM:
     return model
 
 
+# -- the command line and files ------------------------------------------------------------
 def run_cli(argv, capsys):
     """Run the `hookmech` CLI in-process (arguments may be paths); return (exit code, stdout, stderr)."""
     from hookmech.cli.main import main
@@ -74,6 +76,7 @@ def fail_cache_write_on_call(monkeypatch, number: int, error: OSError) -> list[i
     return calls
 
 
+# -- batches and mixers ----------------------------------------------------------------------
 def assert_same_rows(a, b):
     """Assert two batches hold the same rows, roles and subclass fields."""
     assert type(a) is type(b)
@@ -116,6 +119,7 @@ def assert_state_built_only_when_hooked(monkeypatch, module, kernel: str, model,
     assert calls[4:] == [True, False]
 
 
+# -- recurrent-state edits (every mixer with a state hook) ------------------------------------
 def first_edits(edits: dict) -> dict[int, int]:
     """{row: its first edited position} of state edits ``{(row, pos): state}``."""
     first: dict[int, int] = {}

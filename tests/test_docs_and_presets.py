@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import runpy
-from pathlib import Path
 
 import pytest
 
@@ -10,7 +9,7 @@ from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.presets import MODEL_PRESETS, expand_preset
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO
 
 
 def test_site_reference_is_current():
