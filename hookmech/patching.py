@@ -1,4 +1,4 @@
-"""Interchange interventions (activation patching) and the attribution score (design.md §7).
+"""Interchange interventions (activation patching) and the attribution score (docs/guide.md §1, §6).
 
 For each (site, position): run the **base** input, replace the site's activation at the
 position by the **source** activation, and read a metric at the query. Denoising (default):
@@ -12,7 +12,7 @@ the other run, on the clean run (they are noising by nature). With means m over 
 so that 1 means "this site at this position carries the whole clean-vs-corrupt difference" in
 both directions. Metrics m (per row, at the query position):
 
-    p_answer    p(answer)                                 (design.md §7, the default)
+    p_answer    p(answer)                                 (the default)
     log_p       log p(answer)
     logit_diff  logit(answer) − logit(corrupt answer)     (see `corrupt_answers`)
     kl          KL(clean distribution ‖ run's distribution), so m_clean = 0 and, denoising,

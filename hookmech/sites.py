@@ -1,4 +1,4 @@
-"""Sites and positions: the short names people type, and the hooks they mean (design.md §3).
+"""Sites and positions: the short names people type, and the hooks they mean (docs/guide.md §5, docs/sites.md).
 
 Sites:  ``L1.block_in`` <-> ``blocks.1.hook_resid_pre``; ``L1.mixer.q`` <-> ``blocks.1.mixer.hook_q``;
 ``embed``, ``pos_embed``, ``final_norm``. Wildcards: ``L*.block_in``, ``L1.*``, ``all`` (block-level

@@ -1,4 +1,4 @@
-"""Sweeps (design.md §5): a grid of runs, each a normal resumable `train` into ``RUNS/<run-id>``.
+"""Sweeps (docs/guide.md §8): a grid of runs, each a normal resumable `train` into ``RUNS/<run-id>``.
 
 A sweep file (TOML) has
 

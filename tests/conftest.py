@@ -1,15 +1,23 @@
-"""Shared test fixtures: small random models and tasks (fast), and the bundled trained fixture."""
+"""Shared test fixtures: small random models and tasks (fast), the bundled trained fixture, and
+processes holding folder locks. Shared helpers (tolerances, assertions) are in helpers.py.
+
+Where a test lives: tests/mixers/ one file per mixer, tests/tasks/ one per task, tests/cli/ every
+test whose subject is the command line (what a command prints, writes or exits with, and the
+options it passes on to the library). A test that runs a command only as the way in to a library
+behaviour it checks (a folder lock, a report folder written whole, a sweep checked before it
+trains, an HDF5 file closed after a failed write) stays with that behaviour's tests. The other
+files are one per library module or topic."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 import hookmech
 
-from helpers import make_model
+from helpers import ATTENTION_FIXTURE, make_model
+from lock_holder import start_lock_holder, stop_lock_holder
 
 # One torch thread by default: the tests run many tiny forwards, where threads only contend (on a
 # loaded 2-core machine the suite ran 10x slower with torch's default). HOOKMECH_TEST_THREADS=N
@@ -20,9 +28,6 @@ if not _threads.isdigit() or int(_threads) < 1:
     raise pytest.UsageError(f"HOOKMECH_TEST_THREADS must be an integer >= 1, got {_threads!r}")
 TEST_THREADS = int(_threads)
 torch.set_num_threads(TEST_THREADS)
-
-REPO = Path(__file__).resolve().parent.parent
-ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 
 
 def pytest_report_header(config):
@@ -53,3 +58,17 @@ def trained_attention():
     if not ATTENTION_FIXTURE.exists():
         pytest.skip("fixture checkpoint missing")
     return ATTENTION_FIXTURE, hookmech.load(ATTENTION_FIXTURE), hookmech.tasks.from_checkpoint(ATTENTION_FIXTURE)
+
+
+@pytest.fixture
+def holder():
+    """Start processes holding folder locks; stop them after the test."""
+    started = []
+
+    def start(folder):
+        started.append(start_lock_holder(folder))
+        return started[-1]
+
+    yield start
+    for process in started:
+        stop_lock_holder(process)

@@ -1,11 +1,17 @@
-"""Helpers shared by the tests."""
+"""Helpers shared by the tests (fixtures are in conftest.py)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from torch import nn
 
 import hookmech
 from hookmech.config import build_config
+
+REPO = Path(__file__).resolve().parent.parent
+#: the bundled trained attention AR checkpoint (also the `trained_attention` fixture)
+ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 
 # The documented numerical contracts (README, docs/guide.md §6). A test comparing two different
 # computations of the same numbers uses the contract it checks; only the same computation run
@@ -17,6 +23,7 @@ ENGINE_TOL = 1e-5
 CACHE_TOL = 1e-6
 
 
+# -- models --------------------------------------------------------------------------------
 def make_model(task, seed: int = 0, **overrides) -> hookmech.HookedLM:
     """A random-init model for `task` (eval mode), deterministic in `seed`."""
     torch.manual_seed(seed)
@@ -38,17 +45,46 @@ def unit_variance(model: hookmech.HookedLM, seed: int = 1) -> hookmech.HookedLM:
     return model
 
 
+# -- the command line and files ------------------------------------------------------------
 def run_cli(argv, capsys):
-    """Run the `hookmech` CLI in-process; return (exit code, stdout, stderr)."""
+    """Run the `hookmech` CLI in-process (arguments may be paths); return (exit code, stdout, stderr)."""
     from hookmech.cli.main import main
 
     try:
-        main(argv)
+        main([str(arg) for arg in argv])
         code = 0
     except SystemExit as done:
         code = done.code or 0
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def fail_cache_write_on_call(monkeypatch, number: int, error: OSError) -> list[int]:
+    """Make the cache's chunk writer raise `error` on its `number`-th write (after writing the
+    others); return the list of calls so far."""
+    from hookmech.cache import _ChunkWriter
+
+    calls, original = [], _ChunkWriter._write
+
+    def write(self, dataset, rows, value):
+        calls.append(1)
+        if len(calls) == number:
+            raise error
+        return original(self, dataset, rows, value)
+
+    monkeypatch.setattr(_ChunkWriter, "_write", write)
+    return calls
+
+
+# -- batches and mixers ----------------------------------------------------------------------
+def assert_same_rows(a, b):
+    """Assert two batches hold the same rows, roles and subclass fields."""
+    assert type(a) is type(b)
+    for name in ("tokens", "corrupt_tokens", "answers", "lengths", "doc_index"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.roles.keys() == b.roles.keys()
+    for role in a.roles:
+        assert torch.equal(a.roles[role], b.roles[role]), role
 
 
 def assert_causal(mixer, d_model: int, n_pos: int = 10, t: int = 5) -> None:
@@ -81,3 +117,73 @@ def assert_state_built_only_when_hooked(monkeypatch, module, kernel: str, model,
     assert calls[2:] == [False, False]
     model.run_with_cache(tokens, names_filter=state_hook)
     assert calls[4:] == [True, False]
+
+
+# -- recurrent-state edits (every mixer with a state hook) ------------------------------------
+def first_edits(edits: dict) -> dict[int, int]:
+    """{row: its first edited position} of state edits ``{(row, pos): state}``."""
+    first: dict[int, int] = {}
+    for row, pos in sorted(edits):
+        first.setdefault(row, pos)
+    return first
+
+
+def random_state_edits(rows_at: dict[int, list[int]], n_rows: int, state_shape, seed: int) -> dict:
+    """State edits ``{(row, pos): state}`` of float64 normal states at the positions and rows of
+    `rows_at` ``{pos: rows}`` (one ``[n_rows, *state_shape]`` draw per position, in order)."""
+    generator = torch.Generator().manual_seed(seed)
+    states = {pos: torch.randn(n_rows, *state_shape, generator=generator, dtype=torch.double) for pos in rows_at}
+    return {(row, pos): states[pos][row] for pos, rows in rows_at.items() for row in rows}
+
+
+def restarted_reference(forward, x: torch.Tensor, edits: dict) -> torch.Tensor:
+    """The output of a recurrence written out position by position, ``forward(x, replace) ->
+    (out, ..., states)`` (`replace` maps a position to the states ``[batch, ...]`` that replace
+    the recurrence's there), with the states of `edits` ``{(row, pos): state}``: at each edited
+    position, in order, the edited rows take their new state and the others keep the one the
+    recurrence reached there."""
+    replaced = {}
+    for pos in sorted({pos for _, pos in edits}):
+        running = forward(x, replaced or None)[-1]
+        state = running[:, pos].clone()
+        for (row, at), value in edits.items():
+            if at == pos:
+                state[row] = value
+        replaced[pos] = state
+    return forward(x, replaced)[0]
+
+
+def assert_state_edit_propagates(model, tokens, state_hook: str, out_hook: str, edits: dict, reference, *,
+                                 style: str = "copy", lag: int = 0, rtol: float = 1e-9, atol: float = 1e-11,
+                                 prefix_atol: float = 0.0) -> None:
+    """An edit of a recurrent-state hook propagates through the recurrence (docs/sites.md:
+    "patching propagates"; hookmech/mixers/state_patch.py). `state_hook` is edited at `edits`
+    ``{(row, pos): state}`` in a `run_with_hooks` forward: on a copy the hook returns
+    (``"copy"``), in place returning None (``"in_place"``, as TransformerLens hooks often do)
+    or in place returning the tensor (``"in_place_returned"``). Then
+
+    - `out_hook` equals ``reference(clean_cache, edits)``: the recurrence written out in the
+      test, restarted from each edited state (to rtol, atol; the model is float64);
+    - in every row, the positions before its first edit (+ `lag`: a state edited at position p
+      shows in `out_hook` from p + lag on) are the clean run's (exactly, or to `prefix_atol`
+      where the edited run recomputes them), and the rest (if any) are not the clean run's."""
+    assert edits and style in ("copy", "in_place", "in_place_returned"), style
+    _, clean = model.run_with_cache(tokens)
+
+    def edit(state, hook):
+        edited = state.clone() if style == "copy" else state
+        for (row, pos), value in edits.items():
+            edited[row, pos] = value
+        return None if style == "in_place" else edited
+
+    captured = {}
+    model.run_with_hooks(tokens, fwd_hooks=[(state_hook, edit),
+                                            (out_hook, lambda act, hook: captured.setdefault("out", act.clone()))])
+    out, clean_out = captured["out"], clean[out_hook]
+    torch.testing.assert_close(out, reference(clean, edits), rtol=rtol, atol=atol)
+    first, n_pos = first_edits(edits), tokens.shape[1]
+    for row in range(len(tokens)):
+        shows = min(first.get(row, n_pos) + lag, n_pos)
+        torch.testing.assert_close(out[row, :shows], clean_out[row, :shows], rtol=0, atol=prefix_atol)
+        if shows < n_pos:
+            assert not torch.allclose(out[row, shows:], clean_out[row, shows:]), (row, shows)

@@ -187,23 +187,3 @@ def test_bad_arguments_are_usage_errors(ar_model, ar_task):
         attribution_patch(ar_model, batch, ["L1.blok_in"], ["value"])
     with pytest.raises(UsageError, match="unknown metric"):
         first_order_effects(ar_model, batch.corrupt_tokens, {}, batch.query_pos, batch.answers, metric="kl")
-
-
-def test_cli_verify_top_runs_the_exact_engine_within_max_batch(trained_attention, monkeypatch, capsys):
-    """`--verify-top` re-runs its cells with the user's --max-batch (it used the default 256)."""
-    import hookmech.patching
-    from helpers import run_cli
-
-    chunks = []
-    original = hookmech.patching.run_chunks
-
-    def spy(n_rows, chunk):
-        chunks.append(chunk)
-        return original(n_rows, chunk)
-
-    monkeypatch.setattr(hookmech.patching, "run_chunks", spy)  # the exact engine's batching only
-    path, _, _ = trained_attention
-    code, out, err = run_cli(["patch", "--ckpt", str(path), "--site", "L0.block_out", "--pos", "key,value",
-                              "--n", "8", "--method", "atp", "--verify-top", "2", "--max-batch", "3"], capsys)
-    assert code == 0, err
-    assert chunks and set(chunks) == {3}, chunks

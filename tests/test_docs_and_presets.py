@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import runpy
-from pathlib import Path
 
 import pytest
 
@@ -10,7 +9,7 @@ from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.presets import MODEL_PRESETS, expand_preset
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO
 
 
 def test_site_reference_is_current():
@@ -35,8 +34,9 @@ def test_based_model_alternates_baseconv_and_based():
 
 def test_presets_name_only_registered_mixers_and_registry_is_untouched():
     assert REGISTRY["based"].__name__ == "Based"
+    assert MODEL_PRESETS
     for pattern in MODEL_PRESETS.values():
-        assert all(mixer in REGISTRY for mixer, _ in pattern)
+        assert pattern and all(mixer in REGISTRY for mixer, _ in pattern)
 
 
 def test_unknown_preset_suggests():

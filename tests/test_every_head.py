@@ -45,9 +45,9 @@ def test_declared_head_counts_are_the_activations(ar_task, mixer):
     batch = ar_task.sample(2, seed=1)
     hooks = [name for name, point in model.hook_dict.items() if "head" in getattr(point, "axes", "").split()]
     _, cache = model.run_with_cache(batch.tokens, return_cache_object=False)
-    for hook in hooks:
-        if hook not in cache:
-            continue
+    cached = [hook for hook in hooks if hook in cache]
+    assert cached, hooks
+    for hook in cached:
         axes = model.hook_dict[hook].axes.split()
         assert n_heads_of(model, hook) == cache[hook].shape[axes.index("head")] == 2, hook
 
@@ -57,12 +57,13 @@ def test_every_head_site_equals_each_head_and_the_plain_loop(ar_task, mixer):
     model = two_head_model(ar_task, mixer)
     batch = ar_task.sample(4, seed=3)
     hooks = head_hooks(model, 1)
+    assert hooks
     every = patch(model, batch, [f"{hook}[*]" for hook in hooks], ["key+value"], max_batch=3)
     assert [r["hook"] for r in every] == [f"{hook}[{head}]" for hook in hooks for head in (0, 1)]
     single = patch(model, batch, [f"{r['hook']}" for r in every], ["key+value"], max_batch=3)
     reference = plain_loop_patch(model, batch, [f"{hook}[*]" for hook in hooks], ["key+value"])
     assert len(single) == len(every) == len(reference)
-    for record, alone in zip(every, single):
+    for record, alone in zip(every, single, strict=True):
         expected = reference[record["hook"], record["pos"]]
         for key in KEYS:
             assert record[key] == pytest.approx(alone[key], abs=1e-7), (record["site"], key)

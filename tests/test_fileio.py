@@ -17,9 +17,8 @@ from hookmech.cache import write_cache
 from hookmech.errors import HookmechError
 from hookmech.fileio import TEMP_NAME, atomic_path, remove_stale_temp_files, write_failure_reason, write_text_atomic
 
-from helpers import run_cli
+from helpers import ATTENTION_FIXTURE, fail_cache_write_on_call
 
-REPO = Path(__file__).resolve().parent.parent
 HOOKS = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.1.hook_resid_post"]
 
 
@@ -80,39 +79,13 @@ def test_every_file_gets_the_umask_permissions(tmp_path, ar_model, ar_task, umas
 
 
 # -- a full disk ---------------------------------------------------------------------------------
-def _fail_on_call(monkeypatch, number: int, error: OSError) -> list[int]:
-    """Make the cache's chunk writer raise `error` on its `number`-th write (after writing the others)."""
-    from hookmech.cache import _ChunkWriter
-
-    calls, original = [], _ChunkWriter._write
-
-    def write(self, dataset, rows, value):
-        calls.append(1)
-        if len(calls) == number:
-            raise error
-        return original(self, dataset, rows, value)
-
-    monkeypatch.setattr(_ChunkWriter, "_write", write)
-    return calls
-
-
 def test_full_disk_during_cache_is_one_error_and_leaves_no_file(tmp_path, ar_model, ar_task, monkeypatch):
-    calls = _fail_on_call(monkeypatch, 9, OSError(errno.ENOSPC, "No space left on device"))
+    calls = fail_cache_write_on_call(monkeypatch, 9, OSError(errno.ENOSPC, "No space left on device"))
     out = tmp_path / "c.h5"
     with pytest.raises(HookmechError) as error:
         write_cache(ar_model, ar_task.sample(40, seed=0), out, HOOKS, chunk=8)
     assert str(error.value) == f"no space left on device writing {out}"
     assert len(calls) >= 9  # it failed mid-file, after writing chunks
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_full_disk_in_the_cache_command_is_one_line(tmp_path, monkeypatch, capsys):
-    _fail_on_call(monkeypatch, 5, OSError(errno.ENOSPC, "No space left on device"))
-    out = tmp_path / "c.h5"
-    code, _, err = run_cli(["cache", "--ckpt", str(REPO / "fixtures" / "attention_ar.safetensors"), "--n", "40",
-                            "-o", str(out)], capsys)
-    assert code == 1
-    assert err.strip().splitlines() == [f"hookmech: error: no space left on device writing {out}"]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -141,7 +114,7 @@ def test_a_real_failing_write_closes_the_hdf5_file_cleanly(tmp_path):
               "from hookmech.cli.main import main\n"
               "main(sys.argv[1:])\n")
     out = tmp_path / "c.h5"
-    done = subprocess.run([sys.executable, "-c", script, "cache", "--ckpt", str(REPO / "fixtures" / "attention_ar.safetensors"),
+    done = subprocess.run([sys.executable, "-c", script, "cache", "--ckpt", str(ATTENTION_FIXTURE),
                            "--n", "20", "--threads", "1", "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [f"hookmech: error: file size limit exceeded writing {out}"]

@@ -13,7 +13,7 @@ from hookmech.errors import HookmechError
 from hookmech.training import TrainConfig, train
 
 from helpers import run_cli
-from lock_holder import start_lock_holder, stop_lock_holder
+from lock_holder import stop_lock_holder
 
 
 def small_setup(**train_options):
@@ -22,20 +22,6 @@ def small_setup(**train_options):
     options = {"lr": 3e-3, "epochs": None, "steps": 6, "n_train": 0, "n_dev": 16, "batch_size": 8,
                "eval_every": 3, "ckpt_every": 3, **train_options}
     return task, model_config, TrainConfig(**options)
-
-
-@pytest.fixture
-def holder():
-    """Start processes holding folder locks; stop them after the test."""
-    started = []
-
-    def start(folder):
-        started.append(start_lock_holder(folder))
-        return started[-1]
-
-    yield start
-    for process in started:
-        stop_lock_holder(process)
 
 
 # -- a run folder is locked while a process trains into it -----------------------------------
@@ -59,14 +45,6 @@ def test_a_killed_holder_leaves_no_lock_behind(tmp_path, holder):
     process.wait()
     assert (out / ".lock").exists()  # its file stays, but the OS dropped its lock
     assert train(task, model_config, config, out, progress=False)["status"] == "finished"
-
-
-def test_cli_train_into_a_locked_folder_is_one_line_naming_the_pid(tmp_path, holder, capsys):
-    process = holder(tmp_path / "r")
-    code, out, err = run_cli(["train", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3", "--n-train",
-                              "0", "--steps", "2", "--d-model", "8", "--n-dev", "8", "-o", str(tmp_path / "r")], capsys)
-    assert code == 1 and err.count("\n") == 1 and err.startswith("hookmech: error: run folder ")
-    assert f"in use by process {process.pid}" in err and "Traceback" not in err
 
 
 def test_a_run_folder_that_is_a_file_is_a_usage_error(tmp_path):

@@ -23,9 +23,8 @@ from hookmech.identity import model_hash
 from hookmech.patching import patch
 from hookmech.training import TrainConfig, train
 
-from helpers import make_model
+from helpers import REPO, make_model
 
-REPO = Path(__file__).resolve().parent.parent
 HOOKS = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre"]
 
 

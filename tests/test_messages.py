@@ -1,4 +1,4 @@
-"""Library errors name what was given and what is wrong (the CLI's cases are in test_cli_errors)."""
+"""Library errors name what was given and what is wrong (the CLI's cases are in tests/cli/test_errors.py)."""
 from __future__ import annotations
 
 import math

@@ -159,7 +159,7 @@ def test_paper_d64_models_have_the_papers_biases_and_learned_positions(arch):
     model = HookedLM(config)
     assert model.pos_embed.weight.shape == (task.n_ctx, 64)
     assert model.cfg.mlp == ((False, False) if arch == "mamba" else (True, True))
-    for name, block in zip(config.mixers, model.blocks):
+    for name, block in zip(config.mixers, model.blocks, strict=True):
         mixer = block.mixer
         if "l_max" in mixer.__init__.__code__.co_varnames:
             assert mixer.l_max == 1024  # tinylang's n_positions

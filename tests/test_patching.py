@@ -11,7 +11,7 @@ from hookmech.errors import UsageError
 from hookmech.patching import attribution_score, patch
 from hookmech.reference import plain_loop_patch
 
-from helpers import ENGINE_TOL, make_model
+from helpers import ENGINE_TOL, make_model, unit_variance
 
 POSITIONS = ["key", "value", "query", "divider", "whole", "key+value", "-2"]
 
@@ -82,11 +82,26 @@ def test_layer0_block_in_matters_only_at_the_key(ar_model, ar_task):
         assert record["p_patched"] == pytest.approx(record["p_corrupt"], abs=ENGINE_TOL), pos
 
 
-def test_block_out_equals_next_block_in(ar_model, ar_task):
+def test_block_out_equals_next_block_in(ar_task):
+    """Block 0's output is block 1's input. The engine runs both sites as one patch, so comparing
+    its two records would compare a value with itself: each site is checked against the plain
+    `run_with_hooks` loop on its own hook instead, and the two loops against each other."""
+    model = unit_variance(make_model(ar_task))  # patches move p(answer) well beyond ENGINE_TOL
     batch = ar_task.sample(30, seed=4)
-    out = patch(ar_model, batch, ["L0.block_out"], ["key", "value", "query", "divider"])
-    nxt = patch(ar_model, batch, ["L1.block_in"], ["key", "value", "query", "divider"])
-    for a, b in zip(out, nxt, strict=True):  # one tensor: the engine runs the same patch, exactly
+    positions = ["key", "value", "query", "divider"]
+    loops = {}
+    for site, hook in (("L0.block_out", "blocks.0.hook_resid_post"), ("L1.block_in", "blocks.1.hook_resid_pre")):
+        records = patch(model, batch, [site], positions)
+        assert [(r["hook"], r["pos"]) for r in records] == [(hook, pos) for pos in positions]
+        loops[site] = plain_loop_patch(model, batch, [hook], positions)
+        for record in records:  # contract: engine vs plain loop, ENGINE_TOL
+            expected = loops[site][hook, record["pos"]]
+            assert abs(record["p_patched"] - expected["p_patched"]) <= ENGINE_TOL, (site, record["pos"])
+        # a patch the engine failed to apply (or applied at another hook) would show
+        assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in records) > 2 * ENGINE_TOL, site
+    # two plain loops, the same tensor patched on either side of the block boundary: exact
+    out, nxt = loops["L0.block_out"].values(), loops["L1.block_in"].values()
+    for a, b in zip(out, nxt, strict=True):
         assert a["p_patched"] == b["p_patched"]
 
 

@@ -169,40 +169,6 @@ def test_skipped_rows_equal_computed_rows(ar_task):
     torch.testing.assert_close(torch.tensor(record["p_patched_rows"], dtype=torch.float32), p, rtol=0, atol=ENGINE_TOL)
 
 
-def test_cli_patch_options_call_the_library(tmp_path, capsys):
-    import json
-
-    import hookmech
-    from helpers import run_cli
-
-    def run(argv):
-        return run_cli(argv, capsys)
-
-    train = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3", "--n-train", "0",
-             "--steps", "2", "--mixer", "attention", "--mixer-opt", "n_heads=2", "--d-model", "16", "--n-dev", "8",
-             "-o", str(tmp_path / "run")]
-    assert run(train)[0] == 0
-    ckpt = tmp_path / "run" / "model.safetensors"
-    code, out, err = run(["patch", "--ckpt", str(ckpt), "--site", "L0.block_out+L1.mixer_in,L1.mixer.z[1]", "--pos", "value",
-                          "--n", "10", "--metric", "logit_diff", "--direction", "noise", "--corrupt", "value", "--json"])
-    assert code == 0, err
-    records = json.loads(out)
-    task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3, corrupt="value")
-    expected = patch(hookmech.load(ckpt), task.sample(10, seed=0), ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"], ["value"],
-                     metric="logit_diff", direction="noise")
-    assert [r["site"] for r in records] == ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"]
-    for got, want in zip(records, expected, strict=True):
-        assert got["metric"] == "logit_diff" and got["direction"] == "noise"
-        # the same computation (the CLI calls patch with these options and its defaults): exact
-        assert got["metric_patched"] == want["metric_patched"]
-    code, _, err = run(["patch", "--ckpt", str(ckpt), "--site", "L1.block_in", "--pos", "value", "--ablate", "mean",
-                        "--direction", "denoise"])
-    assert code == 2 and "noise" in err and len(err.strip().splitlines()) == 1
-    code, _, err = run(["patch", "--ckpt", str(ckpt), "--cache", str(tmp_path / "c.h5"), "--site", "L1.block_in",
-                        "--pos", "value", "--corrupt", "key"])
-    assert code == 2 and "--corrupt" in err
-
-
 def test_mean_ablation_over_rows_of_different_lengths_stays_finite():
     """Padded positions of masked attention scores hold -inf; the row mean must not turn them into NaN."""
     import math
@@ -287,24 +253,6 @@ def test_contexts_over_the_memory_budget_fall_back_to_full_runs(ar_task, mixer, 
     assert resumed
     for a, b in zip(small, roomy, strict=True):  # two engine paths (full runs, resumed runs): ENGINE_TOL
         assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)
-
-
-def test_cli_context_memory(trained_attention, capsys):
-    import json
-
-    from helpers import run_cli
-
-    path, _, _ = trained_attention
-    base = ["patch", "--ckpt", str(path), "--site", "L0.mixer_out,L1.block_in", "--pos", "key,value", "--n", "40", "--json"]
-    code, roomy, err = run_cli(base, capsys)
-    assert code == 0, err
-    code, tight, err = run_cli([*base, "--context-memory", "0"], capsys)
-    assert code == 0, err
-    for a, b in zip(json.loads(roomy), json.loads(tight), strict=True):
-        # two engine paths (resumed runs, full runs; reductions in another order): ENGINE_TOL
-        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)
-    code, _, err = run_cli([*base, "--context-memory", "-1"], capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "--context-memory" in err
 
 
 @pytest.mark.parametrize("preset", ["based", "baseconv"])

@@ -121,13 +121,3 @@ def test_report_of_a_trained_sweep_has_heatmaps_and_dynamics_and_is_deterministi
     assert {r["pos"] for r in heatmap} == {"key", "value", "query", "divider"}
     assert {"L0.block_in", "L1.block_out"} <= {r["site"] for r in heatmap}
     assert second.name == "report.md"
-
-
-def test_cli_report_needs_results(tmp_path):
-    from click.testing import CliRunner
-
-    from hookmech.cli.main import cli
-    from hookmech.errors import HookmechError
-
-    result = CliRunner().invoke(cli, ["report", str(tmp_path), "-o", str(tmp_path / "out")])
-    assert isinstance(result.exception, HookmechError) and "results.csv" in str(result.exception)

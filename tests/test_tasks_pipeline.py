@@ -1,5 +1,6 @@
-"""Every task through the whole pipeline: dataset files, `train --data`, `patch --data`,
-ATR and MQAR training and patching, padding invariance, task statistics."""
+"""Every task through the whole pipeline in the library: dataset files, training on a given set,
+ATR and MQAR training and patching, padding invariance, task statistics (the same through the
+commands: tests/cli/test_data.py)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,6 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import ENGINE_TOL, make_model
-from hookmech.cli.main import main
 
 import hookmech
 from hookmech import tasks
@@ -18,51 +17,20 @@ from hookmech.datasets import (
     batch_statistics,
     check_fits_model,
     load_dataset,
-    load_dataset_for,
     read_dataset_header,
     save_dataset,
     task_statistics,
 )
 from hookmech.errors import HookmechError
-from hookmech.fileio import sha256_of
 from hookmech.patching import patch
 from hookmech.tasks.atr import TreeBatch, atr_statistics
 from hookmech.training import TrainConfig, answer_loss, evaluate, train
 
-ATR_OPTS = ["num_terminals=6", "num_nonterminals=6", "max_depth=3", "max_rhs_len=3", "max_length=24"]
-MQAR_OPTS = ["vocab_size=32", "seq_len=16", "num_kv_pairs=2"]
-TINY = ["--n-dev", "16", "--eval-every", "4", "--ckpt-every", "4", "--d-model", "16", "--no-tie-embeddings",
-        "--threads", "1"]
+from helpers import ENGINE_TOL, assert_same_rows, make_model
 
 
 def atr_task(**extra):
     return tasks.make("atr", num_terminals=6, num_nonterminals=6, max_depth=3, max_rhs_len=3, max_length=24, **extra)
-
-
-def task_opts(options):
-    """Return ``["--task-opt", o1, "--task-opt", o2, ...]``."""
-    return [arg for option in options for arg in ("--task-opt", option)]
-
-
-def run(argv, capsys):
-    """Run the CLI in-process; return (exit code, stdout, stderr)."""
-    try:
-        main([str(a) for a in argv])
-        code = 0
-    except SystemExit as done:
-        code = done.code or 0
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def same_rows(a, b):
-    """Assert two batches hold the same rows, roles and subclass fields."""
-    assert type(a) is type(b)
-    for name in ("tokens", "corrupt_tokens", "answers", "lengths", "doc_index"):
-        assert torch.equal(getattr(a, name), getattr(b, name)), name
-    assert a.roles.keys() == b.roles.keys()
-    for role in a.roles:
-        assert torch.equal(a.roles[role], b.roles[role]), role
 
 
 # -- dataset files ---------------------------------------------------------------------------
@@ -76,7 +44,7 @@ def test_dataset_file_round_trips_every_field(task, tmp_path):
     save_dataset(batch, task, tmp_path / "d.h5", seed=5)
     loaded_task, loaded = load_dataset(tmp_path / "d.h5")
     assert loaded_task.spec == task.spec
-    same_rows(batch, loaded)
+    assert_same_rows(batch, loaded)
     if isinstance(batch, TreeBatch):
         assert torch.equal(loaded.parent_pos, batch.parent_pos)
     header = read_dataset_header(tmp_path / "d.h5")
@@ -226,124 +194,3 @@ def test_atr_statistics_come_from_the_grammar_function():
     task = atr_task()
     assert {k: v for k, v in task_statistics(task, 200, seed=1).items() if k not in ("task", "seed")} == \
         atr_statistics(task, 200, seed=1)
-
-
-# -- the command line --------------------------------------------------------------------------
-def test_cli_data_train_patch_round_trip(tmp_path, capsys):
-    data = tmp_path / "atr.h5"
-    code, out, err = run(["data", "atr", *task_opts(ATR_OPTS), "--n", "48", "--seed", "2",
-                          "-o", data], capsys)
-    assert code == 0, err
-    task, rows = load_dataset(data)
-    same_rows(rows, atr_task().sample(48, seed=2))
-    code, out, err = run(["train", "--data", data, "--epochs", "1", "--batch-size", "16", *TINY, "-o", tmp_path / "run"],
-                         capsys)
-    assert code == 0, err
-    ckpt = tmp_path / "run" / "model.safetensors"
-    record = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert record["task"] == task.spec and record["train"]["n_train"] == 48
-    assert record["train_set_sha256"] == sha256_of(data)
-    assert hookmech.tasks.from_checkpoint(ckpt).spec == task.spec
-    code, out, err = run(["patch", "--ckpt", ckpt, "--data", data, "--site", "L1.block_in", "--pos", "key,value,query,divider",
-                          "--json"], capsys)
-    assert code == 0, err
-    records = json.loads(out)
-    reference = patch(hookmech.load(ckpt), rows, ["L1.block_in"], ["key", "value", "query", "divider"])
-    assert [r["n"] for r in records] == [48] * 4
-    for got, want in zip(records, reference, strict=True):  # the CLI calls patch with its defaults: exact
-        assert got["pos"] == want["pos"] and got["p_patched"] == want["p_patched"]
-
-
-@pytest.mark.parametrize("name,options", [("atr", ATR_OPTS), ("mqar", MQAR_OPTS)])
-def test_train_and_patch_atr_and_mqar_from_the_command_line(name, options, tmp_path, capsys):
-    task_args = ["--task", name, *task_opts(options)]
-    code, out, err = run(["train", *task_args, "--n-train", "0", "--steps", "8", "--batch-size", "8", *TINY,
-                          "-o", tmp_path / "run"], capsys)
-    assert code == 0, err
-    summary = json.loads(out)
-    assert summary["status"] == "finished" and 0 <= summary["dev_acc"] <= 1
-    ckpt = tmp_path / "run" / "model.safetensors"
-    code, out, err = run(["patch", "--ckpt", ckpt, "--site", "L*.block_in", "--pos", "key,value,query", "--n", "12",
-                          "--json", "--threads", "1"], capsys)
-    assert code == 0, err
-    records = json.loads(out)
-    assert len(records) == 6 and all(r["n"] == 12 for r in records)
-    # patching the query position at the first block replaces the whole corrupt input there: only
-    # the key differs between clean and corrupt, and it precedes the query, so nothing changes
-    query = next(r for r in records if r["site"] == "L0.block_in" and r["pos"] == "query")
-    assert query["p_patched"] == pytest.approx(query["p_corrupt"], abs=ENGINE_TOL)  # engine vs an unpatched run
-
-
-def test_mqar_has_no_divider(tmp_path, capsys):
-    task = tasks.make("mqar", vocab_size=32, seq_len=16, num_kv_pairs=2)
-    ckpt = tmp_path / "m.safetensors"
-    hookmech.save(make_model(task, d_model=16), ckpt, task_spec=task.spec)
-    code, _, err = run(["patch", "--ckpt", ckpt, "--site", "L1.block_in", "--pos", "divider", "--n", "4"], capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "divider" in err and "key, value, query" in err
-
-
-def test_patch_data_with_a_held_out_split(tmp_path, capsys):
-    """A model trained on split=train is patched on split=test rows; another task is refused."""
-    model_task = tasks.make("ar", vocab_size=16, num_kv_pairs=3, split="train")
-    ckpt = tmp_path / "m.safetensors"
-    hookmech.save(make_model(model_task, d_model=16), ckpt, task_spec=model_task.spec)
-    test_task = tasks.make("ar", vocab_size=16, num_kv_pairs=3, split="test")
-    save_dataset(test_task.sample(10, seed=0), test_task, tmp_path / "test.h5")
-    assert len(load_dataset_for(tmp_path / "test.h5", model_task)) == 10
-    code, out, err = run(["patch", "--ckpt", ckpt, "--data", tmp_path / "test.h5", "--site", "L1.block_in", "--pos", "value",
-                          "--json"], capsys)
-    assert code == 0 and json.loads(out)[0]["n"] == 10, err
-    other = tasks.make("ar", vocab_size=16, num_kv_pairs=2)
-    save_dataset(other.sample(4, seed=0), other, tmp_path / "other.h5")
-    code, _, err = run(["patch", "--ckpt", ckpt, "--data", tmp_path / "other.h5", "--site", "L1.block_in", "--pos", "value"],
-                       capsys)
-    assert code == 1 and "num_kv_pairs" in err
-
-
-def test_data_stats_prints_json(capsys):
-    code, out, err = run(["data", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3", "--stats", "--n", "20",
-                          "--json"], capsys)
-    assert code == 0, err
-    stats = json.loads(out)
-    assert stats["rows"] == 20 and stats["length"]["mean"] == 9 and stats["task"]["num_kv_pairs"] == 3
-    code, out, err = run(["data", "atr", *task_opts(ATR_OPTS), "--stats", "--n", "30"], capsys)
-    assert code == 0 and "length_mean:" in out and "kv_abs_distance:" in out
-
-
-@pytest.mark.parametrize("argv,code,needle", [
-    (["data", "ar", "--n", "4"], 2, "--stats"),
-    (["data", "ar", "--stats", "-o", "{tmp}/d.h5"], 2, "not both"),
-    (["data", "ar", "--json", "-o", "{tmp}/d.h5"], 2, "--json"),
-    (["data", "atrr", "--stats"], 2, "atr"),
-    (["data", "ar", "--n", "0", "-o", "{tmp}/d.h5"], 2, "--n"),
-    (["data", "mqar", "--task-opt", "num_kv_pair=2", "--stats"], 2, "num_kv_pairs"),
-    (["train", "--data", "{data}", "--task", "atr", "--steps", "2", "-o", "{tmp}/x"], 2, "--task atr"),
-    (["train", "--data", "{data}", "--task-opt", "num_kv_pairs=4", "--steps", "2", "-o", "{tmp}/x"], 2, "num_kv_pairs=4"),
-    (["train", "--data", "{data}", "--n-train", "100", "--steps", "2", "-o", "{tmp}/x"], 2, "--n-train"),
-    (["train", "--data", "{tmp}/missing.h5", "--steps", "2", "-o", "{tmp}/x"], 1, "no such"),
-    (["patch", "--ckpt", "{ckpt}", "--data", "{data}", "--n", "5", "--site", "L1.block_in", "--pos", "value"], 2, "--n"),
-    (["patch", "--ckpt", "{ckpt}", "--data", "{data}", "--cache", "{data}", "--site", "L1.block_in", "--pos", "value"], 2,
-     "--cache"),
-])
-def test_data_errors_are_one_line(argv, code, needle, tmp_path, capsys):
-    task = tasks.make("ar", vocab_size=16, num_kv_pairs=3)
-    data = tmp_path / "ar.h5"
-    save_dataset(task.sample(12, seed=0), task, data)
-    ckpt = tmp_path / "m.safetensors"
-    hookmech.save(make_model(task, d_model=16), ckpt, task_spec=task.spec)
-    argv = [a.format(tmp=tmp_path, data=data, ckpt=ckpt) for a in argv]
-    got, _, err = run(argv, capsys)
-    assert got == code, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("hookmech: error:") and needle in lines[0], err
-    assert not (tmp_path / "x").exists() and not (tmp_path / "d.h5").exists()
-
-
-def test_train_data_accepts_agreeing_task_options(tmp_path, capsys):
-    task = tasks.make("ar", vocab_size=16, num_kv_pairs=3)
-    data = tmp_path / "ar.h5"
-    save_dataset(task.sample(16, seed=0), task, data)
-    code, _, err = run(["train", "--data", data, "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "corrupt=key",
-                          "--n-train", "16", "--steps", "4", *TINY, "-o", tmp_path / "run"], capsys)
-    assert code == 0, err

@@ -19,7 +19,7 @@ from hookmech.mixers import based as based_module
 from hookmech.mixers.based import Based, TaylorExp
 from hookmech.model import HookedLM
 
-from helpers import assert_causal
+from helpers import assert_causal, assert_state_edit_propagates, first_edits
 
 D_MODEL = 32
 
@@ -167,65 +167,51 @@ def _model_and_inputs():
 def test_kv_state_patch_propagates_to_later_positions(in_place):
     model, tokens = _model_and_inputs()
     mixer = model.blocks[0].mixer
-    _, cache = model.run_with_cache(tokens)
-    phi_q, phi_k, v = (cache[f"blocks.0.mixer.hook_{n}"] for n in ("phi_q", "phi_k", "v"))
-    k_state, y_clean = cache["blocks.0.mixer.hook_k_state"], cache["blocks.0.mixer.hook_y"]
     # row 0 edited at position 3 and again at 7 (the later edit wins from 7 on); row 1 at 5
     edits = {(0, 3): torch.randn(1, 73, D_MODEL), (0, 7): torch.randn(1, 73, D_MODEL),
              (1, 5): torch.randn(1, 73, D_MODEL)}
     edits = {key: value.double() for key, value in edits.items()}
 
-    def patch(state, hook):
-        # TransformerLens hooks often edit in place and return None: both must propagate
-        state = state if in_place else state.clone()
-        for (row, pos), value in edits.items():
-            state[row, pos] = value
-        return None if in_place else state
+    def reference(cache, edits):
+        phi_q, phi_k, v = (cache[f"blocks.0.mixer.hook_{n}"] for n in ("phi_q", "phi_k", "v"))
+        k_state, y = cache["blocks.0.mixer.hook_k_state"], cache["blocks.0.mixer.hook_y"].clone()
+        for row, first in first_edits(edits).items():
+            state = None
+            for t in range(first, 12):
+                if (row, t) in edits:
+                    state = edits[(row, t)]
+                else:
+                    state = state + phi_k[row, t].unsqueeze(-1) * v[row, t].unsqueeze(-2)
+                num = torch.einsum("hf,hfd->hd", phi_q[row, t], state)
+                den = torch.einsum("hf,hf->h", phi_q[row, t], k_state[row, t])
+                y[row, t] = num / (den.unsqueeze(-1) + mixer.eps)
+        return y
 
-    captured = {}
-    model.run_with_hooks(tokens, fwd_hooks=[
-        ("blocks.0.mixer.hook_kv_state", patch),
-        ("blocks.0.mixer.hook_y", lambda act, hook: captured.setdefault("y", act)),
-    ])
-    for row, first in ((0, 3), (1, 5)):
-        torch.testing.assert_close(captured["y"][row, :first], y_clean[row, :first], rtol=0, atol=0)
-        state = None
-        for t in range(first, 12):
-            if (row, t) in edits:
-                state = edits[(row, t)]
-            else:
-                state = state + phi_k[row, t].unsqueeze(-1) * v[row, t].unsqueeze(-2)
-            num = torch.einsum("hf,hfd->hd", phi_q[row, t], state)
-            den = torch.einsum("hf,hf->h", phi_q[row, t], k_state[row, t])
-            torch.testing.assert_close(captured["y"][row, t], num / (den.unsqueeze(-1) + mixer.eps))
+    # TransformerLens hooks often edit in place and return None: both must propagate
+    assert_state_edit_propagates(model, tokens, "blocks.0.mixer.hook_kv_state", "blocks.0.mixer.hook_y", edits,
+                                 reference, style="in_place" if in_place else "copy")
 
 
 def test_k_state_patch_propagates_to_later_positions():
     model, tokens = _model_and_inputs()
     mixer = model.blocks[0].mixer
-    _, cache = model.run_with_cache(tokens)
-    phi_q, phi_k = cache["blocks.0.mixer.hook_phi_q"], cache["blocks.0.mixer.hook_phi_k"]
-    kv_state = cache["blocks.0.mixer.hook_kv_state"]
     p = 4
     new_state = torch.rand(2, 1, 73, dtype=torch.float64) * 10
 
-    def patch(state, hook):
-        state = state.clone()
-        state[:, p] = new_state
-        return state
+    def reference(cache, edits):
+        phi_q, phi_k = cache["blocks.0.mixer.hook_phi_q"], cache["blocks.0.mixer.hook_phi_k"]
+        kv_state, y = cache["blocks.0.mixer.hook_kv_state"], cache["blocks.0.mixer.hook_y"].clone()
+        z = new_state
+        for t in range(p, 12):
+            if t > p:
+                z = z + phi_k[:, t]
+            num = torch.einsum("bhf,bhfd->bhd", phi_q[:, t], kv_state[:, t])
+            den = torch.einsum("bhf,bhf->bh", phi_q[:, t], z)
+            y[:, t] = num / (den.unsqueeze(-1) + mixer.eps)
+        return y
 
-    captured = {}
-    model.run_with_hooks(tokens, fwd_hooks=[
-        ("blocks.0.mixer.hook_k_state", patch),
-        ("blocks.0.mixer.hook_y", lambda act, hook: captured.setdefault("y", act)),
-    ])
-    z = new_state
-    for t in range(p, 12):
-        if t > p:
-            z = z + phi_k[:, t]
-        num = torch.einsum("bhf,bhfd->bhd", phi_q[:, t], kv_state[:, t])
-        den = torch.einsum("bhf,bhf->bh", phi_q[:, t], z)
-        torch.testing.assert_close(captured["y"][:, t], num / (den.unsqueeze(-1) + mixer.eps))
+    assert_state_edit_propagates(model, tokens, "blocks.0.mixer.hook_k_state", "blocks.0.mixer.hook_y",
+                                 {(0, p): new_state[0], (1, p): new_state[1]}, reference, style="copy")
 
 
 @pytest.mark.parametrize("options", [

@@ -25,6 +25,8 @@ from hookmech.mixers.mamba import Mamba
 from hookmech.mixers.selective_scan import linear_scan, selective_scan, selective_scan_ref
 from hookmech.model import HookedLM
 
+from helpers import assert_state_edit_propagates
+
 D_MODEL = 32
 
 
@@ -275,30 +277,20 @@ def test_state_patch_propagates_to_later_positions():
     model = tiny_model()
     torch.manual_seed(3)
     tokens = torch.randint(0, 20, (2, 16))
-    _, clean = model.run_with_cache(tokens)
-    states = clean["blocks.1.mixer.hook_ssm_state"]
-    patch_4 = torch.randn_like(states[0, 4])
-    patch_9 = torch.randn_like(states[:, 9])
+    state_shape = model.run_with_cache(tokens)[1]["blocks.1.mixer.hook_ssm_state"].shape[2:]
+    patch_4, patch_9 = torch.randn(state_shape, dtype=torch.double), torch.randn(2, *state_shape, dtype=torch.double)
+    edits = {(0, 4): patch_4, (0, 9): patch_9[0], (1, 9): patch_9[1]}
 
-    def patch(act, hook):
-        act[0, 4] = patch_4  # in place, as TransformerLens examples do
-        act[:, 9] = patch_9
-        return act
+    def reference(clean, edits):
+        mixer_in = clean["blocks.1.hook_mixer_in"]  # layer 1's input does not depend on its own state
+        # Row 0 restarts at 4 and again at 9; row 1 only at 9.
+        row0, _ = reference_forward(model.blocks[1].mixer, mixer_in[:1], {4: patch_4[None], 9: patch_9[:1]})
+        row1, _ = reference_forward(model.blocks[1].mixer, mixer_in[1:], {9: patch_9[1:]})
+        return torch.cat([row0, row1])
 
-    seen = {}
-    model.run_with_hooks(
-        tokens,
-        fwd_hooks=[("blocks.1.mixer.hook_ssm_state", patch),
-                   ("blocks.1.hook_mixer_out", lambda act, hook: seen.setdefault("out", act.detach()))],
-    )
-    mixer_in = clean["blocks.1.hook_mixer_in"]  # layer 1's input does not depend on its own state
-    # Row 0 restarts at 4 and again at 9; row 1 only at 9.
-    row0, _ = reference_forward(model.blocks[1].mixer, mixer_in[:1], {4: patch_4[None], 9: patch_9[:1]})
-    row1, _ = reference_forward(model.blocks[1].mixer, mixer_in[1:], {9: patch_9[1:]})
-    torch.testing.assert_close(seen["out"], torch.cat([row0, row1]), rtol=1e-10, atol=1e-12)
-    clean_out = clean["blocks.1.hook_mixer_out"]
-    torch.testing.assert_close(seen["out"][1, :9], clean_out[1, :9], rtol=0, atol=1e-12)
-    assert not torch.allclose(seen["out"][1, 10:], clean_out[1, 10:])
+    # in place, as TransformerLens examples do
+    assert_state_edit_propagates(model, tokens, "blocks.1.mixer.hook_ssm_state", "blocks.1.hook_mixer_out", edits,
+                                 reference, style="in_place_returned", rtol=1e-10, atol=1e-12)
 
 
 # -- the fused CUDA path ----------------------------------------------------------------------

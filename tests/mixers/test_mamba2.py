@@ -7,6 +7,8 @@ exp of segment sums); causality 1e-13; an unpatched prefix uses torch's float64 
 """
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 from torch.nn import functional as F
@@ -18,7 +20,8 @@ from hookmech.mixers import mamba2 as mamba2_module
 from hookmech.mixers.mamba2 import Mamba2, ssd_chunked, ssd_sequential
 from hookmech.model import HookedLM
 
-from helpers import assert_state_built_only_when_hooked
+from helpers import (assert_state_built_only_when_hooked, assert_state_edit_propagates, random_state_edits,
+                     restarted_reference)
 
 D_MODEL = 32
 
@@ -170,42 +173,11 @@ def test_state_patch_propagates_to_later_positions(edits):
     recurrence from the edited state, compared with a position-by-position reference."""
     model = tiny_model()
     tokens = torch.randint(0, 20, (2, 12))
-    _, clean = model.run_with_cache(tokens)
-    generator = torch.Generator().manual_seed(5)
-    patches = {pos: torch.randn(clean["blocks.0.mixer.hook_ssm_state"][:, pos].shape,
-                                generator=generator, dtype=torch.double) for pos in edits}
-
-    def patch_state(state, hook):
-        for pos, rows in edits.items():
-            state[rows, pos] = patches[pos][rows]  # in place, as TransformerLens hooks often do
-        return state
-
-    captured = {}
-
-    def capture(act, hook):
-        captured[hook.name.split(".")[-1]] = act.clone()
-
-    model.run_with_hooks(
-        tokens,
-        fwd_hooks=[
-            ("blocks.0.mixer.hook_ssm_state", patch_state),
-            ("blocks.0.hook_mixer_in", capture),
-            ("blocks.0.hook_mixer_out", capture),
-        ],
-    )
-    captured = {"mixer_in": captured["hook_mixer_in"], "mixer_out": captured["hook_mixer_out"]}
-    mixer = model.blocks[0].mixer
+    state_shape = model.run_with_cache(tokens)[1]["blocks.0.mixer.hook_ssm_state"].shape[2:]
+    forward = partial(reference_forward, model.blocks[0].mixer)
     # The reference replaces h_t of the edited rows only, then keeps stepping.
-    replaced = {}
-    for pos in sorted(edits):
-        _, _, running = reference_forward(mixer, captured["mixer_in"], replaced or None)
-        state = running[:, pos].clone()
-        state[edits[pos]] = patches[pos][edits[pos]]
-        replaced[pos] = state
-    expected_out, _, _ = reference_forward(mixer, captured["mixer_in"], replaced)
-    torch.testing.assert_close(captured["mixer_out"], expected_out, rtol=1e-9, atol=1e-11)
-    first = min(edits)
-    torch.testing.assert_close(captured["mixer_out"][:, :first], clean["blocks.0.hook_mixer_out"][:, :first])
-    if first < tokens.shape[1] - 1:
-        changed_later = captured["mixer_out"][:, first + 1 :]
-        assert not torch.allclose(changed_later, clean["blocks.0.hook_mixer_out"][:, first + 1 :])
+    assert_state_edit_propagates(
+        model, tokens, "blocks.0.mixer.hook_ssm_state", "blocks.0.hook_mixer_out",
+        random_state_edits(edits, 2, state_shape, seed=5),
+        lambda clean, edits: restarted_reference(forward, clean["blocks.0.hook_mixer_in"], edits),
+        style="in_place_returned")  # in place, as TransformerLens hooks often do

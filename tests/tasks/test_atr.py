@@ -178,7 +178,7 @@ def test_split_pairs_are_disjoint(query):
         keys, answers = batch.tokens[rows, batch.role("key")].numpy(), batch.answers.numpy()
         held = held_out(answers, keys, 5)
         assert held.all() if split == "test" else not held.any()
-        seen[split] = set(zip(answers.tolist(), keys.tolist()))
+        seen[split] = set(zip(answers.tolist(), keys.tolist(), strict=True))
     assert not (seen["train"] | seen["dev"]) & seen["test"]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import h5py
 import pytest
@@ -11,10 +10,8 @@ import pytest
 import hookmech
 from hookmech.identity import model_hash
 
-from helpers import run_cli
+from helpers import ATTENTION_FIXTURE as FIXTURE, REPO, run_cli
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 TRAIN_SMALL = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3",
                "--n-train", "0", "--steps", "4", "--d-model", "16", "--n-dev", "8", "--eval-every", "2"]
 PATCH = ["--site", "L1.block_in", "--pos", "value", "--json"]

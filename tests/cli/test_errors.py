@@ -7,14 +7,13 @@ only grows. Rows are grouped by what they protect; setups that need files made f
 """
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
 
-from helpers import run_cli
+from helpers import ATTENTION_FIXTURE as FIXTURE, fail_cache_write_on_call, run_cli
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
 
 TRAIN_SMALL = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3",
                "--n-train", "0", "--steps", "4", "--d-model", "16", "--n-dev", "8", "--eval-every", "4"]
@@ -330,6 +329,15 @@ def test_other_os_errors_are_still_unexpected(monkeypatch, capsys):
     monkeypatch.setattr(hookmech.datasets, "save_dataset", fail)
     code, _, err = run_cli(["data", "ar", "--n", "4", "-o", "/x/d.h5"], capsys)
     assert code == 1 and "unexpected" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_full_disk_in_the_cache_command_is_one_line(tmp_path, monkeypatch, capsys):
+    fail_cache_write_on_call(monkeypatch, 5, OSError(errno.ENOSPC, "No space left on device"))
+    out = tmp_path / "c.h5"
+    code, _, err = run_cli(["cache", "--ckpt", str(FIXTURE), "--n", "40", "-o", str(out)], capsys)
+    assert code == 1
+    assert err.strip().splitlines() == [f"hookmech: error: no space left on device writing {out}"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_running_out_of_memory_is_one_line_naming_what_to_reduce(monkeypatch, capsys):

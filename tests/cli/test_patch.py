@@ -1,0 +1,74 @@
+"""The `patch` command's options reach the library: sites, positions, metric, direction and
+corruption as `patching.patch` takes them, `--context-memory`, and `--verify-top` within
+`--max-batch`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import hookmech
+import hookmech.patching
+from hookmech.patching import patch
+
+from helpers import ENGINE_TOL, run_cli
+
+
+def test_cli_patch_options_call_the_library(tmp_path, capsys):
+    def run(argv):
+        return run_cli(argv, capsys)
+
+    train = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3", "--n-train", "0",
+             "--steps", "2", "--mixer", "attention", "--mixer-opt", "n_heads=2", "--d-model", "16", "--n-dev", "8",
+             "-o", str(tmp_path / "run")]
+    assert run(train)[0] == 0
+    ckpt = tmp_path / "run" / "model.safetensors"
+    code, out, err = run(["patch", "--ckpt", str(ckpt), "--site", "L0.block_out+L1.mixer_in,L1.mixer.z[1]", "--pos", "value",
+                          "--n", "10", "--metric", "logit_diff", "--direction", "noise", "--corrupt", "value", "--json"])
+    assert code == 0, err
+    records = json.loads(out)
+    task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3, corrupt="value")
+    expected = patch(hookmech.load(ckpt), task.sample(10, seed=0), ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"], ["value"],
+                     metric="logit_diff", direction="noise")
+    assert [r["site"] for r in records] == ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"]
+    for got, want in zip(records, expected, strict=True):
+        assert got["metric"] == "logit_diff" and got["direction"] == "noise"
+        # the same computation (the CLI calls patch with these options and its defaults): exact
+        assert got["metric_patched"] == want["metric_patched"]
+    code, _, err = run(["patch", "--ckpt", str(ckpt), "--site", "L1.block_in", "--pos", "value", "--ablate", "mean",
+                        "--direction", "denoise"])
+    assert code == 2 and "noise" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(["patch", "--ckpt", str(ckpt), "--cache", str(tmp_path / "c.h5"), "--site", "L1.block_in",
+                        "--pos", "value", "--corrupt", "key"])
+    assert code == 2 and "--corrupt" in err
+
+
+def test_cli_context_memory(trained_attention, capsys):
+    path, _, _ = trained_attention
+    base = ["patch", "--ckpt", str(path), "--site", "L0.mixer_out,L1.block_in", "--pos", "key,value", "--n", "40", "--json"]
+    code, roomy, err = run_cli(base, capsys)
+    assert code == 0, err
+    code, tight, err = run_cli([*base, "--context-memory", "0"], capsys)
+    assert code == 0, err
+    for a, b in zip(json.loads(roomy), json.loads(tight), strict=True):
+        # two engine paths (resumed runs, full runs; reductions in another order): ENGINE_TOL
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)
+    code, _, err = run_cli([*base, "--context-memory", "-1"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "--context-memory" in err
+
+
+def test_cli_verify_top_runs_the_exact_engine_within_max_batch(trained_attention, monkeypatch, capsys):
+    """`--verify-top` re-runs its cells with the user's --max-batch (it used the default 256)."""
+    chunks = []
+    original = hookmech.patching.run_chunks
+
+    def spy(n_rows, chunk):
+        chunks.append(chunk)
+        return original(n_rows, chunk)
+
+    monkeypatch.setattr(hookmech.patching, "run_chunks", spy)  # the exact engine's batching only
+    path, _, _ = trained_attention
+    code, out, err = run_cli(["patch", "--ckpt", str(path), "--site", "L0.block_out", "--pos", "key,value",
+                              "--n", "8", "--method", "atp", "--verify-top", "2", "--max-batch", "3"], capsys)
+    assert code == 0, err
+    assert chunks and set(chunks) == {3}, chunks
