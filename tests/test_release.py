@@ -6,13 +6,12 @@ import ast
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import hookmech
 
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO
 
 
 def _version_in_init() -> str:
@@ -79,6 +78,7 @@ def test_tutorial_notebook_is_paired_with_its_script():
     assert cells(notebook) == cells(script), \
         "examples/tutorial.ipynb differs from examples/tutorial.py: run python scripts/run_tutorial.py --update"
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert code, "the notebook has no code cells"
     assert all(cell.get("outputs") for cell in code), "the notebook is stored without its outputs"
     assert not any(o.output_type == "error" for cell in code for o in cell.outputs)
     stored = (REPO / "examples" / "tutorial.ipynb").read_text()
