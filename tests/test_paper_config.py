@@ -241,3 +241,22 @@ def test_paper_hyena_model_round_trips_through_a_checkpoint(tmp_path):
     tokens = task.sample(4, seed=0).tokens
     assert torch.equal(loaded.blocks[0].mixer.filter_fn.z, model.blocks[0].mixer.filter_fn.z)
     assert torch.allclose(loaded(tokens), model(tokens))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_mixers_declare_their_output_projections(name):
+    """The backbone scales what a mixer declares; a declared name is a linear layer of the mixer,
+    and a layer called out_proj that is not declared would silently keep the unscaled init."""
+    options = {"l_max": 64} if "l_max" in REGISTRY[name].__init__.__code__.co_varnames else {}
+    mixer = REGISTRY[name](d_model=16, **options)
+    for projection in mixer.output_projections:
+        assert isinstance(getattr(mixer, projection), torch.nn.Linear), projection
+    named = {module_name for module_name, _ in mixer.named_modules() if module_name.endswith("out_proj")}
+    assert named <= set(mixer.output_projections)
+
+
+def test_the_backbone_scales_exactly_the_declared_projections():
+    mixers, options = expand_preset("based", 2)
+    model = HookedLM(build_config(d_vocab=32, n_ctx=24, mixers=mixers, d_model=16, n_layers=2, layer_options=options))
+    assert model.blocks[0].output_projection_weights() == ["mlp.fc2.weight"]  # BaseConv declares none
+    assert model.blocks[1].output_projection_weights() == ["mixer.out_proj.weight", "mlp.fc2.weight"]

@@ -31,6 +31,7 @@ class Attention(Mixer):
     """
 
     default_pos_emb = "learned"
+    output_projections = ("out_proj",)
 
     def __init__(
         self,

@@ -23,6 +23,10 @@ class Mixer(nn.Module):
     block_mlp: ClassVar[bool] = True
     #: default position embedding of a model made of this mixer ("learned" or "none")
     default_pos_emb: ClassVar[str] = "none"
+    #: the submodules (attribute names) whose output the mixer returns into the residual
+    #: stream: the backbone draws their weights with std 0.02 / sqrt(2 n_layers) (zoology,
+    #: GPT-2), so that the residual stream's variance does not grow with depth
+    output_projections: ClassVar[tuple[str, ...]] = ()
 
     # -- resuming a run from a position (the patching engine's protocol) -------------------
     # A patch at position p of a causal model changes nothing before p. To re-run only

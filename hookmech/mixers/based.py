@@ -68,6 +68,8 @@ class Based(Mixer):
     bias-free, and so are ours. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
 
+    output_projections = ("out_proj",)
+
     def __init__(
         self,
         d_model: int,

@@ -48,6 +48,8 @@ class DeltaNet(Mixer):
     ``hook_y``: ``[batch, pos, head, d_head]``, o_t = S_t q_t before the output norm.
     """
 
+    output_projections = ("out_proj",)
+
     def __init__(
         self,
         d_model: int,

@@ -115,6 +115,8 @@ class H3(Mixer):
     keep their biases. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
 
+    output_projections = ("out_proj",)
+
     def __init__(self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2,
                  bias: bool = True):
         super().__init__()

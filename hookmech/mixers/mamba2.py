@@ -152,6 +152,7 @@ class Mamba2(Mixer):
 
     block_norm = "rmsnorm"
     block_mlp = False
+    output_projections = ("out_proj",)
 
     def __init__(
         self,

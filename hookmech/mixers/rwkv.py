@@ -131,6 +131,7 @@ class RWKV6(Mixer):
 
     block_norm = "layernorm"
     block_mlp = True
+    output_projections = ("out_proj",)
 
     def __init__(
         self,
