@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hookmech
-from hookmech.atp import attribution_patch
+from hookmech.patching import attribution_patch
 from hookmech.cache import write_cache
 from hookmech.errors import HookmechError, UsageError
 from hookmech.patching import parse_sites, patch
