@@ -12,8 +12,7 @@ from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.model import HookedLM
 from hookmech.presets import MODEL_PRESETS, expand_preset
-from hookmech.sweep import build_run, expand
-from hookmech.sweep_presets import load_preset
+from hookmech.sweep import build_run, expand, load_preset
 
 PAPER_ARCHS = ["attention", "based", "mamba", "h3", "hyena", "baseconv"]
 
