@@ -169,7 +169,7 @@ class DeltaNet(Mixer):
         if self.conv_size > 0:
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
             q, k, v = (conv.forward_from(t, context[name], rows, start)
-                       for conv, name, t in zip(convs, "qkv", (q, k, v)))
+                       for conv, name, t in zip(convs, "qkv", (q, k, v), strict=True))
         q, k, v = self._heads(q, k, v)
         initial = state_before(context["state"], rows, start)
         if self.mode == "chunk":

@@ -69,7 +69,7 @@ def expand(sweep: Sweep) -> list[Run]:
     keys = list(sweep.grid)
     runs, seen = [], set()
     for values in itertools.product(*(sweep.grid[key] for key in keys)):
-        point = dict(zip(keys, values))
+        point = dict(zip(keys, values, strict=True))
         task = dict(sweep.task)
         train = dict(sweep.train)
         model = {**MODEL_DEFAULTS, **{k: v for k, v in sweep.model.items() if k in MODEL_KEYS}}
@@ -116,13 +116,15 @@ def build_run(run: dict[str, Any]):
         mixers = split_list([mixer]) if isinstance(mixer, str) else list(mixer)
         if len(mixers) == 1:
             mixers = mixers * n_layers
+        if n_layers > 0 and len(mixers) != n_layers:  # build_config's message, before the zip below needs it
+            raise UsageError(f"got {len(mixers)} mixers for {n_layers} layers")
     pairs = [f"{key}={json.dumps(value)}" for key, value in model["mixer_options"].items()]
     layer_options = parse_layer_options(pairs, n_layers, flag="[model]/[grid] mixer option")
     per_mixer = {name: parse_layer_options([f"{k}={json.dumps(v)}" for k, v in options.items()], n_layers,
                                            flag=f"[mixer_options.{name}]")
                  for name, options in (run.get("mixer_options") or {}).items()}
     layer_options = [{**preset_options[layer], **(per_mixer[name][layer] if name in per_mixer else {}), **options}
-                     for layer, (name, options) in enumerate(zip(mixers, layer_options))]
+                     for layer, (name, options) in enumerate(zip(mixers, layer_options, strict=True))]
     model_config = build_config(
         d_vocab=task.d_vocab, n_ctx=task.n_ctx, mixers=mixers, d_model=model["d_model"], n_layers=n_layers,
         layer_options=layer_options, n_heads=model["n_heads"], mlp=model["mlp"],
