@@ -1,4 +1,4 @@
-"""The activation cache: clean and corrupt activations of chosen hooks, in HDF5 (design.md §6).
+"""The activation cache: clean and corrupt activations of chosen hooks, in HDF5 (docs/formats.md).
 
 Format version 1::
 

@@ -1,5 +1,5 @@
 """Checkpoints: one safetensors file with config, task spec, version and model hash in its
-metadata (design.md §6). Loading never unpickles. The same model saved twice gives the same bytes."""
+metadata (docs/formats.md). Loading never unpickles. The same model saved twice gives the same bytes."""
 from __future__ import annotations
 
 import json

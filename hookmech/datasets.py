@@ -11,7 +11,7 @@ HDF5, format version 1 (no pickle anywhere; the arrays are plain integers)::
     roles/<role>          int32 [N]
     fields/<name>         int32 [N, ...]  extra tensors of Batch subclasses (ATR: parent_pos [N, T])
 
-The layout of `tokens`, `roles` ... is the activation cache's (design.md §6), so the same
+The layout of `tokens`, `roles` ... is the activation cache's (docs/formats.md), so the same
 readers understand both. [N, T] arrays are chunked along N and gzip-compressed (padding
 costs almost nothing on disk). The file is written to a temporary name and renamed.
 """

@@ -1,4 +1,4 @@
-"""HookedLM: the backbone every architecture shares (design.md §2).
+"""HookedLM: the backbone every architecture shares.
 
 token embedding (+ learned position embedding) -> n pre-norm blocks -> final norm -> LM head.
 A block is ``r = r + mixer(norm1(r))`` and, where it has one, ``r = r + mlp(norm2(r))``.
@@ -59,7 +59,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm residual block with hooks at every sublayer boundary (design.md §3)."""
+    """One pre-norm residual block with hooks at every sublayer boundary."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()

@@ -1,4 +1,4 @@
-"""`K=V` options as typed on the command line (design.md §8).
+"""`K=V` options as typed on the command line.
 
 V is parsed as JSON when it is valid JSON (numbers, true/false, null, lists), else kept as
 a string. `L0.K=V` applies to layer 0 only and overrides `K=V` there.

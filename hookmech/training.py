@@ -1,4 +1,4 @@
-"""The trainer (design.md §5): AdamW, linear warm-up + cosine decay to 0, loss on the answer only.
+"""The trainer: AdamW, linear warm-up + cosine decay to 0, loss on the answer only.
 
 A run lives in one folder::
 
@@ -61,7 +61,7 @@ _TRAIN_SET, _DEV_SET, _FRESH, _EPOCH_ORDER = 0, 1, 2, 3
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Trainer options (defaults: the paper's recipe, design.md §5)."""
+    """Trainer options (defaults: the paper's recipe)."""
 
     lr: float = 1e-3
     warmup_frac: float = 0.1

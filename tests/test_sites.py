@@ -1,4 +1,4 @@
-"""Site grammar and position specs (design.md §3)."""
+"""Site grammar and position specs."""
 from __future__ import annotations
 
 import pytest

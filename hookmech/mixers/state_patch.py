@@ -1,4 +1,4 @@
-"""Make an edit to a recurrent-state hook propagate through the recurrence (design.md §3).
+"""Make an edit to a recurrent-state hook propagate through the recurrence.
 
 A recurrent mixer exposes its state after each position, ``[batch, pos, ...state dims]``,
 through a hook. A hook function may overwrite the state of some rows at some positions;

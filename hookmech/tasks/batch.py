@@ -1,4 +1,4 @@
-"""A batch of (document, query) rows with its corrupted twin and role positions (design.md §4)."""
+"""A batch of (document, query) rows with its corrupted twin and role positions."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
