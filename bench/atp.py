@@ -2,7 +2,7 @@
 
 For each checkpoint: every block-level site × every position (`--pos all`) on `--n` examples
 (seed 1), once with the exact engine (`hookmech.patching.patch`) and once with AtP
-(`hookmech.atp.attribution_patch`), both from the same `Batch` in the same process (each
+(`hookmech.patching.attribution_patch`), both from the same `Batch` in the same process (each
 computes its own clean and corrupt runs). Prints both times (best of `--reps`, interleaved),
 the ratio exact / AtP, and the rank agreement of the two scores (p_patched − p_corrupt per
 site × position, at a resolution of 1e-6: smaller differences are float noise, the exact
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import hookmech
-from hookmech.atp import attribution_patch
+from hookmech.patching import attribution_patch
 from hookmech.patching import patch
 
 DEFAULTS = [("fixtures/attention_ar.safetensors",), ("fixtures/mamba_ar.safetensors",)]

@@ -2,7 +2,7 @@
 
 The sweep (paper 000 §4): every block-level site of a model x the positions key, value,
 query, divider x 320 AR examples (vocab 64, 4 pairs), random-init models of d_model 64.
-Same process, same model, same batch: `hookmech.reference.plain_loop_patch` (one full
+Same process, same model, same batch: `hookmech.patching.plain_loop.plain_loop_patch` (one full
 corrupt forward per (site, position)) against `hookmech.patching.patch` (the engine, from
 the batch, i.e. computing its clean and corrupt runs itself). Then the sweep grows: 4 layers,
 and every position (`all`). Prints both times, the ratio, and the largest |Δp| between them.
@@ -19,7 +19,7 @@ import torch
 import hookmech
 from hookmech.config import build_config
 from hookmech.patching import patch
-from hookmech.reference import plain_loop_patch
+from hookmech.patching.plain_loop import plain_loop_patch
 
 ROLES = ["key", "value", "query", "divider"]
 

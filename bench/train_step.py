@@ -16,8 +16,7 @@ import time
 import torch
 
 from hookmech.model import HookedLM
-from hookmech.sweep import build_run, expand
-from hookmech.sweep_presets import load_preset
+from hookmech.sweep import build_run, expand, load_preset
 from hookmech.training import DataStream, answer_loss, learning_rate
 
 

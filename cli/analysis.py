@@ -132,7 +132,7 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
                                 metric=metric, direction=direction, ablate=ablate, ablate_seed=ablate_seed,
                                 context_memory=context_memory << 20)
             if verify_top:
-                from hookmech.atp import verify_top as verify
+                from hookmech.patching import verify_top as verify
 
                 records = verify(model, source, records, verify_top, threshold=threshold, max_batch=max_batch,
                                  context_memory=context_memory << 20)

@@ -24,8 +24,7 @@ def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, a
     Re-running the same sweep skips finished runs and resumes interrupted ones.
     """
     from hookmech.errors import UsageError
-    from hookmech.sweep import expand, load_sweep, run_sweep, validate
-    from hookmech.sweep_presets import load_preset, preset_text
+    from hookmech.sweep import expand, load_preset, load_sweep, preset_text, run_sweep, validate
 
     if show_preset is not None:
         click.echo(preset_text(show_preset), nl=False)

@@ -92,7 +92,7 @@ def _mixers_and_options(mixer, preset, mixer_opt, n_layers):
     if mixer is not None:
         raise UsageError("give --mixer or --preset, not both")
     mixers, preset_options = expand_preset(preset, n_layers)
-    return mixers, [{**own, **user} for own, user in zip(preset_options, user_options)]
+    return mixers, [{**own, **user} for own, user in zip(preset_options, user_options, strict=True)]
 
 
 def _read_training_set(path, task_name, task_options, n_train):

@@ -162,9 +162,11 @@ def build_config(
     if len(names) != n_layers:
         raise UsageError(f"got {len(names)} mixers for {n_layers} layers")
     layer_options = layer_options or [{} for _ in range(n_layers)]
+    if len(layer_options) != n_layers:
+        raise UsageError(f"got {len(layer_options)} sets of layer options for {n_layers} layers")
     classes = []
     kwargs_per_layer = []
-    for name, options in zip(names, layer_options):
+    for name, options in zip(names, layer_options, strict=True):
         if name not in REGISTRY:
             raise unknown("mixer", name, REGISTRY)
         cls = REGISTRY[name]

@@ -49,7 +49,7 @@ def attention_maps(model, tokens: Tensor, *, summary: str | None = "mean") -> di
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=names, return_cache_object=False)
         return {layer: _layer_map(layer, block.mixer, cache[name], summary)
-                for layer, (block, name) in enumerate(zip(model.blocks, names))}
+                for layer, (block, name) in enumerate(zip(model.blocks, names, strict=True))}
 
 
 def _layer_map(layer: int, mixer, x: Tensor, summary: str | None) -> Tensor:

@@ -38,6 +38,12 @@ def pos_axis_of(hook_point: HookPoint) -> int | None:
     return getattr(hook_point, "pos_axis", 1)
 
 
+def axes_of(hook_point: HookPoint) -> str:
+    """Return the axis names of any hook point's activation (``"batch pos d_model"``), or ""
+    for a plain TransformerLens `HookPoint`, which does not say."""
+    return getattr(hook_point, "axes", "")
+
+
 def axis_size(hook_point: HookPoint, axis: str) -> int | None:
     """Return the declared size of the named `axis` of a hook point's activation, or None when
     the hook point does not declare it (or is a plain TransformerLens `HookPoint`)."""

@@ -46,6 +46,9 @@ def make_norm(kind: str, d_model: int) -> nn.Module:
 class MLP(nn.Module):
     """fc1 -> GELU -> fc2, zoology's state mixer."""
 
+    #: as `Mixer.output_projections`: the submodule writing into the residual stream
+    output_projections = ("fc2",)
+
     def __init__(self, d_model: int, hidden_mult: int):
         super().__init__()
         self.fc1 = nn.Linear(d_model, hidden_mult * d_model)
@@ -74,6 +77,12 @@ class Block(nn.Module):
             self.hook_resid_mid = AxisHookPoint()
             self.hook_mlp_in = AxisHookPoint()
             self.hook_mlp_out = AxisHookPoint()
+
+    def output_projection_weights(self) -> list[str]:
+        """Return the names (inside the block) of the weights its sublayers declare as output
+        projections (`Mixer.output_projections`, `MLP.output_projections`), e.g. ``mixer.out_proj.weight``."""
+        sublayers = [("mixer", self.mixer), *([("mlp", self.mlp)] if self.has_mlp else [])]
+        return [f"{prefix}.{name}.weight" for prefix, sublayer in sublayers for name in sublayer.output_projections]
 
     def forward(self, resid: Tensor) -> Tensor:
         resid = self.hook_resid_pre(resid)
@@ -201,9 +210,13 @@ class HookedLM(HookedRootModule):
     def _rescale_output_projections(self) -> None:
         # Residual branches add up over 2 sublayers per layer; scaling their output
         # projections keeps the residual stream's variance independent of depth.
+        # Each sublayer declares its output projections; they are redrawn in parameter order
+        # (the order the generator was always consumed in, so seeded inits stay bit-identical).
         std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        declared = {f"blocks.{layer}.{name}" for layer, block in enumerate(self.blocks)
+                    for name in block.output_projection_weights()}
         for name, param in self.named_parameters():
-            if name.endswith(("out_proj.weight", "fc2.weight")):
+            if name in declared:
                 nn.init.normal_(param, std=std)
 
     # -- forward ------------------------------------------------------------------------

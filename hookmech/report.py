@@ -152,7 +152,7 @@ def plot_accuracy(summary: list[dict[str, Any]], path: Path, title: str) -> None
     has_test = any("test_acc" in e for e in summary)
     fig, axes = plt.subplots(1, 2 if has_test else 1, figsize=(10 if has_test else 5.5, 4), squeeze=False,
                              sharey=True)
-    for ax, (key, label) in zip(axes[0], [("dev", "dev"), ("test", "test (held-out pairs)")]):
+    for ax, (key, label) in zip(axes[0], [("dev", "dev"), ("test", "test (held-out pairs)")], strict=False):  # no test axis without test runs
         for name in series:
             points = [e for e in summary if e["series"] == name and f"{key}_acc" in e]
             if not points:
@@ -180,7 +180,7 @@ def plot_lr_sensitivity(rows: Sequence[dict[str, Any]], keys: Sequence[str], pat
     n_cols = min(3, len(series))
     n_rows = math.ceil(len(series) / n_cols)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(4 * n_cols, 3.2 * n_rows), squeeze=False, sharey=True)
-    for ax, name in zip(axes.flat, series):
+    for ax, name in zip(axes.flat, series, strict=False):  # a grid may have spare axes
         for index, d_model in enumerate(d_models):
             by_lr: dict[float, list[float]] = defaultdict(list)
             for row in finished:
@@ -254,7 +254,7 @@ def plot_attribution_summary(rows: Sequence[dict[str, Any]], keys: Sequence[str]
         x = np.arange(len(series)) + (offset - 1) * width
         ax.bar(x, means, width, yerr=[lows, highs], capsize=2, label=pos, color=pos_colors[pos])
     counts = [sum(series_of(r, keys) == name for r in passing) for name in series]
-    ax.set_xticks(np.arange(len(series)), [f"{name}\n(n={count})" for name, count in zip(series, counts)],
+    ax.set_xticks(np.arange(len(series)), [f"{name}\n(n={count})" for name, count in zip(series, counts, strict=True)],
                   fontsize=8)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_ylabel(f"attribution at {site}")

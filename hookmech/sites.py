@@ -217,6 +217,8 @@ def list_sites(model) -> list[dict]:
     Shapes are measured with one forward pass of a single all-zeros sequence of `n_ctx`
     tokens (so the batch axis is 1 and the position axis n_ctx).
     """
+    from .hooks import axes_of, pos_axis_of  # here: hooks imports TransformerLens, which the grammar needs not
+
     hooks = resolve_sites([*_all_site_names(model)], model.hook_dict)
     tokens = torch.zeros(1, model.cfg.n_ctx, dtype=torch.long, device=next(model.parameters()).device)
     with torch.no_grad():
@@ -228,8 +230,8 @@ def list_sites(model) -> list[dict]:
             "site": hook_to_site(hook),
             "hook": hook,
             "shape": list(cache[hook].shape) if hook in cache else None,
-            "axes": getattr(point, "axes", ""),
-            "pos_axis": getattr(point, "pos_axis", 1),
+            "axes": axes_of(point),
+            "pos_axis": pos_axis_of(point),
         })
     return rows
 

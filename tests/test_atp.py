@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hookmech.atp import attribution_patch, first_order_effects, verify_top
 from hookmech.cache import write_cache
 from hookmech.errors import UsageError
-from hookmech.patching import patch
+from hookmech.patching import Metric, attribution_patch, first_order_effects, patch, verify_top
 from hookmech.sites import resolve_sites
 
 from helpers import CACHE_TOL, ENGINE_TOL, make_model
@@ -40,15 +39,16 @@ def _activations(model, tokens, hooks):
 
 
 def test_logit_estimate_is_exact_where_the_rest_of_the_model_is_linear(ar_task):
-    """After `ln_final.hook_normalized` only the unembedding is left: the answer's logit is
+    """After `ln_final.hook_normalized` only the unembedding is left: a logit difference is
     linear in that activation, so the first-order estimate is the exact change, at every position."""
     model = make_model(ar_task, n_layers=1, mlp=False, tie_embeddings=False).double()
     batch = ar_task.sample(12, seed=3)
     hook = "ln_final.hook_normalized"
     clean = _activations(model, batch.tokens, [hook])[hook]
-    logit = lambda logits: logits.gather(-1, batch.answers[:, None]).squeeze(-1)  # noqa: E731
+    other = (batch.answers + 1) % model.cfg.d_vocab
+    logit = lambda logits: (logits.gather(-1, batch.answers[:, None]) - logits.gather(-1, other[:, None])).squeeze(-1)  # noqa: E731
     base, effects = first_order_effects(model, batch.corrupt_tokens, {hook: clean}, batch.query_pos, batch.answers,
-                                        metric="logit")
+                                        metric=Metric("logit_diff", batch.answers, corrupt_answers=other))
     with torch.no_grad():
         corrupt_logits = model(batch.corrupt_tokens)[torch.arange(12), batch.query_pos]
     # float64 model, two forwards of the same inputs: round-off far below torch's float64 defaults
@@ -92,7 +92,8 @@ def test_p_estimate_is_the_hand_written_softmax_gradient(ar_task):
                    "blocks.1.hook_mlp_in", "blocks.1.hook_resid_post"]),
     ("mamba", ["blocks.0.hook_mixer_in", "blocks.0.mixer.hook_in_x", "blocks.1.mixer.hook_C", "blocks.1.hook_mixer_out"]),
 ])
-def test_estimate_matches_finite_differences_for_tiny_patches(ar_task, mixer, hooks):
+@pytest.mark.parametrize("metric", ["p_answer", "log_p"])
+def test_estimate_matches_finite_differences_for_tiny_patches(ar_task, mixer, hooks, metric):
     """A clean activation eps away from the corrupt one: the exact change is eps·(estimate/eps) + O(eps²)."""
     model = make_model(ar_task, mixers=mixer).double()
     batch = ar_task.sample(6, seed=5)
@@ -103,12 +104,14 @@ def test_estimate_matches_finite_differences_for_tiny_patches(ar_task, mixer, ho
                                                                               dtype=torch.float64)
              for hook in hooks}
     p = lambda logits: logits.softmax(-1).gather(-1, batch.answers[:, None]).squeeze(-1)  # noqa: E731
-    base, effects = first_order_effects(model, batch.corrupt_tokens, clean, batch.query_pos, batch.answers)
+    measure = p if metric == "p_answer" else (lambda logits: p(logits).log())
+    base, effects = first_order_effects(model, batch.corrupt_tokens, clean, batch.query_pos, batch.answers,
+                                        metric=metric)
     for hook in hooks:
         scale = effects[hook].abs().max().item()
         assert scale > 1e-13, hook  # far above float64 round-off of p ~ 0.05
         for position in (int(batch.roles["key"][0]), int(batch.roles["value"][0]), int(batch.query_pos[0])):
-            exact = _run_patched(model, batch.corrupt_tokens, hook, clean[hook], position, batch.query_pos, p) - base
+            exact = _run_patched(model, batch.corrupt_tokens, hook, clean[hook], position, batch.query_pos, measure) - base
             torch.testing.assert_close(effects[hook][:, position], exact, atol=1e-3 * scale, rtol=0,
                                        msg=f"{hook} at {position}")
 
@@ -186,4 +189,6 @@ def test_bad_arguments_are_usage_errors(ar_model, ar_task):
     with pytest.raises(UsageError, match="unknown site"):
         attribution_patch(ar_model, batch, ["L1.blok_in"], ["value"])
     with pytest.raises(UsageError, match="unknown metric"):
+        first_order_effects(ar_model, batch.corrupt_tokens, {}, batch.query_pos, batch.answers, metric="logit")
+    with pytest.raises(UsageError, match="'kl' needs the clean run's log-probabilities"):
         first_order_effects(ar_model, batch.corrupt_tokens, {}, batch.query_pos, batch.answers, metric="kl")

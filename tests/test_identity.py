@@ -114,7 +114,7 @@ def test_patch_refuses_a_cache_of_another_model(cache_of_a, ar_task, ar_model, m
 
 
 def test_verify_top_refuses_a_cache_of_another_model(cache_of_a, ar_task, ar_model):
-    from hookmech.atp import verify_top
+    from hookmech.patching import verify_top
 
     records = patch(ar_model, cache_of_a, ["L1.block_in"], ["value"], method="atp")
     with pytest.raises(HookmechError, match="made from another model"):

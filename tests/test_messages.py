@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import hookmech
-from hookmech.atp import attribution_patch
 from hookmech.cache import write_cache
 from hookmech.errors import HookmechError, UsageError
-from hookmech.patching import parse_sites, patch
+from hookmech.patching import attribution_patch, parse_sites, patch
 from hookmech.sites import position_patches, resolve_sites
 
 from helpers import make_model
@@ -87,3 +86,10 @@ def test_a_mechanism_callback_refuses_a_non_finite_threshold_before_training(ar_
     on_eval = mech_callback(ar_task, ar_model.cfg, sites="L1.block_in", positions="value", every=2, eval_every=2,
                             total_steps=4, n=4)
     assert on_eval(1, ar_model) == {} and on_eval(4, ar_model)
+
+
+def test_layer_options_of_another_length_than_the_layers_are_refused():
+    from hookmech.config import build_config
+
+    with pytest.raises(UsageError, match="got 1 sets of layer options for 2 layers"):
+        build_config(d_vocab=8, n_ctx=8, mixers="attention", n_layers=2, layer_options=[{}])

@@ -11,9 +11,8 @@ from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.model import HookedLM
-from hookmech.presets import expand_preset
-from hookmech.sweep import build_run, expand
-from hookmech.sweep_presets import load_preset
+from hookmech.presets import MODEL_PRESETS, expand_preset
+from hookmech.sweep import build_run, expand, load_preset
 
 PAPER_ARCHS = ["attention", "based", "mamba", "h3", "hyena", "baseconv"]
 
@@ -49,6 +48,20 @@ DEFAULT_DIGESTS = {
     "model:h3": "fef448024a723aa8",
     "model:hyena": "751ed0a820cf1a0a",
     "model:baseconv": "d843636a346ab1a8",
+    # captured before the backbone read output projections from the mixers' declarations
+    # (it found them by parameter name): the whole models, the 1/sqrt(2L) scaling included
+    "model:mamba2": "2a37e3c191dbc9c0",
+    "model:deltanet": "9cf9fb2e2e2c9383",
+    "model:rwkv": "97c7f37df16e4a3b",
+}
+# the ``ar-paper-d64`` models (d_model 64, bias false, learned positions, vocab 8192), captured then too
+PAPER_D64_DIGESTS = {
+    "attention": "17adcb4923079046",
+    "based": "3e315425a52f2e9a",
+    "mamba": "5fd62467096ec57d",
+    "h3": "a48aab9d8b09f9fb",
+    "hyena": "414ae3c2a5b527d9",
+    "baseconv": "d0245d2d8c7cc8f4",
 }
 
 
@@ -59,12 +72,20 @@ def test_default_mixer_init_is_bit_identical(name):
     assert state_digest(REGISTRY[name](d_model=16, **options).state_dict()) == DEFAULT_DIGESTS[name]
 
 
-@pytest.mark.parametrize("arch", PAPER_ARCHS)
+@pytest.mark.parametrize("arch", sorted(MODEL_PRESETS))
 def test_default_model_init_is_bit_identical(arch):
     mixers, options = expand_preset(arch, 2)
     config = build_config(d_vocab=32, n_ctx=24, mixers=mixers, d_model=16, n_layers=2, layer_options=options)
     torch.manual_seed(0)
     assert state_digest(HookedLM(config).state_dict()) == DEFAULT_DIGESTS[f"model:{arch}"]
+
+
+@pytest.mark.parametrize("arch", PAPER_ARCHS)
+def test_paper_d64_model_init_is_bit_identical(arch):
+    run = next(run for run in expand(load_preset("ar-paper-d64")) if run.point["arch"] == arch)
+    _, config, _ = build_run(run.as_dict())
+    torch.manual_seed(0)
+    assert state_digest(HookedLM(config).state_dict()) == PAPER_D64_DIGESTS[arch]
 
 
 def _bias_params(module: torch.nn.Module) -> set[str]:
@@ -219,3 +240,22 @@ def test_paper_hyena_model_round_trips_through_a_checkpoint(tmp_path):
     tokens = task.sample(4, seed=0).tokens
     assert torch.equal(loaded.blocks[0].mixer.filter_fn.z, model.blocks[0].mixer.filter_fn.z)
     assert torch.allclose(loaded(tokens), model(tokens))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_mixers_declare_their_output_projections(name):
+    """The backbone scales what a mixer declares; a declared name is a linear layer of the mixer,
+    and a layer called out_proj that is not declared would silently keep the unscaled init."""
+    options = {"l_max": 64} if "l_max" in REGISTRY[name].__init__.__code__.co_varnames else {}
+    mixer = REGISTRY[name](d_model=16, **options)
+    for projection in mixer.output_projections:
+        assert isinstance(getattr(mixer, projection), torch.nn.Linear), projection
+    named = {module_name for module_name, _ in mixer.named_modules() if module_name.endswith("out_proj")}
+    assert named <= set(mixer.output_projections)
+
+
+def test_the_backbone_scales_exactly_the_declared_projections():
+    mixers, options = expand_preset("based", 2)
+    model = HookedLM(build_config(d_vocab=32, n_ctx=24, mixers=mixers, d_model=16, n_layers=2, layer_options=options))
+    assert model.blocks[0].output_projection_weights() == ["mlp.fc2.weight"]  # BaseConv declares none
+    assert model.blocks[1].output_projection_weights() == ["mixer.out_proj.weight", "mlp.fc2.weight"]

@@ -9,7 +9,7 @@ import torch
 
 from hookmech.errors import UsageError
 from hookmech.patching import attribution_score, patch
-from hookmech.reference import plain_loop_patch
+from hookmech.patching.plain_loop import plain_loop_patch
 
 from helpers import ENGINE_TOL, make_model, unit_variance
 

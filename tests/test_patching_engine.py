@@ -1,4 +1,4 @@
-"""The patching engine against the plain `run_with_hooks` loop (hookmech.reference) for every
+"""The patching engine against the plain `run_with_hooks` loop (hookmech.patching.plain_loop) for every
 mixer of the registry, every site kind (block level, inside the mixers, recurrent states,
 heads, joint sites) and every option (metric, direction, ablation)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import hookmech
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.patching import attribution_score, corrupt_answers, parse_sites, patch, resample_order
-from hookmech.reference import plain_loop_patch
+from hookmech.patching.plain_loop import plain_loop_patch
 
 from helpers import ENGINE_TOL, make_model, unit_variance
 

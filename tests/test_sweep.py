@@ -10,7 +10,7 @@ import torch
 import hookmech
 from hookmech.errors import UsageError
 from hookmech.sweep import (expand, parse_sweep, read_results, run_id, run_sweep, build_run)
-from hookmech.sweep_presets import PRESETS, load_preset
+from hookmech.sweep import PRESETS, load_preset
 from hookmech.training import train
 
 TINY = """

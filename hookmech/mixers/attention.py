@@ -38,6 +38,8 @@ class Attention(Mixer):
         n_heads = cls._option("n_heads", options)
         return n_heads, d_model // n_heads
 
+    output_projections = ("out_proj",)
+
     def __init__(
         self,
         d_model: int,
@@ -72,7 +74,7 @@ class Attention(Mixer):
     def forward(self, x: Tensor) -> Tensor:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         batch, n_pos, _ = x.shape
-        projected = dict(zip("qkv", self.Wqkv(x).chunk(3, dim=-1)))
+        projected = dict(zip("qkv", self.Wqkv(x).chunk(3, dim=-1), strict=True))
         for name, conv in self.convs.items():
             projected[name] = conv(projected[name])
         q, k, v = (projected[c].view(batch, n_pos, self.n_heads, self.d_head) for c in "qkv")
@@ -88,7 +90,7 @@ class Attention(Mixer):
         (`hook_pattern`, window and q/k convolutions included), which is exactly how the
         head mixes its values: ``hook_z[b, t, h] = Σ_s M[b, h, t, s] hook_v[b, s, h]``."""
         batch, n_pos, _ = x.shape
-        projected = dict(zip("qk", self.Wqkv(x).chunk(3, dim=-1)))
+        projected = dict(zip("qk", self.Wqkv(x).chunk(3, dim=-1), strict=False))  # v is not needed
         for name in "qk":
             if name in self.convs:
                 projected[name] = self.convs[name](projected[name])
@@ -109,7 +111,7 @@ class Attention(Mixer):
         the context's run, and only the kept queries are read out."""
         batch, width, _ = x.shape
         projected = splice(context["qkv"], rows, self.Wqkv(x), start)  # [B, T, 3 d_model]
-        parts = dict(zip("qkv", projected.chunk(3, dim=-1)))
+        parts = dict(zip("qkv", projected.chunk(3, dim=-1), strict=True))
         for name, conv in self.convs.items():
             parts[name] = conv(parts[name])
         n_keys = projected.shape[1]

@@ -40,6 +40,11 @@ class Mixer(nn.Module):
         """Return option `name` as given in `options`, else the class's default."""
         return options[name] if name in options else mixer_options(cls)[name]
 
+    #: the submodules (attribute names) whose output the mixer returns into the residual
+    #: stream: the backbone draws their weights with std 0.02 / sqrt(2 n_layers) (zoology,
+    #: GPT-2), so that the residual stream's variance does not grow with depth
+    output_projections: ClassVar[tuple[str, ...]] = ()
+
     # -- resuming a run from a position (the patching engine's protocol) -------------------
     # A patch at position p of a causal model changes nothing before p. To re-run only
     # positions >= p, the engine keeps, per layer, what the mixer needs to know about the

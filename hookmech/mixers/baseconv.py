@@ -40,6 +40,8 @@ class BaseConv(Mixer):
     ``hook_filter`` ``[lag, d_model]``, no position axis (it depends on positions, not inputs).
     """
 
+    output_projections = ()  # none: the gated product itself is the output, as in zoology
+
     def __init__(
         self,
         d_model: int,

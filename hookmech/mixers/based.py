@@ -73,6 +73,8 @@ class Based(Mixer):
         n_heads = cls._option("num_heads", options)
         return n_heads, d_model // n_heads  # the value heads (q and k have feature_dim)
 
+    output_projections = ("out_proj",)
+
     def __init__(
         self,
         d_model: int,

@@ -53,6 +53,8 @@ class DeltaNet(Mixer):
         n_heads = cls._option("num_heads", options)
         return n_heads, d_model // n_heads
 
+    output_projections = ("out_proj",)
+
     def __init__(
         self,
         d_model: int,
@@ -172,7 +174,7 @@ class DeltaNet(Mixer):
         if self.conv_size > 0:
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
             q, k, v = (conv.forward_from(t, context[name], rows, start)
-                       for conv, name, t in zip(convs, "qkv", (q, k, v)))
+                       for conv, name, t in zip(convs, "qkv", (q, k, v), strict=True))
         q, k, v = self._heads(q, k, v)
         initial = state_before(context["state"], rows, start)
         if self.mode == "chunk":

@@ -120,6 +120,8 @@ class H3(Mixer):
         head_dim = cls._option("head_dim", options)
         return d_model // head_dim, head_dim
 
+    output_projections = ("out_proj",)
+
     def __init__(self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2,
                  bias: bool = True):
         super().__init__()

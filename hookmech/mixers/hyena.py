@@ -39,6 +39,8 @@ class Hyena(Mixer):
     ``hook_filter`` ``[lag, d_model]``: the long filter, no position axis.
     """
 
+    output_projections = ("out_proj",)
+
     def __init__(
         self,
         d_model: int,

@@ -97,7 +97,7 @@ class ImplicitFilter(nn.Module):
         deltas = torch.linspace(math.log(target) / slow_decay_pct, math.log(target) / fast_decay_pct, channels)
         self.register_buffer("deltas", deltas, persistent=False)
         widths = [emb_dim] + [order] * (num_inner_mlps + 1)
-        self.implicit_filter = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.implicit_filter = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:], strict=True))
         self.implicit_filter.append(nn.Linear(order, channels, bias=False))
         self.freq = nn.Parameter(frequency * torch.ones(order))
 

@@ -80,6 +80,7 @@ class Mamba(Mixer):
 
     block_norm = "rmsnorm"
     block_mlp = False
+    output_projections = ("out_proj",)
 
     def __init__(
         self,

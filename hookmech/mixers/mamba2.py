@@ -152,6 +152,7 @@ class Mamba2(Mixer):
 
     block_norm = "rmsnorm"
     block_mlp = False
+    output_projections = ("out_proj",)
 
     @classmethod
     def head_shape(cls, d_model: int, **options) -> tuple[int, int]:

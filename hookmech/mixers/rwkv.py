@@ -131,6 +131,7 @@ class RWKV6(Mixer):
 
     block_norm = "layernorm"
     block_mlp = True
+    output_projections = ("out_proj",)
 
     @classmethod
     def head_shape(cls, d_model: int, **options) -> tuple[int, int]:

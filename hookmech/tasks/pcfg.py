@@ -195,7 +195,7 @@ def sample_yields(grammar: Grammar, rng: np.random.Generator, n_docs: int, min_l
         f_doc, f_nt, f_parent, f_path = f_doc[keep], f_nt[keep], f_parent[keep], f_path[keep]
         level += 1
 
-    doc, label, parent_id, path, depth, leaf_id = (np.concatenate(column) for column in zip(*leaves))
+    doc, label, parent_id, path, depth, leaf_id = (np.concatenate(column) for column in zip(*leaves, strict=True))
     accepted = alive & (n_symbols >= min_length) & (n_symbols <= max_length)
     order_key = path * base ** (g.max_depth - depth)  # lexicographic order of routes = yield order
     keep = np.flatnonzero(accepted[doc])

@@ -59,14 +59,17 @@ def test_cli_context_memory(trained_attention, capsys):
 
 def test_cli_verify_top_runs_the_exact_engine_within_max_batch(trained_attention, monkeypatch, capsys):
     """`--verify-top` re-runs its cells with the user's --max-batch (it used the default 256)."""
+    from hookmech.cache import run_chunks
+    from hookmech.patching import forwards, reachability, runs
+
     chunks = []
-    original = hookmech.patching.run_chunks
 
     def spy(n_rows, chunk):
         chunks.append(chunk)
-        return original(n_rows, chunk)
+        return run_chunks(n_rows, chunk)
 
-    monkeypatch.setattr(hookmech.patching, "run_chunks", spy)  # the exact engine's batching only
+    for module in (runs, reachability, forwards):  # the exact engine's batching (and the runs it starts from)
+        monkeypatch.setattr(module, "run_chunks", spy)
     path, _, _ = trained_attention
     code, out, err = run_cli(["patch", "--ckpt", str(path), "--site", "L0.block_out", "--pos", "key,value",
                               "--n", "8", "--method", "atp", "--verify-top", "2", "--max-batch", "3"], capsys)

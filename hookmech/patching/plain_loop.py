@@ -1,7 +1,8 @@
 """The plain TransformerLens patching loop: one full forward per (site, position), written the
 way a TransformerLens user would. It is the independent reference the engine is tested and
-benchmarked against, not a code path of the engine. It shares only the definitions of the
-options with the engine (site grammar, which row a resample takes, the corrupted answer).
+benchmarked against, not a code path of the engine (no engine module imports it). It
+shares only the definitions of the options with the engine (site grammar, which row a resample
+takes, the corrupted answer). Frozen: bench/patch_engine.py times the engine against it.
 """
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from collections.abc import Iterable
 
 import torch
 
-from .cache import answer_probs
-from .patching import corrupt_answers, parse_sites, resample_order
-from .sites import position_patches
-from .tasks.batch import Batch
+from ..cache import answer_probs
+from ..sites import position_patches
+from ..tasks.batch import Batch
+from .metrics import corrupt_answers
+from .plans import resample_order
+from .targets import parse_sites
 
 
 def _metric(name: str, logits, answers, other_answers, clean_logits):

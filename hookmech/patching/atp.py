@@ -1,7 +1,8 @@
 """Attribution patching (AtP): the first-order estimate of every interchange intervention at once.
 
 Patching a site's activation a at position t from its corrupt value a* to the clean value a'
-changes a metric m (p(answer) by default) by, to first order (Nanda 2023; Syed et al. 2023),
+changes a metric m (p(answer) by default; any of `metrics.METRICS`) by, to first order (Nanda
+2023; Syed et al. 2023),
 
     m(patched) − m(corrupt) ≈ Σ_{t ∈ patch} (a'_t − a*_t) · ∂m/∂a_t |_(corrupt run)
 
@@ -17,68 +18,49 @@ not route later states through the hook, so the estimate holds the direct read-o
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from .cache import CacheFile, run_chunks
-from .errors import HookmechError, UsageError, unknown
-from .hooks import pos_axis_of
-from .patching import CONTEXT_MEMORY, _Runs, attribution_score, check_threshold, patch
-from .sites import as_specs, hook_to_site, position_patches, resolve_sites
-from .tasks.batch import Batch
-
-
-def _upcast(logits: Tensor) -> Tensor:
-    """At least float32 (a float64 model keeps its precision)."""
-    return logits.to(torch.promote_types(logits.dtype, torch.float32))
-
-
-def _answer_prob(logits: Tensor, answers: Tensor) -> Tensor:
-    return _upcast(logits).softmax(-1).gather(-1, answers[:, None]).squeeze(-1)
-
-
-def _answer_logprob(logits: Tensor, answers: Tensor) -> Tensor:
-    return _upcast(logits).log_softmax(-1).gather(-1, answers[:, None]).squeeze(-1)
-
-
-def _answer_logit(logits: Tensor, answers: Tensor) -> Tensor:
-    return _upcast(logits).gather(-1, answers[:, None]).squeeze(-1)
-
-
-#: metric name -> f(logits [n, d_vocab], answers [n]) -> [n]
-METRICS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "p": _answer_prob,
-    "logp": _answer_logprob,
-    "logit": _answer_logit,
-}
+from ..cache import CacheFile, run_chunks
+from ..errors import HookmechError, UsageError
+from ..hooks import pos_axis_of
+from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
+from ..tasks.batch import Batch
+from .exact import run_exact
+from .metrics import Metric
+from .options import CONTEXT_MEMORY, PatchOptions
+from .protocol import PatchableModel, check_patchable
+from .records import Means, patch_record
+from .runs import CleanCorruptRuns, evaluating, open_source
 
 
 def first_order_effects(
-    model,
+    model: PatchableModel,
     corrupt_input: Tensor,
     clean_acts: dict[str, Tensor],
     query: Tensor,
     answers: Tensor,
     *,
     start_at_layer: int | None = None,
-    metric: str = "p",
+    metric: str | Metric = "p_answer",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The gradient core: one corrupt forward and one backward.
 
     `corrupt_input` is corrupt tokens ``[n, T]`` or, with `start_at_layer=l`, the corrupt residual
     entering block l ``[n, T, d_model]``; `clean_acts` maps each hook to its clean activation
-    (shape of the hook's activation, batch axis first); `query`, `answers` are ``[n]``.
+    (shape of the hook's activation, batch axis first); `query`, `answers` are ``[n]``. `metric`
+    is a name of `metrics.METRICS` that needs only the answers (p_answer, log_p), or a `Metric`
+    of these n rows (logit_diff, kl carry what they need per row).
     Returns ``(m, effects)``: the metric on the corrupt run ``[n]`` and, per hook, ``[n, T]`` the
     first-order change of the metric when that hook is patched clean at position t alone
     (sum over the other axes of ``(clean − corrupt) · ∂m/∂activation``). A patch of several
     positions changes m by the sum of its positions' effects (the estimate is linear).
     """
-    if metric not in METRICS:
-        raise unknown("metric", metric, METRICS)
+    measure = Metric(metric, answers) if isinstance(metric, str) else metric
     hooks = list(clean_acts)
     for hook in hooks:
         if pos_axis_of(model.hook_dict[hook]) is None:
@@ -98,14 +80,14 @@ def first_order_effects(
     with torch.enable_grad():
         logits = model.run_with_hooks(corrupt_input, start_at_layer=start_at_layer, positions=query,
                                       fwd_hooks=[(hook, make_hook(hook)) for hook in hooks])
-        values = METRICS[metric](logits, answers)
+        values = measure.values(logits)
         missing = [hook for hook in hooks if hook not in zeros]
         if missing:
             raise HookmechError(f"hook {missing[0]} did not fire in the forward pass")
         # Rows are independent, so the gradient of the sum holds every row's own gradient.
         grads = torch.autograd.grad(values.sum(), [zeros[hook] for hook in hooks], allow_unused=True)
     effects = {}
-    for hook, grad in zip(hooks, grads):
+    for hook, grad in zip(hooks, grads, strict=True):
         clean, dirty = clean_acts[hook].to(corrupt[hook].device, corrupt[hook].dtype), corrupt[hook]
         if clean.shape != dirty.shape:
             raise HookmechError(f"clean activation of {hook} has shape {tuple(clean.shape)}, the corrupt run {tuple(dirty.shape)}")
@@ -113,28 +95,15 @@ def first_order_effects(
         difference = torch.where(clean == dirty, torch.zeros_like(clean), clean - dirty)
         if grad is None:  # the metric does not depend on this hook (e.g. a position after the query)
             grad = torch.zeros_like(difference)
-        product = (difference * grad).movedim(pos_axis_of(model.hook_dict[hook]), 1)
+        pos_axis = pos_axis_of(model.hook_dict[hook])
+        assert pos_axis is not None  # checked above
+        product = (difference * grad).movedim(pos_axis, 1)
         effects[hook] = product.flatten(2).sum(-1) if product.dim() > 2 else product
     return values.detach(), effects
 
 
-@contextlib.contextmanager
-def _open_runs(model, source, hooks: list[str], max_batch: int) -> Iterator[Any]:
-    """Yield the exact engine's `_Runs` of `source` (activations of `hooks` and p(answer) of
-    both runs, read from a cache where it holds them), opening and closing a cache path."""
-    if isinstance(source, (str, Path)):
-        with CacheFile(source) as cache:
-            yield _Runs(model, cache.batch(), hooks, cache, need_logits=False, max_batch=max_batch)
-    elif isinstance(source, CacheFile):
-        yield _Runs(model, source.batch(), hooks, source, need_logits=False, max_batch=max_batch)
-    elif isinstance(source, Batch):
-        yield _Runs(model, source, hooks, None, need_logits=False, max_batch=max_batch)
-    else:
-        raise HookmechError(f"attribution patching source must be a Batch or a cache file, got {type(source).__name__}")
-
-
 def attribution_patch(
-    model,
+    model: PatchableModel,
     source: Batch | CacheFile | str | Path,
     sites: str | Iterable[str],
     positions: str | Iterable[str],
@@ -155,68 +124,57 @@ def attribution_patch(
     p_answer, direction denoise), where ``p_patched = p_corrupt + `` the mean estimated change of
     p(answer) (plus ``p_patched_rows`` ``[N]`` when `per_example`). Estimates are not clipped to [0, 1].
     """
+    check_patchable(model)
     if max_batch < 1:
         raise UsageError(f"max_batch must be >= 1, got {max_batch}")
-    check_threshold(threshold)
+    options = PatchOptions(method="atp", threshold=threshold, max_batch=max_batch, per_example=per_example)
     hooks = resolve_sites(as_specs(sites), model.hook_dict)
     flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
     if flat:
         raise UsageError(f"{', '.join(map(hook_to_site, flat))}: no position axis, so no patch at a position "
                          "(attribution patching needs one; leave these sites out)")
     layers = [model.layer_of_hook(hook) for hook in hooks]
-    start = None if None in layers else min(layers)  # embeddings need the tokens
-    positions = as_specs(positions)
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        resid = [] if start is None else [f"blocks.{start}.hook_resid_pre"]
-        with _open_runs(model, source, list(dict.fromkeys(hooks + resid)), max_batch) as runs:
-            batch = runs.batch
-            patches = position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
-            masks = torch.stack([p.mask for p in patches]).double()  # [P, N, T]
-            clean_all = {hook: runs.acts(hook, "clean") for hook in hooks}
-            corrupt_input = batch.corrupt_tokens.to(device) if start is None else runs.acts(resid[0], "corrupt")
-            estimates = {hook: torch.empty(len(patches), len(batch), dtype=torch.float64) for hook in hooks}
-            for rows in run_chunks(len(batch), max_batch):
-                _, effects = first_order_effects(model, corrupt_input[rows], {h: a[rows] for h, a in clean_all.items()},
-                                                 batch.query_pos[rows].to(device), batch.answers[rows].to(device),
-                                                 start_at_layer=start)
-                for hook in hooks:
-                    estimates[hook][:, rows] = torch.einsum("pnt,nt->pn", masks[:, rows], effects[hook].double().cpu())
-            p_corrupt_rows = runs.p_answer["corrupt"].double().cpu()
-            p_clean, p_corrupt = runs.p_answer["clean"].double().mean().item(), p_corrupt_rows.mean().item()
-    finally:
-        model.train(was_training)
+    start = None if None in layers else min(layer for layer in layers if layer is not None)  # embeddings need the tokens
+    resid = [] if start is None else [f"blocks.{start}.hook_resid_pre"]
+    with evaluating(model), open_source(source) as (batch, cache):
+        runs = CleanCorruptRuns(model, batch, list(dict.fromkeys(hooks + resid)), cache, need_logits=False,
+                                max_batch=max_batch)
+        patches = position_patches(as_specs(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
+        estimates = _estimates(model, runs, hooks, start, torch.stack([p.mask for p in patches]).double(), max_batch)
+    p_corrupt_rows = runs.p_answer["corrupt"].double().cpu()
+    p_clean, p_corrupt = runs.p_answer["clean"].double().mean().item(), p_corrupt_rows.mean().item()
     records = []
     for hook in hooks:
-        for patch_spec, estimate in zip(patches, estimates[hook]):
-            p_patched = p_corrupt + estimate.mean().item()
-            record = {
-                "site": hook_to_site(hook),
-                "hook": hook,
-                "pos": patch_spec.label,
-                "attribution": attribution_score(p_clean, p_corrupt, p_patched),
-                "p_clean": p_clean,
-                "p_corrupt": p_corrupt,
-                "p_patched": p_patched,
-                "n": len(batch),
-                "passes_filter": bool(p_clean - p_corrupt > threshold),
-                "method": "atp",
-                "metric": "p_answer",
-                "direction": "denoise",
-                "metric_clean": p_clean,
-                "metric_corrupt": p_corrupt,
-                "metric_patched": p_patched,
-            }
+        for patch_spec, estimate in zip(patches, estimates[hook], strict=True):
+            p_answer = Means(p_clean, p_corrupt, p_corrupt + estimate.mean().item())
+            record = patch_record(hook_to_site(hook), hook, patch_spec.label, len(batch), p_answer, p_answer,
+                                  method="atp", metric_name="p_answer", direction="denoise",
+                                  passes_filter=bool(p_clean - p_corrupt > options.threshold))
             if per_example:
                 record["p_patched_rows"] = (p_corrupt_rows + estimate).tolist()
             records.append(record)
     return records
 
 
+def _estimates(model: PatchableModel, runs: CleanCorruptRuns, hooks: list[str], start: int | None, masks: Tensor,
+               max_batch: int) -> dict[str, Tensor]:
+    """Return, per hook, the estimated change of p(answer) ``[P, N]`` (float64) of each patch
+    (`masks` ``[P, N, T]``) and row, in chunks of `max_batch` rows from block `start`'s input."""
+    batch, device = runs.batch, runs.device
+    clean_all = {hook: runs.acts(hook, "clean") for hook in hooks}
+    corrupt_input = batch.corrupt_tokens.to(device) if start is None else runs.acts(f"blocks.{start}.hook_resid_pre", "corrupt")
+    estimates = {hook: torch.empty(masks.shape[0], len(batch), dtype=torch.float64) for hook in hooks}
+    for rows in run_chunks(len(batch), max_batch):
+        _, effects = first_order_effects(model, corrupt_input[rows], {h: a[rows] for h, a in clean_all.items()},
+                                         batch.query_pos[rows].to(device), batch.answers[rows].to(device),
+                                         start_at_layer=start)
+        for hook in hooks:
+            estimates[hook][:, rows] = torch.einsum("pnt,nt->pn", masks[:, rows], effects[hook].double().cpu())
+    return estimates
+
+
 def verify_top(
-    model,
+    model: PatchableModel,
     source: Batch | CacheFile | str | Path,
     atp_records: list[dict[str, Any]],
     k: int,
@@ -233,6 +191,7 @@ def verify_top(
     """
     if k < 1:
         raise UsageError(f"--verify-top must be >= 1, got {k}")
+    options = PatchOptions(threshold=threshold, max_batch=max_batch, context_memory=context_memory)
     # |p_patched − p_corrupt| orders like |attribution| (one denominator) and exists when it is null.
     top = sorted(atp_records, key=lambda r: -abs(r["p_patched"] - r["p_corrupt"]))[:k]
     by_hook: dict[str, list[str]] = {}
@@ -248,8 +207,7 @@ def verify_top(
             if any(_needs_all(label, batch.lengths) for label in specs):
                 # `all` leaves rows shorter than p unpatched; an integer spec would refuse them.
                 specs = ["all", *(label for label in specs if not label.isdigit())]
-            for record in patch(model, source, [hook], specs, threshold=threshold, max_batch=max_batch,
-                                context_memory=context_memory):
+            for record in run_exact(model, source, [hook], specs, options):
                 exact[hook, record["pos"]] = record
     verified = []
     for record in top:

@@ -26,7 +26,8 @@ Every preset measures ``L1.block_in`` at key, value and query at the end of each
 """
 from __future__ import annotations
 
-from .errors import unknown
+from ..errors import unknown
+from .spec import Sweep, parse_sweep
 
 #: paper 000's six architectures as model presets (`hookmech.presets`): "based" alternates BaseConv
 #: and Based layers, "baseconv" a short and an implicit long convolution (appendix B)
@@ -225,8 +226,6 @@ def preset_text(name: str) -> str:
     return PRESETS[name]
 
 
-def load_preset(name: str):
-    """Return preset `name` as a parsed `sweep.Sweep`."""
-    from .sweep import parse_sweep
-
+def load_preset(name: str) -> Sweep:
+    """Return preset `name` as a parsed `Sweep`."""
     return parse_sweep(preset_text(name), name=name)

@@ -1,0 +1,37 @@
+"""Activation patching: exact interchange interventions and attribution patching (AtP).
+
+``hookmech.patching.patch(model, source, sites=..., positions=..., method=..., ...)`` is the
+entry point. The package's files, in the order a patch flows through them
+(docs/architecture.md):
+
+    dispatch.py      `patch`: checks the options, hands over to the exact engine or AtP
+    options.py       `PatchOptions`: method, metric, direction, threshold, batching, ablation
+    protocol.py      `PatchableModel`: everything the engine asks of a model
+    targets.py       sites as the engine sees them: hooks, heads, joint patches (`parse_sites`)
+    runs.py          `CleanCorruptRuns`: the unpatched runs, read from a cache or computed
+    metrics.py       the metrics read at the query (one vocabulary) and the attribution score
+    plans.py         what a patch writes where: source values or ablations, masks
+    reachability.py  which (patch, row) pairs can change the answer (a NaN probe)
+    forwards.py      the batched patched forwards: full, or resumed from the patched position
+    exact.py         the exact engine: plans, probes and forwards into records
+    atp.py           attribution patching (first-order estimates) and `verify_top`
+    records.py       the record of one (site, position), shared by both methods
+    plain_loop.py    the plain `run_with_hooks` loop the engine is tested and timed against
+"""
+from __future__ import annotations
+
+from .atp import attribution_patch, first_order_effects, verify_top
+from .dispatch import patch
+from .metrics import METRICS, Metric, attribution_score, corrupt_answers
+from .options import ABLATIONS, CONTEXT_MEMORY, DIRECTIONS, METHODS, PatchOptions, check_threshold
+from .plans import resample_order
+from .protocol import PatchableConfig, PatchableModel
+from .runs import CleanCorruptRuns
+from .targets import PatchSite, Target, head_axis_of, n_heads_of, parse_sites
+
+__all__ = [
+    "ABLATIONS", "CONTEXT_MEMORY", "DIRECTIONS", "METHODS", "METRICS",
+    "CleanCorruptRuns", "Metric", "PatchOptions", "PatchSite", "PatchableConfig", "PatchableModel", "Target",
+    "attribution_patch", "attribution_score", "check_threshold", "corrupt_answers", "first_order_effects",
+    "head_axis_of", "n_heads_of", "parse_sites", "patch", "resample_order", "verify_top",
+]

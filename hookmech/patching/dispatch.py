@@ -1,0 +1,78 @@
+"""`patch`: the one entry point. It checks the options, then hands the work to the exact engine
+(`exact`) or to attribution patching (`atp`)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..cache import CacheFile
+from ..errors import UsageError
+from ..sites import as_specs
+from ..tasks.batch import Batch
+from .atp import attribution_patch
+from .exact import run_exact
+from .options import CONTEXT_MEMORY, PatchOptions
+from .protocol import PatchableModel
+
+
+def patch(
+    model: PatchableModel,
+    source: Batch | CacheFile | str | Path,
+    sites: str | Iterable[str],
+    positions: str | Iterable[str],
+    method: str = "exact",
+    threshold: float = 0.01,
+    max_batch: int = 256,
+    per_example: bool = False,
+    metric: str = "p_answer",
+    direction: str | None = None,
+    ablate: str | None = None,
+    ablate_seed: int = 0,
+    context_memory: int = CONTEXT_MEMORY,
+) -> list[dict[str, Any]]:
+    """Patch every (site, position) and score it (formulas: `hookmech.patching.metrics`).
+
+    For each (site, position): run the **base** input, replace the site's activation at the
+    position by the **source** activation, and read a metric at the query. Denoising (default):
+    base = corrupt run, source = clean run. Noising: base = clean run, source = corrupt run.
+    Ablations (zero / mean / resample) replace the source by a value that does not come from
+    the other run, on the clean run (they are noising by nature).
+
+    `source` is a `Batch` (clean and corrupt runs are computed) or an activation cache
+    (path or open `CacheFile`: activations and residuals are read from it). `sites` are site
+    specs (`parse_sites`), `positions` position specs (`sites.position_patches`); a bare string
+    is one spec. `threshold` must be finite. `metric` in
+    METRICS; `direction` "denoise" (default) or "noise" ("noise" with `ablate`); `ablate` None
+    (interchange) or "zero" / "mean" / "resample" (resample: row i takes row
+    `resample_order(N, ablate_seed)[i]`'s clean activation). `method` "exact" or "atp" (the
+    first-order estimate, `attribution_patch`: interchange denoising of p_answer at plain sites).
+    Returns one record per (site, position): ``site, hook, pos, attribution, p_clean, p_corrupt,
+    p_patched, n, passes_filter, method, metric, direction, metric_clean, metric_corrupt,
+    metric_patched`` (p_* are mean p(answer), metric_* the metric's means, attribution is
+    computed from metric_*); plus ``ablate`` when ablating, and ``p_patched_rows`` (and
+    ``metric_patched_rows``) ``[N]`` lists when `per_example`.
+
+    Memory: `max_batch` rows per forward, plus the activations of the patched hooks for all N
+    rows, plus the mixer contexts that resumed patches start from while they fit in
+    `context_memory` bytes (beyond it, patches run on every position: slower, same numbers).
+    """
+    options = PatchOptions(method=method, metric=metric, direction=direction, threshold=threshold,
+                           max_batch=max_batch, context_memory=context_memory, per_example=per_example,
+                           ablate=ablate, ablate_seed=ablate_seed)
+    sites, positions = as_specs(sites), as_specs(positions)
+    if options.method == "atp":
+        _check_atp_options(options, sites)
+        return attribution_patch(model, source, sites, positions, threshold=threshold, max_batch=max_batch,
+                                 per_example=per_example)
+    return run_exact(model, source, sites, positions, options)
+
+
+def _check_atp_options(options: PatchOptions, sites: list[str]) -> None:
+    """Raise a UsageError unless AtP covers `options` and `sites` (interchange denoising of
+    p(answer) at plain sites; other options need the exact engine); return None."""
+    if options.metric != "p_answer" or options.direction != "denoise" or options.ablate is not None:
+        raise UsageError("method 'atp' estimates interchange denoising of p_answer only; "
+                         "use method 'exact' for other metrics, directions and ablations")
+    if any("+" in spec or "[" in spec for spec in sites):
+        raise UsageError("method 'atp' takes plain sites (no joint 'a+b' or per-head '[h]' sites); use method 'exact'")

@@ -1,0 +1,113 @@
+"""The exact engine: every (site, position) patch run, batched, from as late as it can start.
+
+It reads activations from a cache when one is given, resumes a patch at block l from the base
+run's residual entering block l (the layers below are untouched), from the first patched
+position on (`forwards.resumed_pairs`), computes logits only at the query, skips the rows a
+patch does not change (the patched values equal the base run's there: their metric is the base
+run's, exactly) or cannot reach (`reachability`), and stacks the remaining (patch, row) pairs
+into batched forwards of at most `max_batch` rows.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..cache import CacheFile, answer_probs
+from ..sites import PositionPatch, as_specs, position_patches
+from ..tasks.batch import Batch
+from .forwards import full_pairs, hooks_to_start, resume_layer, resumed_pairs, start_layer
+from .metrics import Metric, make_metric
+from .options import PatchOptions
+from .plans import changed_rows, plan_target
+from .protocol import PatchableModel, check_patchable
+from .reachability import reaches_query
+from .records import Means, patch_record
+from .runs import RUNS, CleanCorruptRuns, evaluating, open_source
+from .targets import PatchSite, equivalent_site, parse_sites
+
+
+def run_exact(model: PatchableModel, source: Batch | CacheFile | str | Path, sites: str | Iterable[str],
+              positions: str | Iterable[str], options: PatchOptions) -> list[dict[str, Any]]:
+    """Return `exact_patch`'s records of site specs `sites` (`targets.parse_sites`) at position
+    specs `positions` on `source` (a `Batch`, an open `CacheFile` or a cache path), the model in
+    eval mode meanwhile."""
+    check_patchable(model)
+    patch_sites = parse_sites(sites, model)
+    with evaluating(model), open_source(source) as (batch, cache):
+        return exact_patch(model, batch, cache, patch_sites, as_specs(positions), options)
+
+
+def exact_patch(model: PatchableModel, batch: Batch, cache: CacheFile | None, patch_sites: list[PatchSite],
+                positions: list[str], options: PatchOptions) -> list[dict[str, Any]]:
+    """Return one record per (site, position) (`records.patch_record`, plus ``ablate`` when
+    ablating and ``p_patched_rows`` / ``metric_patched_rows`` ``[N]`` lists when `per_example`),
+    patching every site of `patch_sites` at every position spec of `positions` on `batch`
+    (activations read from `cache` where it holds them)."""
+    patches = position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
+    computed_sites = {site: equivalent_site(model, site) for site in patch_sites}
+    hooks = [t.hook for s in patch_sites for t in s.targets]
+    hooks += [t.hook for s in computed_sites.values() for t in s.targets]
+    runs = CleanCorruptRuns(model, batch, hooks + hooks_to_start(model, list(computed_sites.values())), cache,
+                            need_logits=options.metric != "p_answer", max_batch=options.max_batch, base=options.base,
+                            context_memory=options.context_memory)
+    metric = make_metric(options.metric, batch, runs.logits)
+    p_clean, p_corrupt = (runs.p_answer[which].mean().item() for which in RUNS)
+    m_clean, m_corrupt = (runs.unpatched_metric(metric, which).mean().item() for which in RUNS)
+    gap = m_corrupt - m_clean if metric.lower_is_better else m_clean - m_corrupt
+    records, results = [], {}
+    for site in patch_sites:
+        computed = computed_sites[site]
+        if computed not in results:  # e.g. L0.block_out after L1.block_in: the same patch
+            results[computed] = patched_rows(model, runs, computed, patches, metric, options)
+        probs, values = results[computed]
+        for patch_spec, row_probs, row_values in zip(patches, probs, values, strict=True):
+            record = patch_record(site.site, site.hook, patch_spec.label, len(batch),
+                                  Means(p_clean, p_corrupt, row_probs.mean().item()),
+                                  Means(m_clean, m_corrupt, row_values.mean().item()), method=options.method,
+                                  metric_name=options.metric, direction=str(options.direction),
+                                  passes_filter=bool(gap > options.threshold))
+            if options.ablate is not None:
+                record["ablate"] = options.ablate
+            if options.per_example:
+                record["p_patched_rows"] = row_probs.tolist()
+                if options.metric != "p_answer":
+                    record["metric_patched_rows"] = row_values.tolist()
+            records.append(record)
+    return records
+
+
+@torch.no_grad()
+def patched_rows(model: PatchableModel, runs: CleanCorruptRuns, site: PatchSite, patches: list[PositionPatch],
+                 metric: Metric, options: PatchOptions) -> tuple[Tensor, Tensor]:
+    """Return (p_answer, metric) of every patch and row of `site`, each ``[len(patches), N]`` float64."""
+    batch, device, base = runs.batch, runs.device, options.base
+    plans = [plan_target(model, runs, target, base, options.source, options.ablate, options.ablate_seed)
+             for target in site.targets]
+    masks = torch.stack([patch.mask for patch in patches]).to(device)  # [P, N, T]
+    changed = torch.zeros(masks.shape[:2], dtype=torch.bool, device=device)
+    for plan in plans:
+        changed |= changed_rows(plan, masks)
+    probs = runs.p_answer[base].repeat(len(patches), 1)
+    values = runs.unpatched_metric(metric, base).repeat(len(patches), 1)
+    start = start_layer(model, site)
+    resid = None if start is None else runs.acts(f"blocks.{start}.hook_resid_pre", base)
+    tokens = batch.tokens if base == "clean" else batch.corrupt_tokens
+    if changed.any():
+        changed &= reaches_query(model, runs, plans, masks, start, tokens, resid, options.max_batch)
+    patch_index, row_index = changed.nonzero(as_tuple=True)
+    resume_at = resume_layer(model, site)
+    contexts = None if resume_at is None else runs.resume_contexts(resume_at, base, options.max_batch)
+    if resume_at is not None and contexts is not None:
+        pairs = resumed_pairs(model, runs, plans, masks, patch_index, row_index, resume_at, contexts, base,
+                              options.max_batch)
+    else:
+        pairs = full_pairs(model, runs, plans, masks, patch_index, row_index, start, tokens, resid, options.max_batch)
+    for which_patch, rows, logits in pairs:
+        cpu_patch, cpu_rows = which_patch.cpu(), rows.cpu()
+        probs[cpu_patch, cpu_rows] = answer_probs(logits, batch.answers[cpu_rows].to(device)).double().cpu()
+        values[cpu_patch, cpu_rows] = metric.rows(logits, cpu_rows)
+    return probs, values

@@ -1,0 +1,128 @@
+"""The patched forwards: (patch, row) pairs stacked into batches of at most `max_batch` rows,
+run either from the input of the first patched block on every position (`full_pairs`), or
+resumed from the patched position to the query on a window of positions (`resumed_pairs`,
+the resume protocol: docs/guide.md §6, docs/architecture.md)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from ..cache import run_chunks
+from ..mixers.base import take_window, window_index
+from .plans import TargetPlan, patch_mask, replace_hook
+from .protocol import PatchableModel
+from .runs import CleanCorruptRuns
+from .targets import PatchSite
+
+#: what both forwards yield per chunk: (patch index ``[k]``, row ``[k]``, query logits ``[k, d_vocab]``)
+Pairs = Iterator[tuple[Tensor, Tensor, Tensor]]
+
+
+def start_layer(model: PatchableModel, site: PatchSite) -> int | None:
+    """Return the first block a full patched run of `site` must run (its lowest patched block),
+    or None when a target is outside the blocks (embeddings: the run starts from the tokens)."""
+    layers = [model.layer_of_hook(target.hook) for target in site.targets]
+    return None if None in layers else min(layer for layer in layers if layer is not None)
+
+
+def resume_layer(model: PatchableModel, site: PatchSite) -> int | None:
+    """Return the block a resumed run of `site` starts at, or None when a target is a hook that a
+    resumed run does not fire (`PatchableModel.resume_layer`)."""
+    layers = [model.resume_layer(target.hook) for target in site.targets]
+    return None if None in layers else min(layer for layer in layers if layer is not None)
+
+
+def hooks_to_start(model: PatchableModel, patch_sites: list[PatchSite]) -> list[str]:
+    """Return the hooks whose base-run values the patched runs start from: the residual entering
+    the first patched block, and, for resumed runs, every later block's mixer input (its context)."""
+    hooks = []
+    for site in patch_sites:
+        resume_at = resume_layer(model, site)
+        if resume_at is not None:
+            hooks.append(model.resid_hook(resume_at))
+            hooks.extend(f"blocks.{layer}.hook_mixer_in" for layer in range(resume_at, model.cfg.n_layers))
+            continue
+        start = start_layer(model, site)
+        if start is not None:
+            hooks.append(f"blocks.{start}.hook_resid_pre")
+    return list(dict.fromkeys(hooks))
+
+
+def full_pairs(model: PatchableModel, runs: CleanCorruptRuns, plans: list[TargetPlan], masks: Tensor,
+               patch_index: Tensor, row_index: Tensor, start: int | None, tokens: Tensor, resid: Tensor | None,
+               max_batch: int) -> Pairs:
+    """Yield (patch index, row, query logits) of (patch, row) pairs run from block `start`'s
+    input `resid` (or from `tokens` when `start` is None) on every position."""
+    batch, device = runs.batch, runs.device
+    for chunk in run_chunks(len(row_index), max_batch):
+        which_patch, rows = patch_index[chunk], row_index[chunk]
+        chunk_mask = masks[which_patch, rows]  # [k, T]
+        fwd_hooks = [(plan.target.hook, replace_hook(plan, plan.values[rows], chunk_mask)) for plan in plans]
+        model_input = tokens[rows.cpu()].to(device) if resid is None else resid[rows]
+        logits = model.run_with_hooks(model_input, start_at_layer=start, positions=batch.query_pos[rows.cpu()].to(device),
+                                      fwd_hooks=fwd_hooks)
+        yield which_patch, rows, logits
+
+
+def resumed_pairs(model: PatchableModel, runs: CleanCorruptRuns, plans: list[TargetPlan], masks: Tensor,
+                  patch_index: Tensor, row_index: Tensor, layer: int, contexts: dict[int, dict[str, Tensor]],
+                  base: str, max_batch: int) -> Pairs:
+    """Yield (patch index, row, query logits) of (patch, row) pairs, each re-run only on the
+    positions from its first patched one to its query (`PatchableModel.resume`).
+
+    Pairs are sorted by that width so that a chunk's common window W wastes little; a row
+    whose window would start before position 0 gets the first W positions instead (the extra
+    positions before the patch recompute the base run's values, those after the query are
+    not read).
+    """
+    query = runs.batch.query_pos.to(runs.device)
+    first = masks[patch_index, row_index].int().argmax(dim=-1)
+    widths = (query[row_index] - first + 1).clamp(min=1)
+    order = torch.sort(widths, stable=True).indices
+    resid = runs.acts(model.resid_hook(layer), base)
+    patchers = [WindowPatch(plan) for plan in plans]
+    # hooks are installed once and pointed at each chunk: adding and removing them per chunk
+    # walks every hook point of the model each time
+    with model.hooks(fwd_hooks=[(patcher.plan.target.hook, patcher) for patcher in patchers]):
+        for chunk in run_chunks(len(order), max_batch):
+            pairs = order[chunk]
+            which_patch, rows = patch_index[pairs], row_index[pairs]
+            width = int(widths[pairs].max())
+            start = (query[rows] - width + 1).clamp(min=0)
+            for patcher in patchers:
+                patcher.point_at(rows, masks[which_patch, rows], (window_index(start, width), query[rows, None]))
+            resid_window = take_window(resid.index_select(0, rows), start, width)
+            logits = model.resume(resid_window, layer, contexts, rows, start, query[rows])
+            yield which_patch, rows, logits
+
+
+class WindowPatch:
+    """The forward hook patching one target in resumed runs (`resumed_pairs`).
+
+    `point_at` sets the chunk: its rows, their patch masks ``[rows, T]`` and the absolute
+    positions ``[rows, W]`` an activation may hold, told apart by their length (the window,
+    or the query alone after the last mixer).
+    """
+
+    def __init__(self, plan: TargetPlan):
+        self.plan = plan
+
+    def point_at(self, rows: Tensor, mask: Tensor, windows: tuple[Tensor, ...]) -> None:
+        self.values, self.mask = self.plan.values.index_select(0, rows), mask
+        self.by_length = {positions.shape[1]: positions for positions in windows}
+
+    def __call__(self, activation: Tensor, hook=None) -> Tensor:
+        plan = self.plan
+        positions = self.by_length[activation.shape[plan.pos_axis]]
+        values = _take_positions(self.values, positions, plan.pos_axis)
+        mask = patch_mask(self.mask.gather(1, positions), values.shape, plan.pos_axis, plan.head_axis, plan.target.head)
+        return torch.where(mask, values, activation)
+
+
+def _take_positions(values: Tensor, positions: Tensor, pos_axis: int) -> Tensor:
+    """Return `values` ``[rows, ..., T, ...]`` at `positions` ``[rows, W]`` along `pos_axis`."""
+    moved = values.movedim(pos_axis, 1)
+    index = positions.view(*positions.shape, *([1] * (moved.dim() - 2))).expand(-1, -1, *moved.shape[2:])
+    return moved.gather(1, index).movedim(1, pos_axis)

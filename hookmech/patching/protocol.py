@@ -1,0 +1,131 @@
+"""What the patching engine expects of a model: `PatchableModel`.
+
+The engine speaks hook names, axes and positions only; everything it asks of a model is
+written here, once. `hookmech.model.HookedLM` satisfies it (tests/test_patching_package.py).
+A model only has to be able to say where a resumed run starts (`resume_layer`, None for a hook
+it cannot resume at); patches it cannot resume run on every position, with the same numbers.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+from ..errors import HookmechError
+
+
+@runtime_checkable
+class PatchableConfig(Protocol):
+    """The configuration fields the engine reads."""
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def d_vocab(self) -> int: ...
+
+    def to_json(self) -> str:
+        """Return the configuration as JSON (a cache records it; `model_hash` hashes it)."""
+        ...
+
+
+@runtime_checkable
+class PatchableModel(Protocol):
+    """A hooked causal language model the patching engine (exact and AtP) can run.
+
+    TransformerLens's `HookedRootModule` gives `hook_dict`, `run_with_hooks`,
+    `run_with_cache` and `hooks`; `nn.Module` gives `parameters`, `training`, `eval`, `train`.
+    The rest is the resume protocol (docs/guide.md §6, docs/architecture.md).
+    """
+
+    # read-only properties, so that any attribute of a matching type satisfies them (mypy)
+    @property
+    def cfg(self) -> PatchableConfig: ...
+
+    @property
+    def hook_dict(self) -> dict[str, Any]:
+        """Hook name -> hook point, in forward order; a hook point may say its axes
+        (`hookmech.hooks.AxisHookPoint`: ``axes``, ``pos_axis``, ``sizes``)."""
+        ...
+
+    @property
+    def training(self) -> bool: ...
+
+    def __call__(self, input: Tensor, *, start_at_layer: int | None = None, stop_at_layer: int | None = None,
+                 positions: Tensor | None = None) -> Tensor:
+        """Return logits ``[batch, pos, d_vocab]`` (``[batch, d_vocab]`` at `positions` ``[batch]``) of
+        tokens ``[batch, pos]``, or of the residual entering block `start_at_layer` ``[batch, pos, d_model]``."""
+        ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        """Yield the parameters (the engine reads their device)."""
+        ...
+
+    def eval(self) -> Any:
+        """Switch to evaluation mode; return the model."""
+        ...
+
+    def train(self, mode: bool = True) -> Any:
+        """Switch to training mode (or back, `mode`); return the model."""
+        ...
+
+    def run_with_hooks(self, *args: Any, **kwargs: Any) -> Tensor:
+        """Return the forward's output with ``fwd_hooks=[(hook name, fn)]`` attached for this call."""
+        ...
+
+    def run_with_cache(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Any]:
+        """Return ``(output, activations)``; with ``return_cache_object=False`` the activations are
+        a dict hook name -> tensor (``names_filter`` chooses the hooks)."""
+        ...
+
+    def hooks(self, *args: Any, **kwargs: Any) -> AbstractContextManager[Any]:
+        """Return a context manager that attaches ``fwd_hooks`` while it is open."""
+        ...
+
+    def layer_of_hook(self, hook_name: str) -> int | None:
+        """Return l for a hook inside ``blocks.{l}``, None for hooks outside the blocks."""
+        ...
+
+    def resid_hook(self, layer: int) -> str:
+        """Return the hook holding the residual entering block `layer` (`n_layers`: the final norm's input)."""
+        ...
+
+    def resume_layer(self, hook_name: str) -> int | None:
+        """Return the block whose resumed run fires `hook_name`, None for hooks a resumed run does not fire."""
+        ...
+
+    def equivalent_hook(self, hook_name: str) -> str:
+        """Return the latest hook holding the same tensor as `hook_name` before the same computation."""
+        ...
+
+    def collecting_contexts(self) -> AbstractContextManager[dict[int, list[dict[str, Tensor]]]]:
+        """Return a context manager under which every forward records each block's mixer context;
+        it yields ``{layer: [context of each forward]}``."""
+        ...
+
+    def prefix_context(self, layer: int, mixer_in: Tensor) -> dict[str, Tensor]:
+        """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in` ``[N, T, d_model]``."""
+        ...
+
+    def resume(self, resid: Tensor, start_at_layer: int, contexts: dict[int, dict[str, Tensor]],
+               rows: Tensor, start: Tensor, query: Tensor) -> Tensor:
+        """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window of positions."""
+        ...
+
+
+#: the members `check_patchable` looks for (every public name the protocol declares)
+_MEMBERS = ("__call__", *(name for name in vars(PatchableModel) if not name.startswith("_")))
+
+
+def check_patchable(model: object) -> None:
+    """Raise a HookmechError naming what `model` lacks unless it satisfies `PatchableModel`; return None."""
+    if isinstance(model, PatchableModel):
+        return
+    missing = [name for name in _MEMBERS if not hasattr(model, name)]
+    raise HookmechError(f"{type(model).__name__} cannot be patched: it has no {', '.join(missing)} "
+                        "(hookmech.patching.PatchableModel lists what the engine needs)")

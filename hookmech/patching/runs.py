@@ -1,0 +1,162 @@
+"""The clean and corrupt runs a patch starts from: `CleanCorruptRuns`.
+
+Activations of hooks, residuals entering blocks, query logits and p(answer) of both unpatched
+runs of a batch, read from an activation cache where it holds them, else computed once (in
+chunks of `max_batch` rows). Reading a cache checks that it was made from this model
+(`model_hash`) and that its shapes are this model's; the base run also records the mixer
+contexts that resumed patches start from, while they fit in `context_memory` bytes.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..cache import CacheFile, answer_probs, check_batch_fits, check_cache_fits, run_chunks
+from ..errors import HookmechError
+from ..tasks.batch import Batch
+from .metrics import Metric
+from .protocol import PatchableModel
+
+RUNS = ("clean", "corrupt")
+
+
+@contextmanager
+def open_source(source: Batch | CacheFile | str | Path) -> Iterator[tuple[Batch, CacheFile | None]]:
+    """Yield ``(batch, cache)`` of a patch source: a `Batch` (cache None), an open `CacheFile`,
+    or a cache path (opened here and closed after)."""
+    if isinstance(source, (str, Path)):
+        with CacheFile(source) as cache:
+            yield cache.batch(), cache
+    elif isinstance(source, CacheFile):
+        yield source.batch(), source
+    elif isinstance(source, Batch):
+        yield source, None
+    else:
+        raise HookmechError(f"patch source must be a Batch or a cache file, got {type(source).__name__}")
+
+
+@contextmanager
+def evaluating(model: PatchableModel) -> Iterator[None]:
+    """Put `model` in eval mode for the `with` block, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+class CleanCorruptRuns:
+    """The unpatched clean and corrupt runs of `batch`.
+
+    `acts(hook, which)` ``[N, ...]``; `p_answer[which]` ``[N]`` (float64); `logits[which]`
+    ``[N, d_vocab]`` at the query (when computed: `need_logits` or no cache);
+    `resume_contexts(layer, base, ...)` the mixer contexts of the `base` run.
+    """
+
+    def __init__(self, model: PatchableModel, batch: Batch, hooks: Sequence[str], cache: CacheFile | None, *,
+                 need_logits: bool, max_batch: int, base: str | None = None, context_memory: int = 0):
+        self.model, self.batch, self.cache = model, batch, cache
+        # mixer contexts (for resumed patches) are kept only while they fit in this many bytes
+        self.context_memory, self.contexts_refused = context_memory, context_memory <= 0
+        self.device = next(model.parameters()).device
+        wanted = list(dict.fromkeys(hooks))
+        missing = [hook for hook in wanted if cache is None or not (cache.has(hook, "clean") and cache.has(hook, "corrupt"))]
+        self.logits: dict[str, Tensor] = {}
+        self.p_answer: dict[str, Tensor] = {}
+        self.computed: dict[tuple[str, str], Tensor] = {}
+        self.contexts: dict[tuple[int, str], dict[str, Tensor]] = {}
+        check_batch_fits(model, batch, "the examples" if cache is None else str(cache.path))
+        if cache is not None:
+            check_cache_fits(model, cache, batch, [hook for hook in wanted if hook not in missing])
+            cache.check_model(model)  # a cache of another model would give numbers that mean nothing
+            self.p_answer = {which: cache.p_answer(which).double() for which in RUNS}
+        if missing or need_logits or cache is None:
+            self._compute(missing, max_batch, base)
+
+    @torch.no_grad()
+    def _compute(self, hooks: list[str], max_batch: int, base: str | None) -> None:
+        """Run clean and corrupt; the `base` run also records every block's mixer context
+        (`PatchableModel.collecting_contexts`), which resumed patches start from."""
+        parts: dict[tuple[str, str], list[Tensor]] = {}
+        logits: dict[str, list[Tensor]] = {which: [] for which in RUNS}
+        collect = base is not None and not self.contexts_refused
+        contexts: dict[int, list[dict[str, Tensor]]] = {layer: [] for layer in range(self.model.cfg.n_layers)} if collect else {}
+        for rows in run_chunks(len(self.batch), max_batch):
+            query = self.batch.query_pos[rows].to(self.device)
+            for which, tokens in (("clean", self.batch.tokens), ("corrupt", self.batch.corrupt_tokens)):
+                with self.model.collecting_contexts() if collect and which == base else nullcontext() as recorded:
+                    out, acts = self.model.run_with_cache(tokens[rows].to(self.device), names_filter=hooks,
+                                                          return_cache_object=False, positions=query)
+                for layer, chunk_contexts in (recorded or {}).items():
+                    contexts[layer].extend(chunk_contexts)
+                logits[which].append(out.float())
+                for hook in hooks:
+                    parts.setdefault((hook, which), []).append(acts[hook])
+            if collect and self._over_budget(contexts, rows.stop):
+                collect, contexts = False, {}
+        self.computed = {key: concat_rows(chunks) for key, chunks in parts.items()}
+        for layer, chunks in contexts.items():
+            assert base is not None  # contexts are collected of the base run only
+            self.contexts[layer, base] = {name: concat_rows([chunk[name] for chunk in chunks]) for name in chunks[0]}
+        self.logits = {which: concat_rows(chunks) for which, chunks in logits.items()}
+        if not self.p_answer:
+            answers = self.batch.answers.to(self.device)
+            self.p_answer = {which: answer_probs(out, answers).double().cpu() for which, out in self.logits.items()}
+
+    def resume_contexts(self, layer: int, which: str, max_batch: int) -> dict[int, dict[str, Tensor]] | None:
+        """Return the mixer contexts of the `which` run for blocks `layer` .. last
+        (`PatchableModel.prefix_context`, computed once, in chunks of `max_batch` rows), or None
+        when they would not fit in `context_memory` bytes (the patches then run on every position)."""
+        n_layers = self.model.cfg.n_layers
+        for index in range(layer, n_layers):
+            if self.contexts_refused:
+                return None
+            if (index, which) not in self.contexts:
+                self._make_context(index, which, max_batch)
+        return None if self.contexts_refused else {i: self.contexts[i, which] for i in range(layer, n_layers)}
+
+    def _make_context(self, layer: int, which: str, max_batch: int) -> None:
+        mixer_in = self.acts(f"blocks.{layer}.hook_mixer_in", which)
+        parts: list[dict[str, Tensor]] = []
+        for rows in run_chunks(len(mixer_in), max_batch):
+            parts.append(self.model.prefix_context(layer, mixer_in[rows]))
+            if self._over_budget({layer: parts}, rows.stop):
+                return
+        self.contexts[layer, which] = {name: concat_rows([part[name] for part in parts]) for name in parts[0]}
+
+    def _over_budget(self, new: dict[int, list[dict[str, Tensor]]], rows_done: int) -> bool:
+        """Whether the contexts kept, plus `new` (made for the first `rows_done` rows, scaled to
+        all rows), exceed `context_memory`; if so, drop every context and refuse more."""
+        kept = sum(_nbytes(context) for context in self.contexts.values())
+        made = sum(_nbytes(context) for chunks in new.values() for context in chunks)
+        if kept + made * len(self.batch) / rows_done <= self.context_memory:
+            return False
+        self.contexts, self.contexts_refused = {}, True
+        return True
+
+    def acts(self, hook: str, which: str) -> Tensor:
+        """Return `hook`'s activations of the `which` run, ``[N, ...]`` on the model's device."""
+        if (hook, which) in self.computed:
+            return self.computed[hook, which]
+        assert self.cache is not None  # a hook not computed is one the cache holds
+        return self.cache.read(hook, which, slice(0, len(self.batch))).to(self.device)
+
+    def unpatched_metric(self, metric: Metric, which: str) -> Tensor:
+        """Return `metric` ``[N]`` (float64) of the unpatched `which` run."""
+        if metric.name == "p_answer":
+            return self.p_answer[which]
+        return metric.rows(self.logits[which], torch.arange(len(self.batch)))
+
+
+def _nbytes(context: dict[str, Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in context.values())
+
+
+def concat_rows(chunks: list[Tensor]) -> Tensor:
+    """Return the chunks concatenated along rows (axis 0), without copying a single chunk."""
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)

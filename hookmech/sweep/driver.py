@@ -1,0 +1,96 @@
+"""`run_sweep`: a whole sweep. It checks every run first, holds the runs folder's lock (one
+sweep per folder), skips finished runs, hands the rest to an engine and keeps ``results.csv``
+current as runs finish."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import HookmechError, UsageError, unknown
+from ..fileio import write_text_atomic
+from ..locking import folder_lock
+from .engines import ENGINES, default_threads, run_local, run_ray
+from .grid import expand, validate
+from .results import write_results
+from .spec import Sweep
+from .worker import collect_row, run_is_complete
+
+
+def run_sweep(
+    sweep: Sweep,
+    runs_dir: str | Path,
+    *,
+    engine: str = "local",
+    workers: int = 1,
+    threads: int | None = None,
+    device: str = "cpu",
+    address: str | None = None,
+    gpus_per_run: float = 0.0,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run every run of `sweep` not yet complete in `runs_dir` and write ``runs_dir/results.csv``.
+
+    `workers` runs go in parallel, each pinned to `threads` torch threads (default: cores //
+    workers). Returns the rows in grid order. Runs that fail with anything but a NaN loss get
+    ``status = "error"``; the sweep then raises a HookmechError after writing the table.
+
+    Every run is checked (`validate`) before anything is written; a bad option of any run raises
+    then, naming the run. Raises `hookmech.locking.FolderLocked` if another process holds
+    `runs_dir`.
+    """
+    if engine not in ENGINES:
+        raise unknown("engine", engine, ENGINES)
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    if gpus_per_run < 0:
+        raise UsageError(f"--gpus-per-run must be >= 0, got {gpus_per_run}")
+    if gpus_per_run > 0 and engine != "ray":
+        raise UsageError("--gpus-per-run needs --engine ray")
+    threads = threads or default_threads(workers)
+    if threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    log = log or (lambda message: print(message, file=sys.stderr))
+    runs = expand(sweep)
+    validate(runs)
+    runs_dir = Path(runs_dir)
+    # one sweep at a time in a runs folder (its results.csv is rewritten as runs finish); each
+    # worker then locks only its own run folder, so workers never wait for each other
+    with folder_lock(runs_dir, "runs folder"):
+        write_text_atomic(runs_dir / "sweep.json", json.dumps(dataclasses.asdict(sweep), indent=1, sort_keys=True))
+        as_dicts = [run.as_dict() for run in runs]
+        rows: dict[str, dict[str, Any]] = {}
+        todo = []
+        for run in as_dicts:
+            if run_is_complete(run, runs_dir):
+                rows[run["run_id"]] = collect_row(run, runs_dir)
+            else:
+                todo.append(run)
+        log(f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
+            f"({engine}, {workers} workers x {threads} threads)")
+        began = time.perf_counter()
+
+        def done(run: dict[str, Any], row: dict[str, Any]) -> None:
+            rows[run["run_id"]] = row
+            acc = row.get("dev_acc")
+            detail = row.get("error") or (f"dev_acc {acc:.3f}" if isinstance(acc, float) else "")
+            log(f"[{len(rows)}/{len(runs)}] {run['run_id']}: {row['status']} {detail} "
+                f"({time.perf_counter() - began:.0f} s)")
+            write_results([rows[r["run_id"]] for r in as_dicts if r["run_id"] in rows], runs_dir / "results.csv")
+
+        if todo:
+            if engine == "local":
+                run_local(todo, str(runs_dir), workers, threads, device, done)
+            else:
+                run_ray(todo, str(runs_dir), workers, threads, device, done, address, gpus_per_run)
+        ordered = [rows[run["run_id"]] for run in as_dicts]
+        write_results(ordered, runs_dir / "results.csv")
+        failed = [row["run_id"] for row in ordered if row["status"] == "error"]
+        if failed:
+            raise HookmechError(f"{len(failed)} of {len(runs)} runs failed ({', '.join(failed[:3])}"
+                                f"{', …' if len(failed) > 3 else ''}); results.csv has the rest; rerun to retry")
+        return ordered

@@ -1,0 +1,81 @@
+"""The engines that run a sweep's runs: "local" (in this process, or a pool of spawned worker
+processes) and "ray" (a Ray cluster). Each calls `done(run, row)` as runs finish; a run that
+raises gets an error row and the others go on."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from .worker import collect_row, execute_run
+
+ENGINES = ("local", "ray")
+
+
+def default_threads(workers: int) -> int:
+    """Torch threads per run when not given: the machine's cores divided among the workers."""
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def _error_row(run: dict[str, Any], error: BaseException) -> dict[str, Any]:
+    row = collect_row(run, "/nonexistent")
+    row["status"] = "error"
+    row["error"] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return row
+
+
+def run_local(todo, runs_dir, workers, threads, device, done: Callable[[dict, dict], None]) -> None:
+    """Run the run dicts `todo` here (`workers` 1) or in `workers` spawned processes, each with
+    `threads` torch threads; call `done(run, row)` as each finishes; return None."""
+    if workers == 1:
+        for run in todo:
+            try:
+                row = execute_run(run, runs_dir, threads, device)
+            except Exception as error:  # one broken run must not stop the sweep
+                row = _error_row(run, error)
+            done(run, row)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawn, not fork: a forked child inherits the parent's OpenMP pool state and may hang
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(execute_run, run, runs_dir, threads, device): run for run in todo}
+        for future in as_completed(futures):
+            run = futures[future]
+            try:
+                row = future.result()
+            except Exception as error:
+                row = _error_row(run, error)
+            done(run, row)
+
+
+def run_ray(todo, runs_dir, workers, threads, device, done, address: str | None, gpus_per_run: float) -> None:
+    """Run the run dicts `todo` as Ray tasks (a local Ray of `workers` × `threads` CPUs, or the
+    cluster at `address`), `gpus_per_run` GPUs each; call `done(run, row)` as each finishes; return None."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--engine ray needs Ray: pip install 'hookmech[dist]' (ray[default,tune])") from None
+    if address is None:
+        ray.init(num_cpus=workers * threads, include_dashboard=False, ignore_reinit_error=True,
+                 log_to_driver=False, configure_logging=False)
+    else:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, configure_logging=False)
+    try:
+        remote = ray.remote(num_cpus=threads, num_gpus=gpus_per_run, max_retries=0)(execute_run)
+        pending = {remote.remote(run, str(Path(runs_dir).resolve()), threads, device): run for run in todo}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            run = pending.pop(ready[0])
+            try:
+                row = ray.get(ready[0])
+            except Exception as error:
+                cause = getattr(error, "cause", None) or error
+                row = _error_row(run, cause)
+            done(run, row)
+    finally:
+        if address is None:
+            ray.shutdown()
