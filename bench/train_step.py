@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from hookmech.allocator import keep_freed_memory
 from hookmech.model import HookedLM
 from hookmech.sweep import build_run, expand, load_preset
 from hookmech.training import DataStream, answer_loss, learning_rate
@@ -67,8 +68,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="steps per timed block")
     parser.add_argument("--reps", type=int, default=3, help="interleaved blocks per architecture")
     parser.add_argument("--only", default=None, help="comma list of architectures (attention is always kept)")
+    parser.add_argument("--plain-malloc", action="store_true", help="leave glibc's allocator as it is (the trainer tunes it)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if not args.plain_malloc:
+        keep_freed_memory()  # as hookmech.training.train does
     runs = one_run_per_arch(args.preset)
     if args.only:
         keep = set(args.only.split(",")) | {"attention"}
@@ -81,7 +85,8 @@ def main() -> None:
         for arch, stepper in steppers.items():
             best[arch] = min(best[arch], time_block(stepper, 3 + rep * args.steps, args.steps))
     base = best.get("attention")
-    print(f"preset {args.preset}, {args.threads} thread(s), best of {args.reps} blocks of {args.steps} steps")
+    allocator = "glibc defaults" if args.plain_malloc else "freed blocks kept, as the trainer does"
+    print(f"preset {args.preset}, {args.threads} thread(s), best of {args.reps} blocks of {args.steps} steps, {allocator}")
     print(f"{'architecture':<12} {'ms/step':>8} {'x attention':>12} {'steps/run':>10} {'run (h)':>8}")
     for arch, seconds in best.items():
         total = steppers[arch].total_steps
