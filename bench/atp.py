@@ -11,7 +11,7 @@ the exact effect of AtP's 10 strongest cells relative to the 10 strongest exact 
 
     python bench/atp.py [CKPT ...] [--n 320] [--reps 2] [--threads 1]
 
-Default checkpoints: the bundled fixtures/attention_ar.safetensors and fixtures/mamba_ar.safetensors.
+Default checkpoints: the bundled fixtures/attention_ar_cpu.safetensors and fixtures/mamba_ar_cpu.safetensors.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import hookmech
 from hookmech.patching import attribution_patch
 from hookmech.patching import patch
 
-DEFAULTS = [("fixtures/attention_ar.safetensors",), ("fixtures/mamba_ar.safetensors",)]
+DEFAULTS = [("fixtures/attention_ar_cpu.safetensors",), ("fixtures/mamba_ar_cpu.safetensors",)]
 RESOLUTION = 1e-6
 
 

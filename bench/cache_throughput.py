@@ -26,7 +26,7 @@ from hookmech.sites import resolve_sites
 
 OPTIONS = [("float32", None), ("float16", None), ("float32", "lzf"), ("float16", "lzf"), ("float32", "gzip"),
            ("float16", "gzip")]
-DEFAULT = ("fixtures/attention_ar.safetensors", "/tmp/atp_attn64/model.safetensors")
+DEFAULT = ("fixtures/attention_ar_cpu.safetensors", "/tmp/atp_attn64/model.safetensors")
 
 
 def main() -> None:

@@ -22,8 +22,8 @@
 # patching). It uses the two checkpoints bundled with hookmech, so it runs on a laptop CPU in
 # about a minute:
 #
-# - `attention_ar.safetensors`: a 2-layer attention model (layer 0 sees a window of 2 tokens);
-# - `mamba_ar.safetensors`: a 2-layer Mamba.
+# - `attention_ar_cpu.safetensors`: a 2-layer attention model (layer 0 sees a window of 2 tokens);
+# - `mamba_ar_cpu.safetensors`: a 2-layer Mamba.
 #
 # An AR document lists key–value pairs, then repeats one key; the model must answer with its
 # value: `BOS k₀ v₀ k₁ v₁ … DIV k_q → v_q`. A model can find the answer in two ways:
@@ -58,8 +58,8 @@ from hookmech.sites import resolve_sites
 
 torch.manual_seed(0)  # nothing below is random except through explicit seeds; this is belt and braces
 FIXTURES = fixture_dir()
-ATTENTION = FIXTURES / "attention_ar.safetensors"
-MAMBA = FIXTURES / "mamba_ar.safetensors"
+ATTENTION = FIXTURES / "attention_ar_cpu.safetensors"
+MAMBA = FIXTURES / "mamba_ar_cpu.safetensors"
 print("bundled checkpoints:", sorted(path.name for path in FIXTURES.glob("*.safetensors")))
 
 # %% [markdown]

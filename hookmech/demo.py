@@ -18,8 +18,11 @@ from .tasks import from_checkpoint
 
 #: (fixture file, short name, what it is) in the order the demo shows them
 FIXTURES = (
-    ("attention_ar.safetensors", "attention", "2-layer attention (layer-0 window 2, untied head) on AR vocab 64, 4 pairs"),
-    ("mamba_ar.safetensors", "mamba", "2-layer Mamba (d_conv 4, untied head) on AR vocab 64, 4 pairs"),
+    ("attention_ar_paper.safetensors", "attention",
+     "2-layer attention (full, tied head) trained at paper 000's AR configuration: vocab 8192, 16 pairs, 16 epochs"),
+    ("mamba_ar_cpu.safetensors", "mamba",
+     "2-layer Mamba (d_conv 4, untied head) on the quick CPU variant of AR (vocab 64, 4 pairs): Mamba at the "
+     "paper's configuration is still training, so this is the CPU fixture"),
 )
 DEMO_POSITIONS = ("key", "value", "query", "divider")
 DEMO_SITE = "L1.block_in"

@@ -11,7 +11,7 @@ from hookmech.config import build_config
 
 REPO = Path(__file__).resolve().parent.parent
 #: the bundled trained attention AR checkpoint (also the `trained_attention` fixture)
-ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar.safetensors"
+ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar_cpu.safetensors"
 
 # The documented numerical contracts (README, docs/guide.md §6). A test comparing two different
 # computations of the same numbers uses the contract it checks; only the same computation run

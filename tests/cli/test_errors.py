@@ -175,7 +175,7 @@ def _cache_of_mamba(tmp: Path) -> None:
     import hookmech
     from hookmech.cache import write_cache
 
-    path = FIXTURE.parent / "mamba_ar.safetensors"
+    path = FIXTURE.parent / "mamba_ar_cpu.safetensors"
     model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
     write_cache(model, task.sample(4, seed=0), tmp / "mamba.h5", ["blocks.1.hook_resid_pre"], task_spec=task.spec)
 

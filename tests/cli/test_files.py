@@ -44,7 +44,7 @@ def test_patch_accepts_the_cache_of_a_retrained_identical_model(tmp_path, capsys
 
 
 def test_patch_refuses_a_cache_of_another_model_naming_both(tmp_path, capsys):
-    mamba = REPO / "fixtures" / "mamba_ar.safetensors"
+    mamba = REPO / "fixtures" / "mamba_ar_cpu.safetensors"
     cache = tmp_path / "mamba.h5"
     assert run_cli(["cache", "--ckpt", str(mamba), "--n", "4", "--sites", "L1.block_in", "-o", str(cache)], capsys)[0] == 0
     code, _, err = run_cli(["patch", "--ckpt", str(FIXTURE), "--cache", str(cache), *PATCH], capsys)
