@@ -8,6 +8,15 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import HookmechError, UsageError, suggest
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 
 
 class Mixer(nn.Module):
@@ -49,18 +58,18 @@ class Mixer(nn.Module):
     # state at p - 1, convolutions with their earlier inputs. The default below is exact for
     # any causal mixer and saves nothing inside the mixer (the block around it still runs
     # its norms and MLP on the window only).
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return what `forward_from` needs to know about a run on `x` ``[N, T, d_model]``:
         a dict of tensors whose first axis is the row (N). Default: ``{"x": x}``."""
         return {"x": x}
 
-    def forward_with_context(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(x), prefix_context(x))``; a mixer overrides it when one pass can
         give both (the engine's unpatched base run records contexts this way)."""
         return self(x), self.prefix_context(x)
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output at positions ``start[i] .. start[i] + W - 1`` of row ``rows[i]``,
         ``[B, W, d_model]``, when the input there is `x` ``[B, W, d_model]`` and the input at
         earlier positions is that of the run `context` was made from (`prefix_context`).
@@ -81,7 +90,7 @@ class Mixer(nn.Module):
     #: gated convolutions); `attention_maps(summary="mean")` averages channels, never heads
     attention_axis: ClassVar[str] = "head"
 
-    def effective_attention(self, x: Tensor) -> Tensor:
+    def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, head_or_channel, query_pos, key_pos]`` (float32) for the input
         `x` ``[batch, pos, d_model]``: the mixer's sequence operation as a matrix, such that
         an inside hook (or a product of two) is M applied to values over positions,

@@ -30,6 +30,15 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, kept, splice, state_before, take_window
 from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan
@@ -152,7 +161,7 @@ class Mamba(Mixer):
         self.dt_proj.bias._no_reinit = True
 
     # -- forward ---------------------------------------------------------------------------
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         if self.use_fast_path and not self._inside_hooks_in_use() and fused_kernels_available(x):
             return self._forward_fused(x)
@@ -177,7 +186,7 @@ class Mamba(Mixer):
 
     attention_axis = "channel"
 
-    def effective_attention(self, x: Tensor) -> Tensor:
+    def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, d_inner, query_pos, key_pos]`` (float32): the selective SSM
         unrolled into a matrix per channel (the "attention" form L ∘ C Bᵀ of Dao & Gu 2024 §3,
         with the selective decay and the Δ of B̄ = Δ B):
@@ -200,13 +209,13 @@ class Mamba(Mixer):
         return M.float()
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return the run's SSM states after every position, ``"state"`` ``[N, T, d_inner,
         d_state]``, and (with a convolution) its input before the convolution, ``"in_x"``
         ``[N, T, d_inner]``, so that a resumed run needs neither its projections nor its scan."""
         return self._states(x)[0]
 
-    def forward_with_context(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
         states (hooks inside the mixer in use: the two separately, so that they fire)."""
         if self._inside_hooks_in_use():
@@ -227,8 +236,8 @@ class Mamba(Mixer):
             context["in_x"] = in_x
         return context, u, z, C
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]``: the window is projected and
         scanned from each row's state at start - 1; the convolution reads the d_conv - 1
         earlier inputs from the context."""
