@@ -2,12 +2,24 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-import hookmech
+from runtime_typecheck import install_import_hook
+
+# Every function of hookmech is type- and shape-checked at each call in the tests (users pay
+# nothing: only the suite installs this). jaxtyping's import hook instruments a module as it is
+# imported, so it must come before anything imports hookmech: this conftest is the first
+# to (pytest loads it before collecting any test module; no plugin of ours imports hookmech).
+# tests/runtime_typecheck.py says what is checked, and why not with "typeguard.typechecked".
+if "hookmech" in sys.modules:
+    raise pytest.UsageError("hookmech was imported before tests/conftest.py installed the type-checking import hook")
+install_import_hook("hookmech")
+
+import hookmech  # after the import hook
 
 from helpers import make_model
 
