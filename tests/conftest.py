@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from runtime_typecheck import install_import_hook
 
 # Every function of hookmech is type- and shape-checked at each call in the tests (users pay
@@ -19,9 +18,10 @@ if "hookmech" in sys.modules:
     raise pytest.UsageError("hookmech was imported before tests/conftest.py installed the type-checking import hook")
 install_import_hook("hookmech")
 
-import hookmech  # after the import hook
-
+# after the import hook (both import hookmech)
 from helpers import make_model
+
+import hookmech
 
 # One torch thread by default: the tests run many tiny forwards, where threads only contend (on a
 # loaded 2-core machine the suite ran 10x slower with torch's default). HOOKMECH_TEST_THREADS=N
