@@ -7,9 +7,9 @@ The backbone only reads what each mixer class declares; it never names a mixer.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -173,6 +173,13 @@ class HookedLM(HookedRootModule):
             cfg = self._cfg = cfg.held_by(self)
         return cfg
 
+    if TYPE_CHECKING:  # for mypy only: `blocks` is an nn.ModuleList (its items typed Module) of Block
+        @property
+        def blocks(self) -> Sequence[Block]: ...
+
+        @blocks.setter
+        def blocks(self, value: nn.ModuleList) -> None: ...
+
     def setup(self) -> None:
         """TransformerLens's `setup` (`mod_dict` and `hook_dict`, the hooks in forward order),
         plus the hook aliases the mixers declare (`Mixer.block_hook_aliases`): in `mod_dict`,
@@ -195,7 +202,7 @@ class HookedLM(HookedRootModule):
     def _init_weights(module: nn.Module) -> None:
         # A mixer marks parameters whose own initialisation matters (Mamba's dt bias) with
         # `_no_reinit`, the convention of zoology and mamba-ssm.
-        def reinit(param: nn.Parameter | None) -> bool:
+        def reinit(param: Tensor | None) -> bool:
             return param is not None and not getattr(param, "_no_reinit", False)
 
         if isinstance(module, nn.Linear):

@@ -140,7 +140,7 @@ def state_before(states: Tensor, rows: Tensor, start: Tensor) -> Tensor:
     return before.masked_fill(first, 0)
 
 
-def mixer_options(cls: type) -> dict[str, Any]:
+def mixer_options(cls: type[Mixer]) -> dict[str, Any]:
     """Return the keyword options of a mixer class (besides d_model) with their defaults."""
     params = inspect.signature(cls.__init__).parameters
     keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -151,7 +151,7 @@ def mixer_options(cls: type) -> dict[str, Any]:
     }
 
 
-def check_mixer_options(name: str, cls: type, kwargs: dict[str, Any]) -> None:
+def check_mixer_options(name: str, cls: type[Mixer], kwargs: dict[str, Any]) -> None:
     """Raise a UsageError naming the mixer if `kwargs` holds an option `cls` does not take."""
     from ..options import check_option_types
 

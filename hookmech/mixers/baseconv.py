@@ -70,6 +70,7 @@ class BaseConv(Mixer):
         self.l_max, self.kernel_size, self.use_act = l_max, kernel_size, use_act
         self.long, self.implicit = kernel_size == -1, implicit_long_conv
         self.projection = nn.Linear(d_model, d_model)
+        self.conv: ShortConv | ImplicitFilter
         if not self.long:
             self.conv = ShortConv(d_model, kernel_size, torch_bias_init=conv_bias_init == "torch")
         elif implicit_long_conv:
@@ -125,6 +126,7 @@ class BaseConv(Mixer):
             )
         n_pos = u.shape[1]
         if not self.long:
+            assert isinstance(self.conv, ShortConv)
             # ShortConv cross-correlates over the last kernel_size inputs: lag t - s is tap k - 1 - (t - s)
             kernel = self.conv.weight[:, 0].flip(-1).T
         elif n_pos > self.l_max:

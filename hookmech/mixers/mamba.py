@@ -23,6 +23,7 @@ mixer is in use, since the fused kernels never expose their intermediates.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -45,8 +46,8 @@ from .selective_scan import linear_scan, selective_scan
 from .state_patch import hook_state_with_propagation
 
 # The optional CUDA kernels, bound on first use by `fused_kernels_available` (tests replace them).
-causal_conv1d_fn = None
-selective_scan_fn = None
+causal_conv1d_fn: Callable[..., Tensor] | None = None
+selective_scan_fn: Callable[..., Tensor] | None = None
 _fused_import_tried = False
 
 
@@ -126,9 +127,10 @@ class Mamba(Mixer):
         # S4D-real initialisation: A = -(1, 2, ..., d_state) in every channel.
         A = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(self.d_inner, 1)
         self.A_log = nn.Parameter(torch.log(A))
-        self.A_log._no_weight_decay = True
+        # mamba-ssm's convention: flags set on the Parameter itself, read with getattr
+        self.A_log._no_weight_decay = True  # type: ignore[attr-defined]  # a flag Parameter does not declare
         self.D = nn.Parameter(torch.ones(self.d_inner))
-        self.D._no_weight_decay = True
+        self.D._no_weight_decay = True  # type: ignore[attr-defined]  # idem
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
         channels = "batch pos d_inner"
@@ -158,7 +160,7 @@ class Mamba(Mixer):
         with torch.no_grad():
             self.dt_proj.bias.copy_(inverse_softplus_dt)
         # mamba-ssm's convention: a model-wide init must not zero this bias.
-        self.dt_proj.bias._no_reinit = True
+        self.dt_proj.bias._no_reinit = True  # type: ignore[attr-defined]  # a flag Parameter does not declare
 
     # -- forward ---------------------------------------------------------------------------
     def forward(self, x: Resid) -> Resid:
@@ -222,7 +224,7 @@ class Mamba(Mixer):
             return super().forward_with_context(x)
         context, u, z, C = self._states(x)
         y = (context["state"] @ C[..., None])[..., 0] + u * self.D
-        if self.gate:
+        if z is not None:  # the gate
             y = y * F.silu(z)
         return self.out_proj(y), context
 
@@ -248,7 +250,7 @@ class Mamba(Mixer):
         u, delta, B, C = self._ssm_inputs(in_x, convolved=True)
         h0 = state_before(context["state"], rows, start)
         y = selective_scan(u, delta, self._A(), B, C, self.D, h0=h0)
-        if self.gate:
+        if z is not None:  # the gate
             y = y * F.silu(z)
         return self.out_proj(kept(y, keep))
 
@@ -288,6 +290,7 @@ class Mamba(Mixer):
 
     def _forward_fused(self, x: Tensor) -> Tensor:
         """The CUDA path: mamba-ssm's kernels in their [batch, channels, pos] layout."""
+        assert causal_conv1d_fn is not None and selective_scan_fn is not None, "only after fused_kernels_available(x)"
         projected = self.in_proj(x).transpose(1, 2)
         in_x, z = projected.chunk(2, dim=1) if self.gate else (projected, None)
         if 2 <= self.d_conv <= 4:  # the widths causal-conv1d implements

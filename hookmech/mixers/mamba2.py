@@ -112,11 +112,11 @@ def ssd_chunked(
     chunk_input = torch.einsum("bcsh,bcshp,bcshn->bchpn", decay_to_end, dtx, B)
     chunk_decay = torch.exp(log_decay[:, :, -1])  # [b, c, h]
     h = x.new_zeros(batch, n_heads, headdim, d_state) if initial_state is None else initial_state
-    entering = []
+    entering_each: list[Tensor] = []
     for c in range(n_chunks):
-        entering.append(h)
+        entering_each.append(h)
         h = chunk_decay[:, c, :, None, None] * h + chunk_input[:, c]
-    entering = torch.stack(entering, dim=1)  # [b, c, h, p, n]
+    entering = torch.stack(entering_each, dim=1)  # [b, c, h, p, n]
     y = y + torch.einsum("bcthn,bcth,bchpn->bcthp", C, torch.exp(log_decay), entering)
     y = y.reshape(batch, n_chunks * chunk_size, n_heads, headdim)[:, :n_pos]
 

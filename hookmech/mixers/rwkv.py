@@ -106,11 +106,11 @@ def wkv_chunked(
     chunk_input = torch.einsum("bcshk,bcshv->bchkv", k * to_end, v)
     chunk_decay = torch.exp(decay_in[:, :, -1])  # [b, c, h, d_k]
     state = k.new_zeros(batch, n_heads, d_k, d_v) if initial_state is None else initial_state
-    entering = []
+    entering_each: list[Tensor] = []
     for c in range(n_chunks):
-        entering.append(state)
+        entering_each.append(state)
         state = chunk_decay[:, c, ..., None] * state + chunk_input[:, c]
-    entering = torch.stack(entering, dim=1)  # [b, c, h, d_k, d_v]
+    entering = torch.stack(entering_each, dim=1)  # [b, c, h, d_k, d_v]
     out = out + torch.einsum("bcthk,bchkv->bcthv", r * torch.exp(decay_before), entering)
     out = out.reshape(batch, n_chunks * chunk_size, n_heads, d_v)[:, :n_pos]
 
