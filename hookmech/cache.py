@@ -279,7 +279,7 @@ class _ChunkWriter:
             # selection machinery (the fastest write h5py has). Rows past the dataset's end are padding.
             if len(value) < chunk_rows:
                 value = np.concatenate([value, np.zeros((chunk_rows - len(value), *value.shape[1:]), value.dtype)])
-            dataset.id.write_direct_chunk((rows.start, *[0] * (value.ndim - 1)), memoryview(value))  # no copy
+            dataset.id.write_direct_chunk((rows.start, *[0] * (value.ndim - 1)), value.data)  # a memoryview: no copy
         else:
             dataset.write_direct(value, dest_sel=np.s_[rows.start:rows.stop])
 

@@ -210,7 +210,8 @@ class AssociativeTreecall(Task):
                     f"{', split ' + repr(self.split) if self.split else ''}); change the grammar options"
                 )
         yields = _concat_yields([p[0] for p in parts], tried)
-        return _Queries(yields, *(np.concatenate([p[i] for p in parts]) for i in (1, 2, 3)), usable_fraction=usable / tried)
+        key, value, n_eligible = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
+        return _Queries(yields, key, value, n_eligible, usable_fraction=usable / tried)
 
     def sample(self, n: int, seed: int | Sequence[int]) -> TreeBatch:
         """Return `n` ATR rows (one document, one query each); deterministic in (spec, n, seed)."""
