@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +48,10 @@ class Mixer(nn.Module):
     def _option(cls, name: str, options: dict[str, Any]) -> Any:
         """Return option `name` as given in `options`, else the class's default."""
         return options[name] if name in options else mixer_options(cls)[name]
+
+    if TYPE_CHECKING:  # declared for mypy and readers; each mixer defines it (nn.Module's raises)
+        def forward(self, x: Resid) -> Resid:
+            """Return the mixed sequence ``[batch, pos, d_model]`` of `x` ``[batch, pos, d_model]``."""
 
     # -- resuming a run from a position (the patching engine's protocol) -------------------
     # A patch at position p of a causal model changes nothing before p. To re-run only
