@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING, NoReturn
 
 import click
+
+if TYPE_CHECKING:  # tqdm is imported when a bar is drawn
+    from tqdm import tqdm
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -87,7 +91,8 @@ class progress:
     """A tqdm bar on a terminal, nothing otherwise; yields an `advance(n)` callback."""
 
     def __init__(self, total: int, label: str):
-        self.total, self.label, self.bar = total, label, None
+        self.total, self.label = total, label
+        self.bar: tqdm[NoReturn] | None = None
 
     def __enter__(self):
         if sys.stderr.isatty():

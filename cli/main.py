@@ -49,7 +49,9 @@ _FIXABLE_ERRNOS = frozenset(getattr(errno, name) for name in (
 def _fixable_os_error(error: OSError) -> str | None:
     """Return ``"PATH: reason"`` for an OSError the user can fix (`_FIXABLE_ERRNOS`; a full disk
     may name no path), else None."""
-    if error.errno not in _FIXABLE_ERRNOS or (error.filename is None and error.errno != errno.ENOSPC):
+    if error.errno is None or error.errno not in _FIXABLE_ERRNOS:
+        return None
+    if error.filename is None and error.errno != errno.ENOSPC:
         return None
     reason = error.strerror or os.strerror(error.errno)
     paths = [str(name) for name in (error.filename, error.filename2) if name is not None]
@@ -87,8 +89,8 @@ def main(argv: list[str] | None = None) -> None:
 
         if isinstance(error, HookmechError):
             _fail(str(error).replace("\n", " "), error.exit_code)
-        if isinstance(error, OSError) and (message := _fixable_os_error(error)):
-            _fail(message, 1)
+        if isinstance(error, OSError) and (fixable := _fixable_os_error(error)):
+            _fail(fixable, 1)
         if isinstance(error, MemoryError):  # a size the user asked for (--n, --n-dev, --n-train, --max-batch)
             _fail("out of memory: ask for fewer rows (--n, --n-dev, --n-train) or a smaller --max-batch", 1)
         _fail(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} "

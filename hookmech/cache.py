@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from . import __version__
 from .errors import HookmechError, UsageError, suggest, unknown
 from .fileio import atomic_h5
 from .identity import model_hash
+from .shapes import Acts, ActsAt, RowFloats
 from .sites import hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
 
@@ -278,7 +279,7 @@ class _ChunkWriter:
             # selection machinery (the fastest write h5py has). Rows past the dataset's end are padding.
             if len(value) < chunk_rows:
                 value = np.concatenate([value, np.zeros((chunk_rows - len(value), *value.shape[1:]), value.dtype)])
-            dataset.id.write_direct_chunk((rows.start, *[0] * (value.ndim - 1)), memoryview(value))  # no copy
+            dataset.id.write_direct_chunk((rows.start, *[0] * (value.ndim - 1)), value.data)  # a memoryview: no copy
         else:
             dataset.write_direct(value, dest_sel=np.s_[rows.start:rows.stop])
 
@@ -409,7 +410,7 @@ class CacheFile:
             roles={role: read(f"roles/{role}") for role in self._h5["roles"]},
         )
 
-    def p_answer(self, which: str) -> Tensor:
+    def p_answer(self, which: str) -> RowFloats:
         """Return the cached p(answer) ``[N]`` of the clean or corrupt run."""
         return torch.from_numpy(self._h5[f"p_answer/{which}"][()])
 
@@ -492,18 +493,19 @@ class CacheFile:
             "sites": sites,
         }
 
-    def read(self, hook: str, which: str, rows: slice) -> Tensor:
+    def read(self, hook: str, which: str, rows: slice) -> Acts:
         """Return the activations of `hook` for `rows` as a float32 tensor."""
         return torch.from_numpy(self[hook, which][rows]).float()
 
-    def at(self, site: str, role: str, which: str = "clean") -> Tensor:
+    def at(self, site: str, role: str, which: str = "clean") -> ActsAt:
         """Return ``[N, ...]``: each row's activation of `site` at its `role` position."""
         if role not in self._h5["roles"]:
             raise unknown("role", role, self.roles)
         return self.gather(site, self._h5[f"roles/{role}"][()], which)
 
-    def gather(self, site: str, positions, which: str = "clean") -> Tensor:
-        """Return ``[N, ...]``: row i's activation of `site` at ``positions[i]`` (``[N]`` ints)."""
+    def gather(self, site: str, positions: np.ndarray | Tensor | Sequence[int], which: str = "clean") -> ActsAt:
+        """Return ``[N, ...]``: row i's activation of `site` at ``positions[i]`` (``[N]`` ints;
+        another shape is a UsageError)."""
         data = self[site, which]
         positions = np.asarray(positions)
         if positions.shape != (data.shape[0],):

@@ -146,6 +146,9 @@ def load_dataset(path: str | Path) -> tuple[Task, Batch]:
         known = {f.name for f in fields(cls)} - _BASE_FIELDS
         if set(stored_fields) - known:
             raise HookmechError(f"{path}: fields {sorted(set(stored_fields) - known)} do not belong to {cls.__name__}")
+        if known - set(stored_fields):
+            raise HookmechError(f"{path}: dataset file has no fields {sorted(known - set(stored_fields))} of its "
+                                f"{cls.__name__} rows (truncated or not written by hookmech)")
         batch = cls(
             tokens=read("tokens/clean"),
             corrupt_tokens=read("tokens/corrupt"),

@@ -63,7 +63,7 @@ def explain(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
         return (f"Nothing is stored at the value (attribution {score.get('value', 0):.2f}): the answer is retrieved "
                 f"straight from the context, by layer 0 into the query (attribution {score.get('query', 0):.2f}) "
                 f"and by layer 1 through the key's position ({score.get('key', 0):.2f}): direct retrieval.")
-    best = max(score, key=score.get)
+    best = max(score, key=score.__getitem__)
     return f"No single mechanism dominates at {site} (largest attribution: {best} {score[best]:.2f})."
 
 

@@ -56,7 +56,7 @@ def _layer_map(layer: int, mixer, x: Tensor, summary: str | None) -> Tensor:
     """Return one layer's M ``[batch, head_or_channel, pos, pos]`` of its mixer input `x`."""
     if mixer.attention_axis != "channel":
         return mixer.effective_attention(x)
-    maps = []
+    maps: list[Tensor] = []
     for row in x.split(1):
         M = mixer.effective_attention(row)
         if summary is None and not maps:

@@ -90,7 +90,7 @@ def remove_stale_temp_files(folder: str | Path) -> list[Path]:
     not exist (``os.kill(pid, 0)``) are removed: a live writer's file, another host's and any
     other file are kept. Returns the paths removed.
     """
-    removed = []
+    removed: list[Path] = []
     host = _host_tag()
     try:
         entries = list(os.scandir(folder))

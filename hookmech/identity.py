@@ -46,5 +46,5 @@ def state_hash(config_json: str, state: dict[str, torch.Tensor]) -> str:
         dtype = str(tensor.dtype).removeprefix("torch.")
         shape = ",".join(str(size) for size in tensor.shape)
         digest.update(f"{name}\t{dtype}\t{shape}\n".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()

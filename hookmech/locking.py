@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import HookmechError, UsageError
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on POSIX
+if sys.platform == "win32":  # pragma: no cover - not on POSIX
     fcntl = None
+else:
+    import fcntl
 
 LOCK_NAME = ".lock"
 

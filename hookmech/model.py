@@ -7,11 +7,11 @@ The backbone only reads what each mixer class declares; it never names a mixer.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Float, Int
 from torch import Tensor, nn
 from torch.nn import functional as F
 from transformer_lens import ActivationCache, HookedRootModule
@@ -20,10 +20,18 @@ from .config import ModelConfig
 from .errors import HookmechError, UsageError
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
-from .mixers.base import take_window
-
-Tokens = Int[Tensor, "batch pos"]
-Resid = Float[Tensor, "batch pos d_model"]
+from .mixers.base import Mixer, take_window
+from .shapes import (
+    Context,
+    KeptWindow,
+    Logits,
+    QueryLogits,
+    Resid,
+    RowInts,
+    RunResid,
+    Tokens,
+    Window,
+)
 
 
 class RMSNorm(nn.Module):
@@ -64,13 +72,13 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.ln1 = make_norm(cfg.norms[layer], cfg.d_model)
-        self.mixer = REGISTRY[cfg.mixers[layer]](d_model=cfg.d_model, **cfg.mixer_kwargs[layer])
+        self.mixer: Mixer = REGISTRY[cfg.mixers[layer]](d_model=cfg.d_model, **cfg.mixer_kwargs[layer])
         self.hook_resid_pre = AxisHookPoint()
         self.hook_mixer_in = AxisHookPoint()
         self.hook_mixer_out = AxisHookPoint()
         self.hook_resid_post = AxisHookPoint()
         self.has_mlp = cfg.mlp[layer]
-        self.contexts: list[dict[str, Tensor]] | None = None  # see HookedLM.collecting_contexts
+        self.contexts: list[Context] | None = None  # see HookedLM.collecting_contexts
         if self.has_mlp:
             self.ln2 = make_norm(cfg.norms[layer], cfg.d_model)
             self.mlp = MLP(cfg.d_model, cfg.mlp_hidden_mult)
@@ -84,7 +92,7 @@ class Block(nn.Module):
         sublayers = [("mixer", self.mixer), *([("mlp", self.mlp)] if self.has_mlp else [])]
         return [f"{prefix}.{name}.weight" for prefix, sublayer in sublayers for name in sublayer.output_projections]
 
-    def forward(self, resid: Tensor) -> Tensor:
+    def forward(self, resid: Resid) -> Resid:
         resid = self.hook_resid_pre(resid)
         mixer_in = self.hook_mixer_in(self.ln1(resid))
         if self.contexts is None:
@@ -94,8 +102,8 @@ class Block(nn.Module):
             self.contexts.append(context)
         return self._after_mixer(resid, self.hook_mixer_out(mixer_out))
 
-    def forward_from(self, resid: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, resid: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the block's output on a window of positions (`Mixer.forward_from`): `resid`
         ``[B, W, d_model]`` is the residual at positions ``start[i] ..`` of row ``rows[i]`` of
         the run `context` was made from. With `keep` ``[B]`` (window indices) only those
@@ -174,6 +182,13 @@ class HookedLM(HookedRootModule):
             cfg = self._cfg = cfg.held_by(self)
         return cfg
 
+    if TYPE_CHECKING:  # for mypy only: `blocks` is an nn.ModuleList (its items typed Module) of Block
+        @property
+        def blocks(self) -> Sequence[Block]: ...
+
+        @blocks.setter
+        def blocks(self, value: nn.ModuleList) -> None: ...
+
     def setup(self) -> None:
         """TransformerLens's `setup` (`mod_dict` and `hook_dict`, the hooks in forward order),
         plus the hook aliases the mixers declare (`Mixer.block_hook_aliases`): in `mod_dict`,
@@ -196,7 +211,7 @@ class HookedLM(HookedRootModule):
     def _init_weights(module: nn.Module) -> None:
         # A mixer marks parameters whose own initialisation matters (Mamba's dt bias) with
         # `_no_reinit`, the convention of zoology and mamba-ssm.
-        def reinit(param: nn.Parameter | None) -> bool:
+        def reinit(param: Tensor | None) -> bool:
             return param is not None and not getattr(param, "_no_reinit", False)
 
         if isinstance(module, nn.Linear):
@@ -220,7 +235,7 @@ class HookedLM(HookedRootModule):
                 nn.init.normal_(param, std=std)
 
     # -- forward ------------------------------------------------------------------------
-    def embed_tokens(self, tokens: Tensor) -> Tensor:
+    def embed_tokens(self, tokens: Tokens) -> Resid:
         """Return the residual stream entering block 0, ``[batch, pos, d_model]``."""
         if tokens.shape[1] > self.cfg.n_ctx:
             raise UsageError(f"sequence of {tokens.shape[1]} tokens exceeds n_ctx {self.cfg.n_ctx}")
@@ -238,12 +253,12 @@ class HookedLM(HookedRootModule):
 
     def forward(
         self,
-        input: Tensor,
+        input: Tokens | Resid,
         *,
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
-        positions: Tensor | None = None,
-    ) -> Tensor:
+        positions: RowInts | None = None,
+    ) -> Logits | QueryLogits | Resid:
         """Run the model.
 
         `input` is tokens ``[batch, pos]``, or, with `start_at_layer=l`, the residual
@@ -263,17 +278,17 @@ class HookedLM(HookedRootModule):
         return self.unembed_resid(normed)
 
     # -- resuming a run from a position (the patching engine's fast path) -----------------
-    def prefix_context(self, layer: int, mixer_in: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, layer: int, mixer_in: RunResid) -> Context:
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in`
         ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`."""
         return self.blocks[layer].mixer.prefix_context(mixer_in)
 
     @contextmanager
-    def collecting_contexts(self) -> Iterator[dict[int, list[dict[str, Tensor]]]]:
+    def collecting_contexts(self) -> Iterator[dict[int, list[Context]]]:
         """Within the `with` block every forward also records each block's mixer context of its
         run (`Mixer.forward_with_context`: computed in the same pass where the mixer can).
         Yields ``{layer: [context of each forward, in call order]}``."""
-        collected: dict[int, list[dict[str, Tensor]]] = {layer: [] for layer in range(self.cfg.n_layers)}
+        collected: dict[int, list[Context]] = {layer: [] for layer in range(self.cfg.n_layers)}
         for layer, block in enumerate(self.blocks):
             block.contexts = collected[layer]
         try:
@@ -282,8 +297,8 @@ class HookedLM(HookedRootModule):
             for block in self.blocks:
                 block.contexts = None
 
-    def resume(self, resid: Tensor, start_at_layer: int, contexts: dict[int, dict[str, Tensor]],
-               rows: Tensor, start: Tensor, query: Tensor) -> Tensor:
+    def resume(self, resid: Window, start_at_layer: int, contexts: dict[int, Context],
+               rows: RowInts, start: RowInts, query: RowInts) -> QueryLogits:
         """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window.
 
         `resid` ``[B, W, d_model]`` is the residual entering block `start_at_layer`
@@ -331,7 +346,9 @@ class HookedLM(HookedRootModule):
             return f"blocks.{layer - 1}.hook_resid_post"
         return f"blocks.{layer}.hook_resid_pre"
 
-    def run_with_cache(self, *model_args, return_cache_object: bool = True, **kwargs):
+    def run_with_cache(
+        self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any
+    ) -> tuple[Logits | QueryLogits | Resid, AliasedActivationCache | dict[str, Tensor]]:
         """Run the model, returning ``(output, cache)``.
 
         As TransformerLens's HookedTransformer: the cache is an `ActivationCache` (an

@@ -65,7 +65,7 @@ def split_list(values: Iterable[str]) -> list[str]:
     return [item.strip() for value in values for item in value.split(",") if item.strip()]
 
 
-def check_option_types(owner: str, cls: type, options: dict[str, Any]) -> None:
+def check_option_types(owner: str, cls: type[object], options: dict[str, Any]) -> None:
     """Raise a UsageError naming `owner` when an option's value does not fit the type the
     constructor of `cls` annotates (``window=abc`` for an ``int | None``, ``2.5`` for an int).
     Options whose annotation cannot be read are left to the constructor."""

@@ -489,7 +489,7 @@ def _write_report(runs_dir: Path, out_dir: Path, rows: list[dict[str, Any]], *, 
         else runs_dir.name
     summary = summarise(rows, keys)
     site = attribution_site(rows)
-    counts = defaultdict(int)
+    counts: defaultdict[str, int] = defaultdict(int)
     for row in rows:
         counts[row["status"]] += 1
     lines = [f"# Report: {title}", "",

@@ -189,7 +189,7 @@ def position_patches(
     ``all`` expands to one patch per position 0..T-1 (rows shorter than a position are not
     patched there); ``a+b`` patches a and b jointly. A bare string is one spec.
     """
-    patches = []
+    patches: list[PositionPatch] = []
     for spec in dict.fromkeys(spec.strip() for spec in as_specs(specs)):  # a repeated spec is one patch
         if spec == "all":
             patches.extend(

@@ -99,6 +99,7 @@ class TrainConfig:
         """Number of optimizer steps of the whole run."""
         if self.steps is not None:
             return self.steps
+        assert self.epochs is not None  # __post_init__: exactly one of epochs and steps
         return self.epochs * self.steps_per_epoch()
 
     def steps_per_epoch(self) -> int:
@@ -123,6 +124,7 @@ class DataStream:
 
     def __init__(self, task: Task, config: TrainConfig, train_set: Batch | None = None):
         self.task, self.config = task, config
+        self.train_set: Batch | None
         if train_set is not None:
             if len(train_set) != config.n_train:
                 raise UsageError(f"the training set has {len(train_set)} rows, but n_train is {config.n_train}")

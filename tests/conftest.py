@@ -10,14 +10,26 @@ files are one per library module or topic."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
+from runtime_typecheck import install_import_hook
 
-import hookmech
+# Every function of hookmech is type- and shape-checked at each call in the tests (users pay
+# nothing: only the suite installs this). jaxtyping's import hook instruments a module as it is
+# imported, so it must come before anything imports hookmech: this conftest is the first
+# to (pytest loads it before collecting any test module; no plugin of ours imports hookmech).
+# tests/runtime_typecheck.py says what is checked, and why not with "typeguard.typechecked".
+if "hookmech" in sys.modules:
+    raise pytest.UsageError("hookmech was imported before tests/conftest.py installed the type-checking import hook")
+install_import_hook("hookmech")
 
+# after the import hook (both import hookmech)
 from helpers import ATTENTION_FIXTURE, make_model
 from lock_holder import start_lock_holder, stop_lock_holder
+
+import hookmech
 
 # One torch thread by default: the tests run many tiny forwards, where threads only contend (on a
 # loaded 2-core machine the suite ran 10x slower with torch's default). HOOKMECH_TEST_THREADS=N

@@ -13,6 +13,15 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint, declare_sizes
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, splice, window_index
 from .short_conv import ShortConv
 
@@ -71,7 +80,7 @@ class Attention(Mixer):
         self.hook_z = AxisHookPoint(head_axes)
         declare_sizes(self, head=n_heads)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         batch, n_pos, _ = x.shape
         projected = dict(zip("qkv", self.Wqkv(x).chunk(3, dim=-1), strict=True))
@@ -85,7 +94,7 @@ class Attention(Mixer):
         z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.out_proj(z.reshape(batch, n_pos, -1))
 
-    def effective_attention(self, x: Tensor) -> Tensor:
+    def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): the attention pattern
         (`hook_pattern`, window and q/k convolutions included), which is exactly how the
         head mixes its values: ``hook_z[b, t, h] = Σ_s M[b, h, t, s] hook_v[b, s, h]``."""
@@ -99,13 +108,13 @@ class Attention(Mixer):
         return scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")).softmax(dim=-1).float()
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return ``{"qkv": Wqkv(x)}`` ``[N, T, 3 d_model]``: the projections of every position
         (before the optional short convolutions, which re-run on the spliced buffer)."""
         return {"qkv": self.Wqkv(x)}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (``[B, 1, d_model]`` at `keep`):
         only the window's tokens are projected; they attend to the earlier keys and values of
         the context's run, and only the kept queries are read out."""

@@ -2,12 +2,21 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import HookmechError, UsageError, suggest
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 
 
 class Mixer(nn.Module):
@@ -45,6 +54,10 @@ class Mixer(nn.Module):
     #: GPT-2), so that the residual stream's variance does not grow with depth
     output_projections: ClassVar[tuple[str, ...]] = ()
 
+    if TYPE_CHECKING:  # declared for mypy and readers; each mixer defines it (nn.Module's raises)
+        def forward(self, x: Resid) -> Resid:
+            """Return the mixed sequence ``[batch, pos, d_model]`` of `x` ``[batch, pos, d_model]``."""
+
     # -- resuming a run from a position (the patching engine's protocol) -------------------
     # A patch at position p of a causal model changes nothing before p. To re-run only
     # positions >= p, the engine keeps, per layer, what the mixer needs to know about the
@@ -54,18 +67,18 @@ class Mixer(nn.Module):
     # state at p - 1, convolutions with their earlier inputs. The default below is exact for
     # any causal mixer and saves nothing inside the mixer (the block around it still runs
     # its norms and MLP on the window only).
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return what `forward_from` needs to know about a run on `x` ``[N, T, d_model]``:
         a dict of tensors whose first axis is the row (N). Default: ``{"x": x}``."""
         return {"x": x}
 
-    def forward_with_context(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(x), prefix_context(x))``; a mixer overrides it when one pass can
         give both (the engine's unpatched base run records contexts this way)."""
         return self(x), self.prefix_context(x)
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output at positions ``start[i] .. start[i] + W - 1`` of row ``rows[i]``,
         ``[B, W, d_model]``, when the input there is `x` ``[B, W, d_model]`` and the input at
         earlier positions is that of the run `context` was made from (`prefix_context`).
@@ -86,7 +99,7 @@ class Mixer(nn.Module):
     #: gated convolutions); `attention_maps(summary="mean")` averages channels, never heads
     attention_axis: ClassVar[str] = "head"
 
-    def effective_attention(self, x: Tensor) -> Tensor:
+    def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, head_or_channel, query_pos, key_pos]`` (float32) for the input
         `x` ``[batch, pos, d_model]``: the mixer's sequence operation as a matrix, such that
         an inside hook (or a product of two) is M applied to values over positions,
@@ -136,7 +149,7 @@ def state_before(states: Tensor, rows: Tensor, start: Tensor) -> Tensor:
     return before.masked_fill(first, 0)
 
 
-def mixer_options(cls: type) -> dict[str, Any]:
+def mixer_options(cls: type[Mixer]) -> dict[str, Any]:
     """Return the keyword options of a mixer class (besides d_model) with their defaults."""
     params = inspect.signature(cls.__init__).parameters
     keyword_kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -147,7 +160,7 @@ def mixer_options(cls: type) -> dict[str, Any]:
     }
 
 
-def check_mixer_options(name: str, cls: type, kwargs: dict[str, Any]) -> None:
+def check_mixer_options(name: str, cls: type[Mixer], kwargs: dict[str, Any]) -> None:
     """Raise a UsageError naming the mixer if `kwargs` holds an option `cls` does not take."""
     from ..options import check_option_types
 

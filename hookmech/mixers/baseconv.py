@@ -17,6 +17,15 @@ from torch.nn import functional as F
 
 from ..errors import HookmechError, UsageError
 from ..hooks import AxisHookPoint
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, kept, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
 from .operators import toeplitz
@@ -63,6 +72,7 @@ class BaseConv(Mixer):
         self.l_max, self.kernel_size, self.use_act = l_max, kernel_size, use_act
         self.long, self.implicit = kernel_size == -1, implicit_long_conv
         self.projection = nn.Linear(d_model, d_model)
+        self.conv: ShortConv | ImplicitFilter
         if not self.long:
             self.conv = ShortConv(d_model, kernel_size, torch_bias_init=conv_bias_init == "torch")
         elif implicit_long_conv:
@@ -75,7 +85,7 @@ class BaseConv(Mixer):
         if self.long:
             self.hook_filter = AxisHookPoint("lag d_model", pos_axis=None)
 
-    def forward(self, u: Tensor) -> Tensor:
+    def forward(self, u: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         u_conv = self.hook_conv(self._conv(u))
         u_proj = self.hook_proj(self.projection(u))
@@ -99,7 +109,7 @@ class BaseConv(Mixer):
 
     attention_axis = "channel"
 
-    def effective_attention(self, u: Tensor) -> Tensor:
+    def effective_attention(self, u: Resid) -> EffectiveAttention:
         """Return M ``[batch, d_model, query_pos, key_pos]`` (float32): the convolution gated by
         the projection, as a matrix per channel acting on the input u itself,
 
@@ -118,6 +128,7 @@ class BaseConv(Mixer):
             )
         n_pos = u.shape[1]
         if not self.long:
+            assert isinstance(self.conv, ShortConv)
             # ShortConv cross-correlates over the last kernel_size inputs: lag t - s is tap k - 1 - (t - s)
             kernel = self.conv.weight[:, 0].flip(-1).T
         elif n_pos > self.l_max:
@@ -129,13 +140,13 @@ class BaseConv(Mixer):
             operator = operator + torch.eye(n_pos, dtype=operator.dtype, device=operator.device)
         return (self.projection(u).double().transpose(1, 2)[..., :, None] * operator).float()
 
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return ``{"u": x}`` ``[N, T, d_model]``: the convolution reads the mixer input itself
         (there is no projection before it), so the earlier inputs are all it needs."""
         return {"u": x}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
 
         Only the window is projected; the convolution runs over the full-length input with

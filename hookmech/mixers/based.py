@@ -24,6 +24,15 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint, declare_sizes
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, kept, splice, state_before, window_index
 from .state_patch import hook_state_with_propagation
 
@@ -125,7 +134,7 @@ class Based(Mixer):
         self.hook_y = AxisHookPoint("batch pos head d_head")
         declare_sizes(self, head=num_heads)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         batch, n_pos, _ = x.shape
         q = self.hook_q(self.proj_q(x).view(batch, n_pos, self.num_heads, self.feature_dim))
@@ -142,7 +151,7 @@ class Based(Mixer):
         y = self.hook_y(y)
         return self.out_proj(y.reshape(batch, n_pos, -1))
 
-    def effective_attention(self, x: Tensor) -> Tensor:
+    def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): the feature-map kernel,
         normalised as the mixer normalises it (either view; they compute the same y):
 
@@ -159,7 +168,7 @@ class Based(Mixer):
         return (scores / (scores.sum(-1, keepdim=True) + self.eps)).float()
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return, for a run on `x` ``[N, T, d_model]``, what the window's queries read of earlier
         positions. Quadratic view: ``phi_k`` ``[N, T, head, F]`` and ``v`` ``[N, T, head, d_head]``.
         Linear view: the states after each position, ``kv_state`` ``[N, T, head, F, d_head]`` and
@@ -169,8 +178,8 @@ class Based(Mixer):
             return {"phi_k": phi_k, "v": v}
         return {"kv_state": (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=1), "k_state": phi_k.cumsum(dim=1)}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only; the queries attend to the earlier
         keys (quadratic view) or read the state at start - 1 (linear view)."""

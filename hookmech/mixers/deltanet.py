@@ -29,6 +29,15 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint, declare_sizes
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, kept, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
@@ -100,7 +109,7 @@ class DeltaNet(Mixer):
         self.hook_y = AxisHookPoint(head_axes)
         declare_sizes(self, head=num_heads)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         batch, n_pos, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -121,7 +130,7 @@ class DeltaNet(Mixer):
         y = self.hook_y(y)
         return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1))
 
-    def effective_attention(self, x: Tensor) -> Tensor:
+    def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): the delta rule's exact
         operator on the values, key removal included. Unrolling
         S_t = S_{t-1} (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ gives
@@ -153,7 +162,7 @@ class DeltaNet(Mixer):
         return M.float()
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return, for a run on `x` ``[N, T, d_model]``: ``q``, ``k``, ``v`` ``[N, T, d_model]``,
         the projections before their convs (only with conv_size > 0: the window's convs read
         the conv_size - 1 positions before it), and ``state`` ``[N, T, head, d_v, d_k]``, S_t
@@ -166,8 +175,8 @@ class DeltaNet(Mixer):
         context["state"] = self._states(q, k, v, self._beta(x), None, 0, x.shape[1])
         return context
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only, the delta rule from S_{start-1}."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)

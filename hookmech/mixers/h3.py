@@ -26,6 +26,15 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint, declare_sizes
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, kept, splice, take_window
 from .long_conv import fft_causal_conv
 from .operators import toeplitz
@@ -151,7 +160,7 @@ class H3(Mixer):
         self.hook_ssm_filter = AxisHookPoint("lag head", pos_axis=None)
         declare_sizes(self, head=self.n_heads)
 
-    def forward(self, u: Tensor) -> Tensor:
+    def forward(self, u: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         q = self.hook_q(self._heads(self.q_proj(u)))
         k = self.hook_k(self._heads(self.k_proj(u)))
@@ -182,7 +191,7 @@ class H3(Mixer):
         y = torch.einsum("bthk,bthkv->btvh", q, s)
         return self.out_proj(y.reshape(*y.shape[:2], -1))
 
-    def effective_attention(self, u: Tensor) -> Tensor:
+    def effective_attention(self, u: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): H3 as linear attention with
         an SSM kernel for a decay. Since kv_s = k̃_s ⊗ v_s and the diagonal SSM is the causal
         convolution by K (one kernel per head, zero beyond l_max lags) plus D, the query
@@ -203,13 +212,13 @@ class H3(Mixer):
         kernel = kernel + torch.diag_embed(self.D.double()[:, None].expand(-1, n_pos))
         return (torch.einsum("bthi,bshi->bhts", q.double(), k.double()) * kernel).float()
 
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return the key and value projections ``{"k", "v"}``, each ``[N, T, head, head_dim]``:
         what the two SSMs read at earlier positions (the query is only read at its own)."""
         return {"k": self._heads(self.k_proj(x)), "v": self._heads(self.v_proj(x))}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
 
         Only the window is projected; both SSM convolutions run over the full-length keys

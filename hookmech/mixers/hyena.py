@@ -22,6 +22,15 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, kept, splice, take_window
 from .long_conv import ImplicitFilter, fft_causal_conv
 from .operators import toeplitz
@@ -74,7 +83,7 @@ class Hyena(Mixer):
         self.hook_long_conv = AxisHookPoint()
         self.hook_y = AxisHookPoint()
 
-    def forward(self, u: Tensor) -> Tensor:
+    def forward(self, u: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         return self.out_proj(self._gated_long_conv(self.in_proj(u)))
 
@@ -96,7 +105,7 @@ class Hyena(Mixer):
 
     attention_axis = "channel"
 
-    def effective_attention(self, u: Tensor) -> Tensor:
+    def effective_attention(self, u: Resid) -> EffectiveAttention:
         """Return M ``[batch, d_model, query_pos, key_pos]`` (float32): the gated long
         convolution as a matrix per channel, both gates folded in,
 
@@ -112,13 +121,13 @@ class Hyena(Mixer):
             operator = operator + torch.diag_embed(self.D.double()[:, None].expand(-1, n_pos))
         return (x2.transpose(1, 2)[..., :, None] * operator * x1.transpose(1, 2)[..., None, :]).float()
 
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return ``{"projected": in_proj(x)}`` ``[N, T, 3*d_model]``: the input projection,
         before the short convolution; everything after it is cheap to redo."""
         return {"projected": self.in_proj(x)}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
 
         Only the window goes through in_proj and out_proj; the convolutions run over the

@@ -64,6 +64,11 @@ class ImplicitFilter(nn.Module):
     (paper 000's code) trains at that rate. zoology's BaseConv freezes it.
     """
 
+    # buffers (z may be a parameter instead)
+    z: Tensor
+    t: Tensor
+    deltas: Tensor
+
     def __init__(
         self,
         channels: int,

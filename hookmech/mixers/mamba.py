@@ -23,6 +23,7 @@ mixer is in use, since the fused kernels never expose their intermediates.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -30,14 +31,23 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, kept, splice, state_before, take_window
 from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan
 from .state_patch import hook_state_with_propagation
 
 # The optional CUDA kernels, bound on first use by `fused_kernels_available` (tests replace them).
-causal_conv1d_fn = None
-selective_scan_fn = None
+causal_conv1d_fn: Callable[..., Tensor] | None = None
+selective_scan_fn: Callable[..., Tensor] | None = None
 _fused_import_tried = False
 
 
@@ -118,9 +128,10 @@ class Mamba(Mixer):
         # S4D-real initialisation: A = -(1, 2, ..., d_state) in every channel.
         A = torch.arange(1, d_state + 1, dtype=torch.float32).repeat(self.d_inner, 1)
         self.A_log = nn.Parameter(torch.log(A))
-        self.A_log._no_weight_decay = True
+        # mamba-ssm's convention: flags set on the Parameter itself, read with getattr
+        self.A_log._no_weight_decay = True  # type: ignore[attr-defined]  # a flag Parameter does not declare
         self.D = nn.Parameter(torch.ones(self.d_inner))
-        self.D._no_weight_decay = True
+        self.D._no_weight_decay = True  # type: ignore[attr-defined]  # idem
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
         channels = "batch pos d_inner"
@@ -150,10 +161,10 @@ class Mamba(Mixer):
         with torch.no_grad():
             self.dt_proj.bias.copy_(inverse_softplus_dt)
         # mamba-ssm's convention: a model-wide init must not zero this bias.
-        self.dt_proj.bias._no_reinit = True
+        self.dt_proj.bias._no_reinit = True  # type: ignore[attr-defined]  # a flag Parameter does not declare
 
     # -- forward ---------------------------------------------------------------------------
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         if self.use_fast_path and not self._inside_hooks_in_use() and fused_kernels_available(x):
             return self._forward_fused(x)
@@ -178,7 +189,7 @@ class Mamba(Mixer):
 
     attention_axis = "channel"
 
-    def effective_attention(self, x: Tensor) -> Tensor:
+    def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, d_inner, query_pos, key_pos]`` (float32): the selective SSM
         unrolled into a matrix per channel (the "attention" form L ∘ C Bᵀ of Dao & Gu 2024 §3,
         with the selective decay and the Δ of B̄ = Δ B):
@@ -201,20 +212,20 @@ class Mamba(Mixer):
         return M.float()
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return the run's SSM states after every position, ``"state"`` ``[N, T, d_inner,
         d_state]``, and (with a convolution) its input before the convolution, ``"in_x"``
         ``[N, T, d_inner]``, so that a resumed run needs neither its projections nor its scan."""
         return self._states(x)[0]
 
-    def forward_with_context(self, x: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
         states (hooks inside the mixer in use: the two separately, so that they fire)."""
         if self._inside_hooks_in_use():
             return super().forward_with_context(x)
         context, u, z, C = self._states(x)
         y = (context["state"] @ C[..., None])[..., 0] + u * self.D
-        if self.gate:
+        if z is not None:  # the gate
             y = y * F.silu(z)
         return self.out_proj(y), context
 
@@ -228,8 +239,8 @@ class Mamba(Mixer):
             context["in_x"] = in_x
         return context, u, z, C
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]``: the window is projected and
         scanned from each row's state at start - 1; the convolution reads the d_conv - 1
         earlier inputs from the context."""
@@ -240,7 +251,7 @@ class Mamba(Mixer):
         u, delta, B, C = self._ssm_inputs(in_x, convolved=True)
         h0 = state_before(context["state"], rows, start)
         y = selective_scan(u, delta, self._A(), B, C, self.D, h0=h0)
-        if self.gate:
+        if z is not None:  # the gate
             y = y * F.silu(z)
         return self.out_proj(kept(y, keep))
 
@@ -280,6 +291,7 @@ class Mamba(Mixer):
 
     def _forward_fused(self, x: Tensor) -> Tensor:
         """The CUDA path: mamba-ssm's kernels in their [batch, channels, pos] layout."""
+        assert causal_conv1d_fn is not None and selective_scan_fn is not None, "only after fused_kernels_available(x)"
         projected = self.in_proj(x).transpose(1, 2)
         in_x, z = projected.chunk(2, dim=1) if self.gate else (projected, None)
         if 2 <= self.d_conv <= 4:  # the widths causal-conv1d implements

@@ -26,6 +26,15 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint, declare_sizes
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, kept, state_before
 from .operators import causal_decay
 from .short_conv import ShortConv
@@ -103,11 +112,11 @@ def ssd_chunked(
     chunk_input = torch.einsum("bcsh,bcshp,bcshn->bchpn", decay_to_end, dtx, B)
     chunk_decay = torch.exp(log_decay[:, :, -1])  # [b, c, h]
     h = x.new_zeros(batch, n_heads, headdim, d_state) if initial_state is None else initial_state
-    entering = []
+    entering_each: list[Tensor] = []
     for c in range(n_chunks):
-        entering.append(h)
+        entering_each.append(h)
         h = chunk_decay[:, c, :, None, None] * h + chunk_input[:, c]
-    entering = torch.stack(entering, dim=1)  # [b, c, h, p, n]
+    entering = torch.stack(entering_each, dim=1)  # [b, c, h, p, n]
     y = y + torch.einsum("bcthn,bcth,bchpn->bcthp", C, torch.exp(log_decay), entering)
     y = y.reshape(batch, n_chunks * chunk_size, n_heads, headdim)[:, :n_pos]
 
@@ -221,7 +230,7 @@ class Mamba2(Mixer):
         self.hook_y = AxisHookPoint("batch pos head headdim")
         declare_sizes(self, head=n_heads, group=ngroups)
 
-    def forward(self, u: Tensor) -> Tensor:
+    def forward(self, u: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]`` of ``u [batch, pos, d_model]``."""
         batch, n_pos, _ = u.shape
         d_bc = self.ngroups * self.d_state
@@ -245,7 +254,7 @@ class Mamba2(Mixer):
         y = self.norm(y.reshape(batch, n_pos, self.d_inner), z)
         return self.out_proj(y)
 
-    def effective_attention(self, u: Tensor) -> Tensor:
+    def effective_attention(self, u: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): SSD's matrix per head
         (Dao & Gu 2024 §3-4, M = L ∘ C Bᵀ with a scalar decay per head, Δ folded into B):
 
@@ -264,7 +273,7 @@ class Mamba2(Mixer):
         return (scores * causal_decay(log_decay, log_decay) * dt[:, :, None, :]).float()
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
-    def prefix_context(self, u: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, u: RunResid) -> Context:
         """Return, for a run on `u` ``[N, T, d_model]``: ``xbc`` ``[N, T, conv_dim]``, the conv's
         input (the window's conv reads the d_conv - 1 positions before it), and ``ssm_state``
         ``[N, T, head, headdim, d_state]``, the SSD state after each position."""
@@ -273,8 +282,8 @@ class Mamba2(Mixer):
         _, states = ssd_chunked(x, dt, -torch.exp(self.A_log), B, C, self.chunk_size, return_all_states=True)
         return {"xbc": xbc, "ssm_state": states}
 
-    def forward_from(self, u: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, u: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `u` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): in_proj on the window only, SSD from the state at start - 1."""
         batch, n_pos, _ = u.shape

@@ -26,6 +26,15 @@ from torch.nn import functional as F
 
 from ..errors import UsageError
 from ..hooks import AxisHookPoint, declare_sizes
+from ..shapes import (
+    Context,
+    EffectiveAttention,
+    KeptWindow,
+    Resid,
+    RowInts,
+    RunResid,
+    Window,
+)
 from .base import Mixer, kept, state_before
 from .operators import causal_decay
 from .state_patch import hook_state_with_propagation
@@ -97,11 +106,11 @@ def wkv_chunked(
     chunk_input = torch.einsum("bcshk,bcshv->bchkv", k * to_end, v)
     chunk_decay = torch.exp(decay_in[:, :, -1])  # [b, c, h, d_k]
     state = k.new_zeros(batch, n_heads, d_k, d_v) if initial_state is None else initial_state
-    entering = []
+    entering_each: list[Tensor] = []
     for c in range(n_chunks):
-        entering.append(state)
+        entering_each.append(state)
         state = chunk_decay[:, c, ..., None] * state + chunk_input[:, c]
-    entering = torch.stack(entering, dim=1)  # [b, c, h, d_k, d_v]
+    entering = torch.stack(entering_each, dim=1)  # [b, c, h, d_k, d_v]
     out = out + torch.einsum("bcthk,bchkv->bcthv", r * torch.exp(decay_before), entering)
     out = out.reshape(batch, n_chunks * chunk_size, n_heads, d_v)[:, :n_pos]
 
@@ -200,7 +209,7 @@ class RWKV6(Mixer):
         zigzag = ((torch.arange(d_model) + 1) % 3 - 1) * 0.1
         self.time_faaaa = nn.Parameter((depth * (1 - channel) + zigzag).view(self.n_heads, self.head_size))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]`` of ``x [batch, pos, d_model]``."""
         previous = F.pad(x, (0, 0, 1, -1))  # x_{t-1} (x_{-1} = 0): the only cross-position step
         r, k, v, g, w = self._projections(x, previous)
@@ -214,7 +223,7 @@ class RWKV6(Mixer):
             out, _ = wkv_chunked(r, k, v, log_decay, self.time_faaaa, self.chunk_size)
         return self._output(self.hook_output(out), g)
 
-    def effective_attention(self, x: Tensor) -> Tensor:
+    def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): the WKV operator before
         the group norm. The decays are per key channel i, but o_t = r_t (S_{t-1} + diag(u) k_tᵀ v_t)
         contracts the key channels away, so one M per head acts on all its value channels:
@@ -237,15 +246,15 @@ class RWKV6(Mixer):
         return M.float()
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
-    def prefix_context(self, x: Tensor) -> dict[str, Tensor]:
+    def prefix_context(self, x: RunResid) -> Context:
         """Return, for a run on `x` ``[N, T, d_model]``: ``x`` itself (the window's token shift
         reads x at start - 1) and ``wkv_state`` ``[N, T, head, d_k, d_v]``, S_t after each position."""
         r, k, v, _, w = self._projections(x, F.pad(x, (0, 0, 1, -1)))
         _, states = wkv_chunked(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, return_all_states=True)
         return {"x": x, "wkv_state": states}
 
-    def forward_from(self, x: Tensor, context: dict[str, Tensor], rows: Tensor, start: Tensor,
-                     keep: Tensor | None = None) -> Tensor:
+    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
+                     keep: RowInts | None = None) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only, WKV from S_{start-1}."""
         before = state_before(context["x"], rows, start)  # x_{start-1}, zeros at start 0

@@ -23,7 +23,7 @@ by a terminal absent from the document, or by any other terminal where all occur
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ..errors import HookmechError, UsageError
+from ..shapes import Tokens
 from .ar import rng_for
 from .base import Task
 from .batch import Batch
@@ -50,13 +51,7 @@ class TreeBatch(Batch):
     """A Batch with the tree: ``parent_pos [N, T]``, the position of each document token's
     parent, -1 for the root head and outside the document (BOS, divider, query, padding)."""
 
-    parent_pos: Tensor | None = None
-
-    def select(self, index: Tensor | slice) -> "TreeBatch":
-        return replace(super().select(index), parent_pos=self.parent_pos[index])
-
-    def to(self, device: torch.device | str) -> "TreeBatch":
-        return replace(super().to(device), parent_pos=self.parent_pos.to(device))
+    parent_pos: Tokens = field(kw_only=True)
 
 
 @dataclass
@@ -215,7 +210,8 @@ class AssociativeTreecall(Task):
                     f"{', split ' + repr(self.split) if self.split else ''}); change the grammar options"
                 )
         yields = _concat_yields([p[0] for p in parts], tried)
-        return _Queries(yields, *(np.concatenate([p[i] for p in parts]) for i in (1, 2, 3)), usable_fraction=usable / tried)
+        key, value, n_eligible = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
+        return _Queries(yields, key, value, n_eligible, usable_fraction=usable / tried)
 
     def sample(self, n: int, seed: int | Sequence[int]) -> TreeBatch:
         """Return `n` ATR rows (one document, one query each); deterministic in (spec, n, seed)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import abc
 import inspect
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ..errors import UsageError, suggest
@@ -32,7 +33,7 @@ class Task(abc.ABC):
         """Longest sequence the task produces."""
 
     @abc.abstractmethod
-    def sample(self, n: int, seed: int) -> Batch:
+    def sample(self, n: int, seed: int | Sequence[int]) -> Batch:
         """Return `n` rows, a deterministic function of (task spec, n, seed)."""
 
     def describe_tokens(self, tokens: list[int]) -> str:
@@ -40,7 +41,7 @@ class Task(abc.ABC):
         return " ".join(str(t) for t in tokens)
 
 
-def check_task_options(cls: type, options: dict[str, Any]) -> None:
+def check_task_options(cls: type[Task], options: dict[str, Any]) -> None:
     """Raise a UsageError naming the task if `options` holds a key `cls` does not take."""
     from ..options import check_option_types
 

@@ -1,12 +1,19 @@
-"""A batch of (document, query) rows with its corrupted twin and role positions (docs/guide.md §2)."""
-from __future__ import annotations
+"""A batch of (document, query) rows with its corrupted twin and role positions (docs/guide.md §2).
 
+No ``from __future__ import annotations`` here: a dataclass's ``__init__`` keeps its fields'
+annotations as written, and a subclass in another module (``TreeBatch``) inherits them; as
+strings they would name aliases of this module that the subclass's module need not import,
+and the test suite's runtime checks (tests/runtime_typecheck.py) could not evaluate them.
+"""
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from typing import Any, Self
 
 import torch
 from torch import Tensor
 
 from ..errors import unknown
+from ..shapes import RowInts, Tokens
 
 
 @dataclass
@@ -15,43 +22,36 @@ class Batch:
 
     tokens, corrupt_tokens: ``[N, T]`` int64, right-padded with the task's pad id;
     answers, lengths, doc_index: ``[N]``; roles: role name -> ``[N]`` absolute positions.
-    The answer is predicted at ``roles["query"]``.
+    The answer is predicted at ``roles["query"]``. A subclass's fields are tensors ``[N, ...]``
+    too (`select` and `to` treat every tensor field, and every dict of them, as rows).
     """
 
-    tokens: Tensor
-    corrupt_tokens: Tensor
-    answers: Tensor
-    lengths: Tensor
-    doc_index: Tensor
-    roles: dict[str, Tensor] = field(default_factory=dict)
+    tokens: Tokens
+    corrupt_tokens: Tokens
+    answers: RowInts
+    lengths: RowInts
+    doc_index: RowInts
+    roles: dict[str, RowInts] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
     @property
-    def query_pos(self) -> Tensor:
+    def query_pos(self) -> RowInts:
         """``[N]`` positions at which the answer is predicted."""
         return self.roles["query"]
 
-    def role(self, name: str) -> Tensor:
+    def role(self, name: str) -> RowInts:
         """Return the ``[N]`` positions of role `name`; an unknown role lists the task's roles."""
         if name not in self.roles:
             raise unknown("role", name, self.roles)
         return self.roles[name]
 
-    def select(self, index: Tensor | slice) -> "Batch":
+    def select(self, index: Tensor | slice) -> Self:
         """Return the rows picked by `index` (a slice, or an index / boolean tensor)."""
-        return replace(
-            self,
-            tokens=self.tokens[index],
-            corrupt_tokens=self.corrupt_tokens[index],
-            answers=self.answers[index],
-            lengths=self.lengths[index],
-            doc_index=self.doc_index[index],
-            roles={name: pos[index] for name, pos in self.roles.items()},
-        )
+        return self._map_tensors(lambda rows: rows[index])
 
-    def trimmed(self) -> "Batch":
+    def trimmed(self) -> Self:
         """Return the batch cut to its longest row: all-padding columns dropped from every
         ``[N, T]`` field (subclasses' too). Causal models give the same predictions."""
         n_pos, full = int(self.lengths.max()), self.tokens.shape[1]
@@ -65,14 +65,19 @@ class Batch:
         }
         return replace(self, **cut)
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Self:
         """Return the batch with every tensor on `device`."""
-        return replace(
-            self,
-            tokens=self.tokens.to(device),
-            corrupt_tokens=self.corrupt_tokens.to(device),
-            answers=self.answers.to(device),
-            lengths=self.lengths.to(device),
-            doc_index=self.doc_index.to(device),
-            roles={name: pos.to(device) for name, pos in self.roles.items()},
-        )
+        return self._map_tensors(lambda tensor: tensor.to(device))
+
+    def _map_tensors(self, fn: Callable[[Tensor], Tensor]) -> Self:
+        """Return a copy with `fn` applied to every tensor field and every tensor of a dict
+        field (the roles), subclasses' fields included: all at once, so that the copy is made
+        of consistent rows."""
+        changed: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                changed[f.name] = fn(value)
+            elif isinstance(value, dict):
+                changed[f.name] = {key: fn(tensor) for key, tensor in value.items()}
+        return replace(self, **changed)

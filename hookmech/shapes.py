@@ -1,0 +1,69 @@
+"""Shape aliases of hookmech's public tensors (jaxtyping), shared by every module.
+
+Annotations only: nothing here checks anything when hookmech is used. The test suite checks
+them at every call (tests/conftest.py installs jaxtyping's import hook with typeguard), so a
+tensor of the wrong rank, dtype kind or size disagreement fails there with a message naming
+the parameter, its actual shape and the expected one.
+
+Dimension names (one name is one size within a call):
+
+* ``batch``: the rows of a run; ``pos``: its positions; ``d_model``, ``d_vocab``.
+* ``window``: the positions of a resumed window (`HookedLM.resume`, `Mixer.forward_from`),
+  whose rows are ``batch``; ``run``: the rows of the run a mixer context was made from
+  (`Mixer.prefix_context`), which a window's ``rows`` index.
+* ``head_or_channel``: axis 1 of an effective attention map (`Mixer.attention_axis`).
+* ``...``: any further axes (a hook's own, e.g. ``head d_head``).
+
+`Int` is any integer dtype (the cache stores int32 tokens, runs use int64), `Float` any
+floating one (float16/bfloat16/float32/float64).
+"""
+from __future__ import annotations
+
+from jaxtyping import Float, Float32, Int, Shaped
+from torch import Tensor
+
+#: token ids ``[batch, pos]`` (a `Batch`'s tokens and corrupt tokens, a model's input)
+Tokens = Int[Tensor, "batch pos"]
+#: one integer per row ``[batch]``: positions (roles, queries, window starts), row numbers, lengths, answers
+RowInts = Int[Tensor, "batch"]
+#: one float per row ``[batch]`` (p(answer))
+RowFloats = Float[Tensor, "batch"]
+#: the residual stream (or a mixer's input or output) ``[batch, pos, d_model]``
+Resid = Float[Tensor, "batch pos d_model"]
+#: logits at every position ``[batch, pos, d_vocab]``
+Logits = Float[Tensor, "batch pos d_vocab"]
+#: logits at one position per row (a query) ``[batch, d_vocab]``
+QueryLogits = Float[Tensor, "batch d_vocab"]
+
+#: a mixer's input over a whole base run ``[run, pos, d_model]``, of which it makes a `Context`
+RunResid = Float[Tensor, "run pos d_model"]
+#: what a mixer keeps of a base run for resuming it (`Mixer.prefix_context`): tensors whose first axis is the run's row
+Context = dict[str, Shaped[Tensor, "run ..."]]
+#: the residual stream (or a mixer's input or output) on a resumed window ``[batch, window, d_model]``
+Window = Float[Tensor, "batch window d_model"]
+#: the output of a resumed window at one kept position per row ``[batch, 1, d_model]``
+KeptWindow = Float[Tensor, "batch 1 d_model"]
+
+#: a mixer's sequence operation as a matrix over (query, key) positions ``[batch, head_or_channel, pos, pos]``
+EffectiveAttention = Float32[Tensor, "batch head_or_channel pos pos"]
+
+#: cached activations of a hook ``[batch, pos, ...]`` (`CacheFile.read`)
+Acts = Float[Tensor, "batch pos ..."]
+#: cached activations of a hook at one position per row ``[batch, ...]`` (`CacheFile.at`, `CacheFile.gather`)
+ActsAt = Float[Tensor, "batch ..."]
+
+__all__ = [
+    "Acts",
+    "ActsAt",
+    "Context",
+    "EffectiveAttention",
+    "KeptWindow",
+    "Logits",
+    "QueryLogits",
+    "Resid",
+    "RowFloats",
+    "RowInts",
+    "RunResid",
+    "Tokens",
+    "Window",
+]
