@@ -1,4 +1,5 @@
 """`hookmech sites`, `cache` and `patch`: looking inside a trained model."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,17 @@ import warnings
 
 import click
 
-from .common import (CONTEXT, device_option, load_model_and_task, progress, refuse_overwriting_inputs, set_threads,
-                     split_flag, threads_option, to_json)
+from .common import (
+    CONTEXT,
+    device_option,
+    load_model_and_task,
+    progress,
+    refuse_overwriting_inputs,
+    set_threads,
+    split_flag,
+    threads_option,
+    to_json,
+)
 
 
 @click.command(context_settings=CONTEXT)
@@ -23,9 +33,21 @@ def sites(ckpt, as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    click.echo(format_table(["site", "hook", "shape", "axes", "pos axis"],
-                            [[r["site"], r["hook"], "[" + ", ".join(map(str, r["shape"])) + "]", r["axes"],
-                              "-" if r["pos_axis"] is None else r["pos_axis"]] for r in rows]))
+    click.echo(
+        format_table(
+            ["site", "hook", "shape", "axes", "pos axis"],
+            [
+                [
+                    r["site"],
+                    r["hook"],
+                    "[" + ", ".join(map(str, r["shape"])) + "]",
+                    r["axes"],
+                    "-" if r["pos_axis"] is None else r["pos_axis"],
+                ]
+                for r in rows
+            ],
+        )
+    )
 
 
 @click.command(context_settings=CONTEXT)
@@ -53,8 +75,17 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     hooks = resolve_sites(split_flag(site_specs) or ["all"], model.hook_dict)
     batch = task.sample(n, seed=seed)
     with progress(n, "caching") as advance:
-        write_cache(model, batch, out_path, hooks, model_sha256=sha256_of(ckpt), task_spec=task.spec,
-                    dtype=dtype, compression=None if compression == "none" else compression, progress=advance)
+        write_cache(
+            model,
+            batch,
+            out_path,
+            hooks,
+            model_sha256=sha256_of(ckpt),
+            task_spec=task.spec,
+            dtype=dtype,
+            compression=None if compression == "none" else compression,
+            progress=advance,
+        )
     click.echo(f"wrote {out_path}: {len(hooks)} sites x {n} examples (clean and corrupt)")
 
 
@@ -62,37 +93,105 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 @click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
 @click.option("--site", "site_specs", multiple=True, required=True, help="site or pattern (repeatable, comma lists)")
 @click.option("--pos", "pos_specs", multiple=True, required=True, help="position: role, integer, all, whole, a+b")
-@click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of this checkpoint")
-@click.option("--data", "data_path", type=click.Path(dir_okay=False), default=None,
-              help="examples from a dataset file (hookmech data ... -o FILE) instead of --n/--seed")
+@click.option(
+    "--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of this checkpoint"
+)
+@click.option(
+    "--data",
+    "data_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="examples from a dataset file (hookmech data ... -o FILE) instead of --n/--seed",
+)
 @click.option("--n", type=int, default=320, show_default=True, help="examples, without --cache")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples, without --cache")
-@click.option("--method", type=click.Choice(["exact", "atp"]), default="exact", show_default=True,
-              help="exact interchange, or atp: the first-order (gradient) estimate of every cell at once")
-@click.option("--verify-top", type=int, default=0, metavar="K", help="with --method atp: re-run the top K cells exactly")
-@click.option("--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it")
-@click.option("--max-batch", type=int, default=256, show_default=True,
-              help="rows per forward pass (bounds memory; 256 is fastest on CPU, bench/patch_engine.py)")
-@click.option("--context-memory", type=int, default=2048, show_default=True, metavar="MIB",
-              help="memory for the mixer states that let patches re-run from the patched position only "
-                   "(beyond it: every position, slower, same numbers)")
+@click.option(
+    "--method",
+    type=click.Choice(["exact", "atp"]),
+    default="exact",
+    show_default=True,
+    help="exact interchange, or atp: the first-order (gradient) estimate of every cell at once",
+)
+@click.option(
+    "--verify-top", type=int, default=0, metavar="K", help="with --method atp: re-run the top K cells exactly"
+)
+@click.option(
+    "--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it"
+)
+@click.option(
+    "--max-batch",
+    type=int,
+    default=256,
+    show_default=True,
+    help="rows per forward pass (bounds memory; 256 is fastest on CPU, bench/patch_engine.py)",
+)
+@click.option(
+    "--context-memory",
+    type=int,
+    default=2048,
+    show_default=True,
+    metavar="MIB",
+    help="memory for the mixer states that let patches re-run from the patched position only "
+    "(beyond it: every position, slower, same numbers)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON array")
-@click.option("--per-example", type=click.Path(dir_okay=False), default=None, help="also write per-row p_patched to this JSON file")
-@click.option("--metric", type=click.Choice(["p_answer", "log_p", "logit_diff", "kl"]), default="p_answer", show_default=True,
-              help="what is read at the query (logit_diff: answer vs corrupted answer; kl: KL(clean || run))")
-@click.option("--direction", type=click.Choice(["denoise", "noise"]), default=None,
-              help="denoise: clean into corrupt (default); noise: corrupt into clean (the default with --ablate)")
-@click.option("--ablate", type=click.Choice(["zero", "mean", "resample"]), default=None,
-              help="patch zero / the mean over rows / another row's clean activation into the clean run")
+@click.option(
+    "--per-example",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="also write per-row p_patched to this JSON file",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(["p_answer", "log_p", "logit_diff", "kl"]),
+    default="p_answer",
+    show_default=True,
+    help="what is read at the query (logit_diff: answer vs corrupted answer; kl: KL(clean || run))",
+)
+@click.option(
+    "--direction",
+    type=click.Choice(["denoise", "noise"]),
+    default=None,
+    help="denoise: clean into corrupt (default); noise: corrupt into clean (the default with --ablate)",
+)
+@click.option(
+    "--ablate",
+    type=click.Choice(["zero", "mean", "resample"]),
+    default=None,
+    help="patch zero / the mean over rows / another row's clean activation into the clean run",
+)
 @click.option("--ablate-seed", type=int, default=0, show_default=True, help="seed of --ablate resample's row order")
-@click.option("--corrupt", type=click.Choice(["key", "value"]), default=None,
-              help="which token the corrupt document corrupts (rebuilds the task; not with --cache)")
+@click.option(
+    "--corrupt",
+    type=click.Choice(["key", "value"]),
+    default=None,
+    help="which token the corrupt document corrupts (rebuilds the task; not with --cache)",
+)
 @device_option
 @threads_option
-def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, threshold, max_batch, as_json, per_example,
-          device, threads,
-          data_path=None, metric="p_answer", direction=None, ablate=None, ablate_seed=0, corrupt=None,
-          context_memory=2048):
+def patch(
+    ckpt,
+    site_specs,
+    pos_specs,
+    cache_path,
+    n,
+    seed,
+    method,
+    verify_top,
+    threshold,
+    max_batch,
+    as_json,
+    per_example,
+    device,
+    threads,
+    data_path=None,
+    metric="p_answer",
+    direction=None,
+    ablate=None,
+    ablate_seed=0,
+    corrupt=None,
+    context_memory=2048,
+):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position."""
     from hookmech.cache import CacheFile, UnverifiedCacheWarning
     from hookmech.errors import UsageError
@@ -108,8 +207,9 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
         raise UsageError("--verify-top K needs --method atp and K >= 0")
     if corrupt is not None and cache_path is not None:
         raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
-    refuse_overwriting_inputs([("--per-example", per_example)],
-                              [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)])
+    refuse_overwriting_inputs(
+        [("--per-example", per_example)], [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)]
+    )
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
     if corrupt is not None:
@@ -127,15 +227,33 @@ def patch(ckpt, site_specs, pos_specs, cache_path, n, seed, method, verify_top, 
         with warnings.catch_warnings():
             # an older cache without a model_hash was checked above, by the checkpoint file's hash
             warnings.simplefilter("ignore", UnverifiedCacheWarning)
-            records = run_patch(model, source, split_flag(site_specs), split_flag(pos_specs), method=method,
-                                threshold=threshold, max_batch=max_batch, per_example=per_example is not None,
-                                metric=metric, direction=direction, ablate=ablate, ablate_seed=ablate_seed,
-                                context_memory=context_memory << 20)
+            records = run_patch(
+                model,
+                source,
+                split_flag(site_specs),
+                split_flag(pos_specs),
+                method=method,
+                threshold=threshold,
+                max_batch=max_batch,
+                per_example=per_example is not None,
+                metric=metric,
+                direction=direction,
+                ablate=ablate,
+                ablate_seed=ablate_seed,
+                context_memory=context_memory << 20,
+            )
             if verify_top:
                 from hookmech.patching import verify_top as verify
 
-                records = verify(model, source, records, verify_top, threshold=threshold, max_batch=max_batch,
-                                 context_memory=context_memory << 20)
+                records = verify(
+                    model,
+                    source,
+                    records,
+                    verify_top,
+                    threshold=threshold,
+                    max_batch=max_batch,
+                    context_memory=context_memory << 20,
+                )
     finally:
         if cache_path is not None:
             source.close()
@@ -159,12 +277,16 @@ def _check_cache_model(cache, model, ckpt) -> None:
         own = model_hash(model)
         if recorded != own:
             cache.close()
-            raise HookmechError(f"{cache.path} was made from another model than {ckpt} "
-                                f"(cache model_hash {recorded}, checkpoint's {own})")
+            raise HookmechError(
+                f"{cache.path} was made from another model than {ckpt} "
+                f"(cache model_hash {recorded}, checkpoint's {own})"
+            )
     elif cache.model_sha256 != sha256_of(ckpt):
         cache.close()
-        raise HookmechError(f"{cache.path} was made from another checkpoint (an older cache without model_hash; "
-                            f"its model_sha256 differs from {ckpt}'s file hash)")
+        raise HookmechError(
+            f"{cache.path} was made from another checkpoint (an older cache without model_hash; "
+            f"its model_sha256 differs from {ckpt}'s file hash)"
+        )
 
 
 def _patch_rows_from_file(data_path, task):
@@ -176,8 +298,11 @@ def _patch_rows_from_file(data_path, task):
     from hookmech.errors import UsageError
 
     context = click.get_current_context()
-    given = [f"--{name}" for name in ("cache", "n", "seed")
-             if context.get_parameter_source("cache_path" if name == "cache" else name) == ParameterSource.COMMANDLINE]
+    given = [
+        f"--{name}"
+        for name in ("cache", "n", "seed")
+        if context.get_parameter_source("cache_path" if name == "cache" else name) == ParameterSource.COMMANDLINE
+    ]
     if given:
         raise UsageError(f"--data gives the examples; drop {', '.join(given)}")
     return load_dataset_for(data_path, task)

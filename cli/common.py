@@ -1,4 +1,5 @@
 """Options and helpers shared by the commands."""
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,10 @@ def refuse_overwriting_inputs(outputs, inputs) -> None:
             continue
         for out_option, out_path in outputs:
             if out_path is not None and same(out_path, in_path):
-                raise UsageError(f"{out_option} would write {out_path}, which is the input {in_option} {in_path}; "
-                                 "choose another output path")
+                raise UsageError(
+                    f"{out_option} would write {out_path}, which is the input {in_option} {in_path}; "
+                    "choose another output path"
+                )
 
 
 def load_model_and_task(ckpt: str, device: str):

@@ -1,4 +1,5 @@
 """`hookmech data`: write a task's rows to a dataset file, or print the task's statistics."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,9 @@ _WRITE_N, _STATS_N = 100_032, 10_000
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the rows")
 @click.option("--stats", is_flag=True, help="print the task's statistics instead of writing a file")
 @click.option("--json", "as_json", is_flag=True, help="with --stats: print JSON")
-@click.option("-o", "--out", "out_path", type=click.Path(dir_okay=False), default=None, help="dataset file to write (HDF5)")
+@click.option(
+    "-o", "--out", "out_path", type=click.Path(dir_okay=False), default=None, help="dataset file to write (HDF5)"
+)
 def data(task_name, task_opt, n, seed, stats, as_json, out_path):
     """Write TASK's rows to a dataset file (-o), or print its statistics (--stats).
 
@@ -45,7 +48,9 @@ def data(task_name, task_opt, n, seed, stats, as_json, out_path):
         return
     batch = task.sample(n, seed=seed)
     save_dataset(batch, task, out_path, seed=seed)
-    click.echo(f"wrote {out_path}: {len(batch)} rows of {task.name}, {batch.tokens.shape[1]} positions wide (seed {seed})")
+    click.echo(
+        f"wrote {out_path}: {len(batch)} rows of {task.name}, {batch.tokens.shape[1]} positions wide (seed {seed})"
+    )
 
 
 def _format_stats(result: dict) -> str:

@@ -1,4 +1,5 @@
 """`hookmech demo`."""
+
 from __future__ import annotations
 
 import click
@@ -7,7 +8,9 @@ from .common import CONTEXT, set_threads, threads_option
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--fixtures", type=click.Path(file_okay=False), default=None, help="fixtures folder (default: the bundled ones)")
+@click.option(
+    "--fixtures", type=click.Path(file_okay=False), default=None, help="fixtures folder (default: the bundled ones)"
+)
 @threads_option
 def demo(fixtures, threads):
     """Run the paper's mechanistic evaluation on the bundled fixture checkpoints."""

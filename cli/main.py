@@ -1,5 +1,6 @@
 """`hookmech` commands. Imports of torch and the library happen inside each command, so
 `hookmech --help` stays instant. Errors become one line on stderr and a non-zero exit."""
+
 from __future__ import annotations
 
 import errno
@@ -41,9 +42,23 @@ def _fail(message: str, code: int) -> None:
 
 #: errnos of file-system refusals the user can fix (a path, its permissions, a full disk):
 #: they are reported as one plain line naming the path, not as unexpected errors
-_FIXABLE_ERRNOS = frozenset(getattr(errno, name) for name in (
-    "EACCES", "EPERM", "ENOENT", "EISDIR", "ENOTDIR", "EEXIST", "ENOSPC", "EDQUOT", "EROFS", "ENAMETOOLONG", "ELOOP")
-    if hasattr(errno, name))
+_FIXABLE_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "EACCES",
+        "EPERM",
+        "ENOENT",
+        "EISDIR",
+        "ENOTDIR",
+        "EEXIST",
+        "ENOSPC",
+        "EDQUOT",
+        "EROFS",
+        "ENAMETOOLONG",
+        "ELOOP",
+    )
+    if hasattr(errno, name)
+)
 
 
 def _fixable_os_error(error: OSError) -> str | None:
@@ -93,8 +108,11 @@ def main(argv: list[str] | None = None) -> None:
             _fail(fixable, 1)
         if isinstance(error, MemoryError):  # a size the user asked for (--n, --n-dev, --n-train, --max-batch)
             _fail("out of memory: ask for fewer rows (--n, --n-dev, --n-train) or a smaller --max-batch", 1)
-        _fail(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} "
-              "(unexpected; rerun with HOOKMECH_DEBUG=1 for a traceback)", 1)
+        _fail(
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''} "
+            "(unexpected; rerun with HOOKMECH_DEBUG=1 for a traceback)",
+            1,
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """`hookmech report`."""
+
 from __future__ import annotations
 
 import click
@@ -8,7 +9,14 @@ from .common import CONTEXT, refuse_overwriting_inputs, set_threads, split_flag,
 
 @click.command(context_settings=CONTEXT)
 @click.argument("runs_dir", type=click.Path(file_okay=False, exists=True))
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="report folder (written whole; replaces an earlier report there)")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="report folder (written whole; replaces an earlier report there)",
+)
 @click.option("--run", "run_ids", multiple=True, help="runs for heatmaps and dynamics (default: best of each series)")
 @click.option("--n", type=int, default=320, show_default=True, help="examples per heatmap")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the heatmap examples")
@@ -24,6 +32,13 @@ def report(runs_dir, out_dir, run_ids, n, seed, no_heatmaps, threads):
     inputs = [("RUNS_DIR", runs_dir), *(("RUNS_DIR", f"{runs_dir}/{name}") for name in ("results.csv", "sweep.json"))]
     refuse_overwriting_inputs([("-o", out_dir), ("-o", f"{out_dir}/report.md")], inputs)
     set_threads(threads)
-    path = build_report(runs_dir, out_dir, runs=split_flag(run_ids) or None, n=n, seed=seed,
-                        heatmaps=not no_heatmaps, log=lambda message: click.echo(message, err=True))
+    path = build_report(
+        runs_dir,
+        out_dir,
+        runs=split_flag(run_ids) or None,
+        n=n,
+        seed=seed,
+        heatmaps=not no_heatmaps,
+        log=lambda message: click.echo(message, err=True),
+    )
     click.echo(f"wrote {path}")

@@ -1,4 +1,5 @@
 """`hookmech sweep`."""
+
 from __future__ import annotations
 
 import click
@@ -8,7 +9,11 @@ from .common import CONTEXT, check_device, device_option, refuse_overwriting_inp
 
 @click.command(context_settings=CONTEXT)
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))
-@click.option("--preset", default=None, help="a built-in sweep: ar-paper, ar-paper-d64, ar-paper-d64-pilot, ar-cpu, atr-paper, mamba-dconv, mqar-lr")
+@click.option(
+    "--preset",
+    default=None,
+    help="a built-in sweep: ar-paper, ar-paper-d64, ar-paper-d64-pilot, ar-cpu, atr-paper, mamba-dconv, mqar-lr",
+)
 @click.option("--show-preset", default=None, metavar="NAME", help="print a preset's TOML and exit")
 @click.option("-o", "--out", "runs_dir", default=None, type=click.Path(file_okay=False), help="runs folder (RUNS)")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
@@ -32,8 +37,10 @@ def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, a
     if (sweep_file is None) == (preset is None):
         raise UsageError("give a SWEEP_FILE or --preset NAME (one of them)")
     if runs_dir is not None and not dry_run:
-        refuse_overwriting_inputs([("-o", runs_dir), *(("-o", f"{runs_dir}/{name}") for name in ("sweep.json", "results.csv"))],
-                                  [("SWEEP_FILE", sweep_file)])
+        refuse_overwriting_inputs(
+            [("-o", runs_dir), *(("-o", f"{runs_dir}/{name}") for name in ("sweep.json", "results.csv"))],
+            [("SWEEP_FILE", sweep_file)],
+        )
     spec = load_sweep(sweep_file) if sweep_file is not None else load_preset(preset)
     if dry_run:
         runs = expand(spec)
@@ -44,7 +51,15 @@ def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, a
         return
     if runs_dir is None:
         raise UsageError("missing option -o/--out RUNS")
-    rows = run_sweep(spec, runs_dir, engine=engine, workers=workers, threads=threads, device=check_device(device),
-                     address=address, gpus_per_run=gpus_per_run)
+    rows = run_sweep(
+        spec,
+        runs_dir,
+        engine=engine,
+        workers=workers,
+        threads=threads,
+        device=check_device(device),
+        address=address,
+        gpus_per_run=gpus_per_run,
+    )
     finished = sum(row["status"] == "finished" for row in rows)
     click.echo(f"{runs_dir}/results.csv: {len(rows)} runs ({finished} finished)")

@@ -1,48 +1,109 @@
 """`hookmech train`."""
+
 from __future__ import annotations
 
 import json
 
 import click
 
-from .common import CONTEXT, check_device, device_option, refuse_overwriting_inputs, set_threads, split_flag, threads_option
+from .common import (
+    CONTEXT,
+    check_device,
+    device_option,
+    refuse_overwriting_inputs,
+    set_threads,
+    split_flag,
+    threads_option,
+)
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--task", "task_name", default=None, help="task name: ar, mqar, atr (default ar; with --data, the file's)")
+@click.option(
+    "--task", "task_name", default=None, help="task name: ar, mqar, atr (default ar; with --data, the file's)"
+)
 @click.option("--task-opt", multiple=True, metavar="K=V", help="task option (repeatable), e.g. vocab_size=64")
 @click.option("--mixer", default=None, help="mixer name, or a comma list (one per layer); default attention")
-@click.option("--preset", default=None, help="a paper's model as a per-layer pattern (based, baseconv, ...; see docs/guide.md)")
-@click.option("--mixer-opt", multiple=True, metavar="[L0.]K=V", help="mixer option for all layers, or L{l}.K=V for one layer")
+@click.option(
+    "--preset", default=None, help="a paper's model as a per-layer pattern (based, baseconv, ...; see docs/guide.md)"
+)
+@click.option(
+    "--mixer-opt", multiple=True, metavar="[L0.]K=V", help="mixer option for all layers, or L{l}.K=V for one layer"
+)
 @click.option("--d-model", type=int, default=64, show_default=True)
 @click.option("--n-layers", type=int, default=2, show_default=True)
 @click.option("--n-heads", type=int, default=1, show_default=True, help="heads of mixers that have heads")
 @click.option("--mlp/--no-mlp", default=None, help="MLP in each block (default: what the mixer declares)")
 @click.option("--tie-embeddings/--no-tie-embeddings", default=True, show_default=True)
-@click.option("--pos-emb", type=click.Choice(["learned", "none"]), default=None, help="default: learned for attention, none otherwise")
+@click.option(
+    "--pos-emb",
+    type=click.Choice(["learned", "none"]),
+    default=None,
+    help="default: learned for attention, none otherwise",
+)
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--warmup-frac", type=float, default=0.1, show_default=True)
 @click.option("--epochs", type=int, default=None, help="epochs over the training set (default 16)")
 @click.option("--steps", type=int, default=None, help="optimizer steps (instead of --epochs)")
-@click.option("--n-train", type=int, default=None, help="training set size (default 100,032); 0 = fresh documents every step")
-@click.option("--data", "data_path", type=click.Path(dir_okay=False), default=None,
-              help="training set from a dataset file (hookmech data ... -o FILE); the task is the file's")
+@click.option(
+    "--n-train", type=int, default=None, help="training set size (default 100,032); 0 = fresh documents every step"
+)
+@click.option(
+    "--data",
+    "data_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="training set from a dataset file (hookmech data ... -o FILE); the task is the file's",
+)
 @click.option("--n-dev", type=int, default=320, show_default=True)
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--eval-every", type=int, default=200, show_default=True)
 @click.option("--ckpt-every", type=int, default=1000, show_default=True)
-@click.option("--mech-every", type=int, default=None, metavar="K",
-              help="measure attributions every K steps (a multiple of --eval-every; default: every second "
-                   "evaluation when --mech-site/--mech-pos is given) and log them to metrics.jsonl")
+@click.option(
+    "--mech-every",
+    type=int,
+    default=None,
+    metavar="K",
+    help="measure attributions every K steps (a multiple of --eval-every; default: every second "
+    "evaluation when --mech-site/--mech-pos is given) and log them to metrics.jsonl",
+)
 @click.option("--mech-site", "mech_sites", multiple=True, help="site(s) for --mech-every (default L1.block_in)")
-@click.option("--mech-pos", "mech_positions", multiple=True, help="position(s) for --mech-every (default key,value,query)")
+@click.option(
+    "--mech-pos", "mech_positions", multiple=True, help="position(s) for --mech-every (default key,value,query)"
+)
 @device_option
 @threads_option
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="run folder")
-def train(task_name, task_opt, mixer, preset, mixer_opt, d_model, n_layers, n_heads, mlp, tie_embeddings, pos_emb, lr,
-          warmup_frac, epochs, steps, n_train, data_path, n_dev, batch_size, seed, eval_every, ckpt_every, device, threads, out_dir,
-          mech_every=None, mech_sites=(), mech_positions=()):
+def train(
+    task_name,
+    task_opt,
+    mixer,
+    preset,
+    mixer_opt,
+    d_model,
+    n_layers,
+    n_heads,
+    mlp,
+    tie_embeddings,
+    pos_emb,
+    lr,
+    warmup_frac,
+    epochs,
+    steps,
+    n_train,
+    data_path,
+    n_dev,
+    batch_size,
+    seed,
+    eval_every,
+    ckpt_every,
+    device,
+    threads,
+    out_dir,
+    mech_every=None,
+    mech_sites=(),
+    mech_positions=(),
+):
     """Train a model on a task; resumable, deterministic; writes OUT/model.safetensors."""
     from hookmech import tasks
     from hookmech.config import build_config
@@ -55,8 +116,9 @@ def train(task_name, task_opt, mixer, preset, mixer_opt, d_model, n_layers, n_he
         raise UsageError("give --epochs or --steps, not both")
     if d_model <= 0 or n_layers <= 0 or n_heads <= 0:
         raise UsageError("--d-model, --n-layers and --n-heads must be > 0")
-    refuse_overwriting_inputs([("-o", out_dir), *(("-o", f"{out_dir}/{name}") for name in RUN_FILES)],
-                              [("--data", data_path)])
+    refuse_overwriting_inputs(
+        [("-o", out_dir), *(("-o", f"{out_dir}/{name}") for name in RUN_FILES)], [("--data", data_path)]
+    )
     task_options = parse_options(task_opt, "--task-opt")
     train_set, train_set_sha256 = None, None
     if data_path is None:
@@ -65,18 +127,43 @@ def train(task_name, task_opt, mixer, preset, mixer_opt, d_model, n_layers, n_he
     else:
         task, train_set, train_set_sha256 = _read_training_set(data_path, task_name, task_options, n_train)
         n_train = len(train_set)
-    train_config = TrainConfig(lr=lr, warmup_frac=warmup_frac, epochs=None if steps is not None else (epochs or 16),
-                               steps=steps, n_train=n_train, n_dev=n_dev, batch_size=batch_size, seed=seed,
-                               eval_every=eval_every, ckpt_every=ckpt_every)
+    train_config = TrainConfig(
+        lr=lr,
+        warmup_frac=warmup_frac,
+        epochs=None if steps is not None else (epochs or 16),
+        steps=steps,
+        n_train=n_train,
+        n_dev=n_dev,
+        batch_size=batch_size,
+        seed=seed,
+        eval_every=eval_every,
+        ckpt_every=ckpt_every,
+    )
     mixers, layer_options = _mixers_and_options(mixer, preset, mixer_opt, n_layers)
     model_config = build_config(
-        d_vocab=task.d_vocab, n_ctx=task.n_ctx, mixers=mixers, d_model=d_model, n_layers=n_layers,
-        layer_options=layer_options, n_heads=n_heads, mlp=mlp, tie_embeddings=tie_embeddings, pos_emb=pos_emb,
+        d_vocab=task.d_vocab,
+        n_ctx=task.n_ctx,
+        mixers=mixers,
+        d_model=d_model,
+        n_layers=n_layers,
+        layer_options=layer_options,
+        n_heads=n_heads,
+        mlp=mlp,
+        tie_embeddings=tie_embeddings,
+        pos_emb=pos_emb,
     )
     set_threads(threads)
     on_eval = _mech_on_eval(task, model_config, train_config, mech_every, mech_sites, mech_positions, device)
-    summary = run_training(task, model_config, train_config, out_dir, device=check_device(device),
-                           train_set=train_set, train_set_sha256=train_set_sha256, on_eval=on_eval)
+    summary = run_training(
+        task,
+        model_config,
+        train_config,
+        out_dir,
+        device=check_device(device),
+        train_set=train_set,
+        train_set_sha256=train_set_sha256,
+        on_eval=on_eval,
+    )
     click.echo(json.dumps(summary, sort_keys=True))
 
 
@@ -111,8 +198,10 @@ def _read_training_set(path, task_name, task_options, n_train):
         asked = tasks.make(task.name, **{**file_options, **task_options}).spec
         differ = [key for key in task_options if asked.get(key) != task.spec.get(key)]
         if differ:
-            raise UsageError(f"--task-opt disagrees with {path}: "
-                             + ", ".join(f"{key}={asked.get(key)!r} (file: {task.spec.get(key)!r})" for key in differ))
+            raise UsageError(
+                f"--task-opt disagrees with {path}: "
+                + ", ".join(f"{key}={asked.get(key)!r} (file: {task.spec.get(key)!r})" for key in differ)
+            )
     if n_train is not None and n_train != len(batch):
         raise UsageError(f"--n-train {n_train} disagrees with {path}, which holds {len(batch)} rows")
     return task, batch, sha256_of(path)
@@ -124,8 +213,15 @@ def _mech_on_eval(task, model_config, train_config, every, sites, positions, dev
         return None
     from hookmech.mech import DEFAULT_EVERY_EVALS, DEFAULT_POSITIONS, DEFAULT_SITES, mech_callback
 
-    return mech_callback(task, model_config, sites=split_flag(sites) or DEFAULT_SITES,
-                         positions=split_flag(positions) or DEFAULT_POSITIONS,
-                         every=DEFAULT_EVERY_EVALS * train_config.eval_every if every is None else every,
-                         eval_every=train_config.eval_every, total_steps=train_config.total_steps(),
-                         n=train_config.n_dev, seed=train_config.seed, device=device)
+    return mech_callback(
+        task,
+        model_config,
+        sites=split_flag(sites) or DEFAULT_SITES,
+        positions=split_flag(positions) or DEFAULT_POSITIONS,
+        every=DEFAULT_EVERY_EVALS * train_config.eval_every if every is None else every,
+        eval_every=train_config.eval_every,
+        total_steps=train_config.total_steps(),
+        n=train_config.n_dev,
+        seed=train_config.seed,
+        device=device,
+    )

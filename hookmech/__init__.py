@@ -4,6 +4,7 @@ The package is imported lazily: ``import hookmech`` costs nothing until an attri
 that needs torch (``hookmech.load``, ``hookmech.HookedLM`` ...) is first touched, so
 ``hookmech --help`` stays fast.
 """
+
 from __future__ import annotations
 
 import importlib

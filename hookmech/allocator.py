@@ -13,6 +13,7 @@ attention 27 -> 21 ms). Numbers are unchanged: only where memory comes from.
 to 1 GiB, once per process, where the C library is glibc; elsewhere it does nothing. Set
 ``HOOKMECH_MALLOC_TUNING=0`` to leave the allocator alone.
 """
+
 from __future__ import annotations
 
 import ctypes

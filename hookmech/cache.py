@@ -13,6 +13,7 @@ Format version 1::
 
 Hook names contain dots, which HDF5 allows in names; they are stored verbatim.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,11 +76,15 @@ def check_batch_fits(model, batch: Batch, where: str = "the examples") -> None:
             continue
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= d_vocab:
-            raise HookmechError(f"{where}: token id {high if high >= d_vocab else low} (in their {name}) is not a token "
-                                f"of the model (d_vocab {d_vocab}, ids 0..{d_vocab - 1}): are they of another task "
-                                "or vocabulary size?")
+            raise HookmechError(
+                f"{where}: token id {high if high >= d_vocab else low} (in their {name}) is not a token "
+                f"of the model (d_vocab {d_vocab}, ids 0..{d_vocab - 1}): are they of another task "
+                "or vocabulary size?"
+            )
     if batch.tokens.shape[1] > n_ctx:
-        raise HookmechError(f"{where}: rows of {batch.tokens.shape[1]} tokens do not fit the model's context (n_ctx {n_ctx})")
+        raise HookmechError(
+            f"{where}: rows of {batch.tokens.shape[1]} tokens do not fit the model's context (n_ctx {n_ctx})"
+        )
 
 
 @torch.no_grad()
@@ -92,14 +97,20 @@ def check_cache_fits(model, cache: CacheFile, batch: Batch, hooks: Iterable[str]
         return
     check_batch_fits(model, batch, str(cache.path))
     device = next(model.parameters()).device
-    _, acts = model.run_with_cache(batch.tokens[:1].to(device), names_filter=stored, return_cache_object=False,
-                                   positions=batch.query_pos[:1].to(device))
+    _, acts = model.run_with_cache(
+        batch.tokens[:1].to(device),
+        names_filter=stored,
+        return_cache_object=False,
+        positions=batch.query_pos[:1].to(device),
+    )
     for hook in stored:
         which = "clean" if cache.has(hook, "clean") else "corrupt"
         cached, own = list(cache[hook, which].shape[1:]), list(acts[hook].shape[1:]) if hook in acts else None
         if own is not None and cached != own:
-            raise HookmechError(f"{cache.path}: cached {hook_to_site(hook)} has shape {cached} per row, this model's "
-                                f"{own}: the cache was made from another model{_config_difference(cache, model)}")
+            raise HookmechError(
+                f"{cache.path}: cached {hook_to_site(hook)} has shape {cached} per row, this model's "
+                f"{own}: the cache was made from another model{_config_difference(cache, model)}"
+            )
 
 
 def _config_difference(cache: CacheFile, model) -> str:
@@ -109,8 +120,11 @@ def _config_difference(cache: CacheFile, model) -> str:
     except (KeyError, ValueError):  # no readable model config: the shapes say enough
         return ""
     own = json.loads(model.cfg.to_json())
-    differ = [f"{key} {config[key]} in the cache, {own.get(key)} here" for key in ("d_model", "n_layers", "d_vocab", "mixers")
-              if key in config and config[key] != own.get(key)]
+    differ = [
+        f"{key} {config[key]} in the cache, {own.get(key)} here"
+        for key in ("d_model", "n_layers", "d_vocab", "mixers")
+        if key in config and config[key] != own.get(key)
+    ]
     return f" ({'; '.join(differ)})" if differ else ""
 
 
@@ -138,7 +152,9 @@ def write_cache(
     check_batch_fits(model, batch)
     for hook in hooks:
         if getattr(model.hook_dict.get(hook), "pos_axis", 1) is None:
-            raise UsageError(f"{hook} has no position axis (it does not depend on the input): nothing to cache per example")
+            raise UsageError(
+                f"{hook} has no position axis (it does not depend on the input): nothing to cache per example"
+            )
     aliases = _stored_once(model, hooks)
     n_rows, n_pos = batch.tokens.shape
     if chunk is None:
@@ -147,20 +163,25 @@ def write_cache(
         raise UsageError(f"chunk must be >= 1 rows, got {chunk}")
     device = next(model.parameters()).device
     with atomic_h5(path) as h5:
-        h5.attrs.update({
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "model_hash": model_hash(model),
-            "model_sha256": model_sha256,
-            "model_config": model.cfg.to_json(),
-            "task": json.dumps(task_spec or {}, sort_keys=True),
-            "hookmech_version": __version__,
-        })
+        h5.attrs.update(
+            {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "model_hash": model_hash(model),
+                "model_sha256": model_sha256,
+                "model_config": model.cfg.to_json(),
+                "task": json.dumps(task_spec or {}, sort_keys=True),
+                "hookmech_version": __version__,
+            }
+        )
         # every dataset stays referenced until the file closes (see atomic_h5: one freed while
         # the disk is full cannot report its failed flush)
-        columns = {"tokens/clean": batch.tokens, "tokens/corrupt": batch.corrupt_tokens,
-                   **{name: getattr(batch, name) for name in ("lengths", "answers", "doc_index")},
-                   **{f"roles/{role}": positions for role, positions in batch.roles.items()}}
+        columns = {
+            "tokens/clean": batch.tokens,
+            "tokens/corrupt": batch.corrupt_tokens,
+            **{name: getattr(batch, name) for name in ("lengths", "answers", "doc_index")},
+            **{f"roles/{role}": positions for role, positions in batch.roles.items()},
+        }
         written = [h5.create_dataset(name, data=value.numpy().astype(np.int32)) for name, value in columns.items()]
         # One thread writes while the next forward runs: torch computes without holding the
         # GIL, so the file writes (about as long as the forwards on CPU) overlap with them.
@@ -168,15 +189,21 @@ def write_cache(
             for rows in run_chunks(n_rows, chunk):
                 for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
                     logits, acts = model.run_with_cache(
-                        tokens[rows].to(device), names_filter=hooks, return_cache_object=False,
+                        tokens[rows].to(device),
+                        names_filter=hooks,
+                        return_cache_object=False,
                         positions=batch.query_pos[rows].to(device),
                     )
-                    writer.put(f"p_answer/{which}", rows, answer_probs(logits, batch.answers[rows].to(device)).cpu().numpy())
+                    writer.put(
+                        f"p_answer/{which}", rows, answer_probs(logits, batch.answers[rows].to(device)).cpu().numpy()
+                    )
                     for hook in hooks:
                         if hook not in acts:
                             raise HookmechError(f"hook {hook} did not fire in the forward pass")
                         if hook not in aliases:
-                            writer.put(f"acts/{which}/{hook}", rows, acts[hook].to("cpu", getattr(torch, dtype)).numpy())
+                            writer.put(
+                                f"acts/{which}/{hook}", rows, acts[hook].to("cpu", getattr(torch, dtype)).numpy()
+                            )
                     writer.flush()
                 writer.wait_for_previous_chunk()
                 if progress is not None:
@@ -266,7 +293,9 @@ class _ChunkWriter:
         if name not in self.datasets:
             big = value.ndim > 1
             self.datasets[name] = self.h5.create_dataset(
-                name, (self.n_rows, *value.shape[1:]), dtype=value.dtype,
+                name,
+                (self.n_rows, *value.shape[1:]),
+                dtype=value.dtype,
                 chunks=(min(self.chunk, self.n_rows), *value.shape[1:]) if big else None,
                 compression=self.compression if big else None,
             )
@@ -281,7 +310,7 @@ class _ChunkWriter:
                 value = np.concatenate([value, np.zeros((chunk_rows - len(value), *value.shape[1:]), value.dtype)])
             dataset.id.write_direct_chunk((rows.start, *[0] * (value.ndim - 1)), value.data)  # a memoryview: no copy
         else:
-            dataset.write_direct(value, dest_sel=np.s_[rows.start:rows.stop])
+            dataset.write_direct(value, dest_sel=np.s_[rows.start : rows.stop])
 
 
 class UnverifiedCacheWarning(UserWarning):
@@ -312,12 +341,16 @@ class CacheFile:
         if kind != FORMAT:
             self.close()
             if kind == DATASET_FORMAT:
-                raise HookmechError(f"{self.path}: a hookmech dataset file, not an activation cache (`train --data` and "
-                                    "`patch --data` read it; `hookmech cache` makes caches)")
+                raise HookmechError(
+                    f"{self.path}: a hookmech dataset file, not an activation cache (`train --data` and "
+                    "`patch --data` read it; `hookmech cache` makes caches)"
+                )
             raise HookmechError(f"{self.path}: not a hookmech cache (format attribute {kind!r})")
         if version is None or int(version) != FORMAT_VERSION:
             self.close()
-            raise HookmechError(f"{self.path}: cache format version {version} is not supported (expected {FORMAT_VERSION})")
+            raise HookmechError(
+                f"{self.path}: cache format version {version} is not supported (expected {FORMAT_VERSION})"
+            )
         try:
             self._check_layout()
         except HookmechError:
@@ -328,26 +361,47 @@ class CacheFile:
         """Raise a HookmechError naming the first dataset the format needs that is missing or
         whose rows disagree with the tokens' (a truncated or hand-made file). Reads metadata only."""
         h5 = self._h5
-        for name in ("tokens/clean", "tokens/corrupt", "answers", "lengths", "doc_index", "roles",
-                     "p_answer/clean", "p_answer/corrupt"):
+        for name in (
+            "tokens/clean",
+            "tokens/corrupt",
+            "answers",
+            "lengths",
+            "doc_index",
+            "roles",
+            "p_answer/clean",
+            "p_answer/corrupt",
+        ):
             if name not in h5:
                 raise HookmechError(f"{self.path}: cache has no {name} (truncated or not written by hookmech)")
         tokens = h5["tokens/clean"].shape
         if len(tokens) != 2 or h5["tokens/corrupt"].shape != tokens:
-            raise HookmechError(f"{self.path}: cache tokens have shapes {list(tokens)} (clean) and "
-                                f"{list(h5['tokens/corrupt'].shape)} (corrupt); expected two [N, T] arrays")
+            raise HookmechError(
+                f"{self.path}: cache tokens have shapes {list(tokens)} (clean) and "
+                f"{list(h5['tokens/corrupt'].shape)} (corrupt); expected two [N, T] arrays"
+            )
         n_rows = tokens[0]
-        per_row = ["answers", "lengths", "doc_index", "p_answer/clean", "p_answer/corrupt", *(f"roles/{r}" for r in h5["roles"])]
+        per_row = [
+            "answers",
+            "lengths",
+            "doc_index",
+            "p_answer/clean",
+            "p_answer/corrupt",
+            *(f"roles/{r}" for r in h5["roles"]),
+        ]
         for name in per_row:
             if h5[name].shape != (n_rows,):
-                raise HookmechError(f"{self.path}: {name} has {(h5[name].shape or (0,))[0]} rows, the cache {n_rows} "
-                                    f"(shape {list(h5[name].shape)}, expected [{n_rows}]; truncated or not written by hookmech)")
+                raise HookmechError(
+                    f"{self.path}: {name} has {(h5[name].shape or (0,))[0]} rows, the cache {n_rows} "
+                    f"(shape {list(h5[name].shape)}, expected [{n_rows}]; truncated or not written by hookmech)"
+                )
         for which in ("clean", "corrupt"):
             for hook in self.hooks(which):
                 shape = h5[f"acts/{which}/{hook}"].shape
                 if not shape or shape[0] != n_rows:
-                    raise HookmechError(f"{self.path}: acts/{which}/{hook} has shape {list(shape)}, expected "
-                                        f"{n_rows} rows like the tokens (truncated or not written by hookmech)")
+                    raise HookmechError(
+                        f"{self.path}: acts/{which}/{hook} has shape {list(shape)}, expected "
+                        f"{n_rows} rows like the tokens (truncated or not written by hookmech)"
+                    )
 
     # -- metadata ------------------------------------------------------------------------
     @property
@@ -370,13 +424,19 @@ class CacheFile:
         if self.model_hash is None:
             if not _warned_unverified:
                 _warned_unverified = True
-                warnings.warn(f"{self.path} records no model_hash (written by an older hookmech): cannot check "
-                              "that it was made from this model", UnverifiedCacheWarning, stacklevel=3)
+                warnings.warn(
+                    f"{self.path} records no model_hash (written by an older hookmech): cannot check "
+                    "that it was made from this model",
+                    UnverifiedCacheWarning,
+                    stacklevel=3,
+                )
             return
         own = model_hash(model)
         if own != self.model_hash:
-            raise HookmechError(f"{self.path} was made from another model (its model_hash {self.model_hash}, "
-                                f"this model's {own}); make a cache of this model")
+            raise HookmechError(
+                f"{self.path} was made from another model (its model_hash {self.model_hash}, "
+                f"this model's {own}); make a cache of this model"
+            )
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -398,6 +458,7 @@ class CacheFile:
     # -- data --------------------------------------------------------------------------
     def batch(self) -> Batch:
         """Return the cached rows as a `Batch` (tokens, answers, roles ...), int64."""
+
         def read(name: str) -> Tensor:
             return torch.from_numpy(self._h5[name][()].astype(np.int64))
 
@@ -431,7 +492,13 @@ class CacheFile:
     def __contains__(self, key: object) -> bool:
         """``"L1.block_in" in cache`` / ``"blocks.1.hook_resid_pre" in cache`` (clean run), or
         ``(site, which) in cache``."""
-        site, which = (key, "clean") if isinstance(key, str) else key if isinstance(key, tuple) and len(key) == 2 else (None, None)
+        site, which = (
+            (key, "clean")
+            if isinstance(key, str)
+            else key
+            if isinstance(key, tuple) and len(key) == 2
+            else (None, None)
+        )
         if not isinstance(site, str) or which not in ("clean", "corrupt"):
             return False
         try:
@@ -467,16 +534,26 @@ class CacheFile:
 
     def summary(self) -> dict[str, Any]:
         """Return what the file holds, reading only metadata and the two ``[N]`` p(answer) arrays:
-        ``path, format_version, n, n_pos, model_hash (None in older caches), model_sha256, task, model (mixers, d_model, n_layers,
-        d_vocab), hookmech_version, roles, p_clean, p_corrupt`` (means) and ``sites``, one dict per
-        stored hook: ``site, hook, runs, shape, dtype, compression, chunks``."""
+        ``path, format_version, n, n_pos, model_hash (None in older caches), model_sha256, task,
+        model (mixers, d_model, n_layers, d_vocab), hookmech_version, roles, p_clean, p_corrupt``
+        (means) and ``sites``, one dict per stored hook: ``site, hook, runs, shape, dtype,
+        compression, chunks``."""
         config = self.model_config
         sites = []
         for hook in self.keys():
             runs = [which for which in ("clean", "corrupt") if self.has(hook, which)]
             data = self._h5[f"acts/{runs[0]}/{hook}"]
-            sites.append({"site": hook_to_site(hook), "hook": hook, "runs": runs, "shape": list(data.shape),
-                          "dtype": str(data.dtype), "compression": data.compression, "chunks": list(data.chunks or [])})
+            sites.append(
+                {
+                    "site": hook_to_site(hook),
+                    "hook": hook,
+                    "runs": runs,
+                    "shape": list(data.shape),
+                    "dtype": str(data.dtype),
+                    "compression": data.compression,
+                    "chunks": list(data.chunks or []),
+                }
+            )
         return {
             "path": str(self.path),
             "format_version": int(self._h5.attrs["format_version"]),
@@ -520,7 +597,7 @@ class CacheFile:
     def close(self) -> None:
         self._h5.close()
 
-    def __enter__(self) -> "CacheFile":
+    def __enter__(self) -> CacheFile:
         return self
 
     def __exit__(self, *exc) -> None:

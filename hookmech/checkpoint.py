@@ -1,5 +1,6 @@
 """Checkpoints: one safetensors file with config, task spec, version and model hash in its
 metadata (docs/formats.md, "Checkpoint"). Loading never unpickles. The same model saved twice gives the same bytes."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,11 @@ def save(
     """
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in model.state_dict().items()}
     config_json = model.cfg.to_json()
-    metadata = {"hookmech_config": config_json, "hookmech_version": __version__,
-                "hookmech_model_hash": state_hash(config_json, tensors)}
+    metadata = {
+        "hookmech_config": config_json,
+        "hookmech_version": __version__,
+        "hookmech_model_hash": state_hash(config_json, tensors),
+    }
     if task_spec is not None:
         metadata["hookmech_task"] = json.dumps(task_spec, sort_keys=True)
     if summary is not None:
@@ -159,5 +163,7 @@ def _load_into(model: HookedLM, state: dict[str, torch.Tensor], path: Path) -> N
         raise HookmechError(f"{path}: weights do not match the config (missing {missing[:3]}, unexpected {extra[:3]})")
     for name, tensor in state.items():
         if tensor.shape != expected[name].shape:
-            raise HookmechError(f"{path}: {name} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}")
+            raise HookmechError(
+                f"{path}: {name} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}"
+            )
     model.load_state_dict(state)

@@ -1,4 +1,5 @@
 """The model configuration: a frozen, JSON-serialisable dataclass that rebuilds a model."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -94,11 +95,13 @@ class ModelConfig:
         model holds (built, or read from JSON) has none: `NoModelError`."""
         model = self.holder()
         if model is None:
-            raise NoModelError("this ModelConfig belongs to no model, so it has no device; "
-                               "read model.cfg.device of a HookedLM built from it")
+            raise NoModelError(
+                "this ModelConfig belongs to no model, so it has no device; "
+                "read model.cfg.device of a HookedLM built from it"
+            )
         return next(model.parameters()).device
 
-    def held_by(self, model) -> "ModelConfig":
+    def held_by(self, model) -> ModelConfig:
         """Return an equal config whose `device` is `model`'s (`HookedLM.cfg`; a weak reference,
         dropped when the config is pickled or copied)."""
         held = dataclasses.replace(self)
@@ -119,7 +122,7 @@ class ModelConfig:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "ModelConfig":
+    def from_json(cls, text: str) -> ModelConfig:
         """Rebuild a config from `to_json` output; unknown keys are an error."""
         data = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}

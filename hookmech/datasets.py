@@ -15,6 +15,7 @@ The layout of `tokens`, `roles` ... is the activation cache's (docs/formats.md),
 readers understand both. [N, T] arrays are chunked along N and gzip-compressed (padding
 costs almost nothing on disk). The file is written to a temporary name and renamed.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,7 +73,9 @@ def _as_int32(name: str, tensor: Tensor) -> np.ndarray:
     return array.astype(np.int32)
 
 
-def save_dataset(batch: Batch, task: Task, path: str | Path, *, seed: int | None = None, compression: str | None = "gzip") -> Path:
+def save_dataset(
+    batch: Batch, task: Task, path: str | Path, *, seed: int | None = None, compression: str | None = "gzip"
+) -> Path:
     """Write `batch` (rows of `task`) to an HDF5 dataset file at `path`, atomically.
 
     Stores tokens, corrupt tokens, answers, lengths, doc_index, roles and the extra
@@ -98,14 +101,16 @@ def save_dataset(batch: Batch, task: Task, path: str | Path, *, seed: int | None
         if array.shape[0] != n_rows:
             raise HookmechError(f"dataset field {name!r} has {array.shape[0]} rows, the batch {n_rows}")
     with atomic_h5(path) as h5:
-        h5.attrs.update({
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "task": json.dumps(task.spec, sort_keys=True),
-            "batch_class": type(batch).__name__,
-            "seed": -1 if seed is None else int(seed),
-            "hookmech_version": __version__,
-        })
+        h5.attrs.update(
+            {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "task": json.dumps(task.spec, sort_keys=True),
+                "batch_class": type(batch).__name__,
+                "seed": -1 if seed is None else int(seed),
+                "hookmech_version": __version__,
+            }
+        )
         # keep every dataset open until the file closes: one dropped while the disk is full
         # fails to flush in its destructor, where h5py can only print the error and go on
         written = []
@@ -135,7 +140,9 @@ def load_dataset(path: str | Path) -> tuple[Task, Batch]:
 
         def read(name: str) -> Tensor:
             if name not in h5:
-                raise HookmechError(f"{path}: dataset file has no {name!r} array (truncated or not written by hookmech)")
+                raise HookmechError(
+                    f"{path}: dataset file has no {name!r} array (truncated or not written by hookmech)"
+                )
             return torch.from_numpy(h5[name][()].astype(np.int64))
 
         classes = _batch_classes()
@@ -147,8 +154,10 @@ def load_dataset(path: str | Path) -> tuple[Task, Batch]:
         if set(stored_fields) - known:
             raise HookmechError(f"{path}: fields {sorted(set(stored_fields) - known)} do not belong to {cls.__name__}")
         if known - set(stored_fields):
-            raise HookmechError(f"{path}: dataset file has no fields {sorted(known - set(stored_fields))} of its "
-                                f"{cls.__name__} rows (truncated or not written by hookmech)")
+            raise HookmechError(
+                f"{path}: dataset file has no fields {sorted(known - set(stored_fields))} of its "
+                f"{cls.__name__} rows (truncated or not written by hookmech)"
+            )
         batch = cls(
             tokens=read("tokens/clean"),
             corrupt_tokens=read("tokens/corrupt"),
@@ -210,10 +219,15 @@ def check_fits_model(data_task: Task, model_task_spec: dict[str, Any] | None, wh
         return
     data_spec = data_task.spec
     if data_spec.get("name") != model_task_spec.get("name"):
-        raise HookmechError(f"{where} holds task {data_spec.get('name')!r}, the checkpoint was trained on "
-                            f"{model_task_spec.get('name')!r}")
-    differ = sorted(key for key in set(data_spec) | set(model_task_spec)
-                    if key not in DATA_ONLY_OPTIONS and data_spec.get(key) != model_task_spec.get(key))
+        raise HookmechError(
+            f"{where} holds task {data_spec.get('name')!r}, the checkpoint was trained on "
+            f"{model_task_spec.get('name')!r}"
+        )
+    differ = sorted(
+        key
+        for key in set(data_spec) | set(model_task_spec)
+        if key not in DATA_ONLY_OPTIONS and data_spec.get(key) != model_task_spec.get(key)
+    )
     if differ:
         detail = ", ".join(f"{key}={data_spec.get(key)!r} (checkpoint: {model_task_spec.get(key)!r})" for key in differ)
         raise HookmechError(f"{where}: its task differs from the checkpoint's in {detail}")
@@ -255,15 +269,26 @@ def _header(h5: h5py.File, path: Path) -> dict[str, Any]:
         raise HookmechError(f"{path}: dataset file has no tokens (truncated or not written by hookmech)")
     seed = int(h5.attrs.get("seed", -1))
     n_rows, width = h5["tokens/clean"].shape
-    return {"task": spec, "batch_class": str(h5.attrs.get("batch_class", "Batch")), "seed": None if seed < 0 else seed,
-            "n": int(n_rows), "width": int(width), "version": str(h5.attrs.get("hookmech_version", ""))}
+    return {
+        "task": spec,
+        "batch_class": str(h5.attrs.get("batch_class", "Batch")),
+        "seed": None if seed < 0 else seed,
+        "n": int(n_rows),
+        "width": int(width),
+        "version": str(h5.attrs.get("hookmech_version", "")),
+    }
 
 
 # -- statistics ------------------------------------------------------------------------------
 def _summary(values: np.ndarray) -> dict[str, float]:
     values = np.asarray(values, dtype=np.float64)
-    return {"mean": float(values.mean()), "min": float(values.min()), "p50": float(np.percentile(values, 50)),
-            "p90": float(np.percentile(values, 90)), "max": float(values.max())}
+    return {
+        "mean": float(values.mean()),
+        "min": float(values.min()),
+        "p50": float(np.percentile(values, 50)),
+        "p90": float(np.percentile(values, 90)),
+        "max": float(values.max()),
+    }
 
 
 def batch_statistics(batch: Batch) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 """`hookmech demo`: the paper's mechanistic evaluation on the bundled fixture checkpoints."""
+
 from __future__ import annotations
 
 import importlib.resources
@@ -18,11 +19,17 @@ from .tasks import from_checkpoint
 
 #: (fixture file, short name, what it is) in the order the demo shows them
 FIXTURES = (
-    ("attention_ar_paper.safetensors", "attention",
-     "2-layer attention (full, tied head) trained at paper 000's AR configuration: vocab 8192, 16 pairs, 16 epochs"),
-    ("mamba_ar_cpu.safetensors", "mamba",
-     "2-layer Mamba (d_conv 4, untied head) on the quick CPU variant of AR (vocab 64, 4 pairs): Mamba at the "
-     "paper's configuration is still training, so this is the CPU fixture"),
+    (
+        "attention_ar_paper.safetensors",
+        "attention",
+        "2-layer attention (full, tied head) trained at paper 000's AR configuration: vocab 8192, 16 pairs, 16 epochs",
+    ),
+    (
+        "mamba_ar_cpu.safetensors",
+        "mamba",
+        "2-layer Mamba (d_conv 4, untied head) on the quick CPU variant of AR (vocab 64, 4 pairs): Mamba at the "
+        "paper's configuration is still training, so this is the CPU fixture",
+    ),
 )
 DEMO_POSITIONS = ("key", "value", "query", "divider")
 DEMO_SITE = "L1.block_in"
@@ -51,18 +58,24 @@ def explain(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
     by_pos = {r["pos"]: r for r in records if r["site"] == site}
     first = next(iter(by_pos.values()))
     if not first["passes_filter"]:
-        return (f"p_clean - p_corrupt = {first['p_clean'] - first['p_corrupt']:.3f} is too small: the corruption "
-                "barely matters to this model, so its attributions are noise.")
+        return (
+            f"p_clean - p_corrupt = {first['p_clean'] - first['p_corrupt']:.3f} is too small: the corruption "
+            "barely matters to this model, so its attributions are noise."
+        )
     score = {pos: (r["attribution"] or 0.0) for pos, r in by_pos.items()}
     found = mechanism(records, site)
     if found == "induction":
-        return (f"Restoring {site} at the value alone restores p(answer) (attribution {score['value']:.2f}; key "
-                f"{score.get('key', 0):.2f}, query {score.get('query', 0):.2f}): layer 0 stored the key-value "
-                "association at the value token and layer 1 reads it there: induction.")
+        return (
+            f"Restoring {site} at the value alone restores p(answer) (attribution {score['value']:.2f}; key "
+            f"{score.get('key', 0):.2f}, query {score.get('query', 0):.2f}): layer 0 stored the key-value "
+            "association at the value token and layer 1 reads it there: induction."
+        )
     if found == "direct retrieval":
-        return (f"Nothing is stored at the value (attribution {score.get('value', 0):.2f}): the answer is retrieved "
-                f"straight from the context, by layer 0 into the query (attribution {score.get('query', 0):.2f}) "
-                f"and by layer 1 through the key's position ({score.get('key', 0):.2f}): direct retrieval.")
+        return (
+            f"Nothing is stored at the value (attribution {score.get('value', 0):.2f}): the answer is retrieved "
+            f"straight from the context, by layer 0 into the query (attribution {score.get('query', 0):.2f}) "
+            f"and by layer 1 through the key's position ({score.get('key', 0):.2f}): direct retrieval."
+        )
     best = max(score, key=score.__getitem__)
     return f"No single mechanism dominates at {site} (largest attribution: {best} {score[best]:.2f})."
 

@@ -15,6 +15,7 @@ sequence repeated twice.
 The module is named for the operator, not for `attention_maps`: a submodule named like the
 function the package exports lazily would replace it as ``hookmech.attention_maps`` once imported.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,10 @@ def attention_maps(model, tokens: Tensor, *, summary: str | None = "mean") -> di
     names = [f"blocks.{layer}.hook_mixer_in" for layer in range(len(model.blocks))]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=names, return_cache_object=False)
-        return {layer: _layer_map(layer, block.mixer, cache[name], summary)
-                for layer, (block, name) in enumerate(zip(model.blocks, names, strict=True))}
+        return {
+            layer: _layer_map(layer, block.mixer, cache[name], summary)
+            for layer, (block, name) in enumerate(zip(model.blocks, names, strict=True))
+        }
 
 
 def _layer_map(layer: int, mixer, x: Tensor, summary: str | None) -> Tensor:

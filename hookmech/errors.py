@@ -1,5 +1,6 @@
 """The project's exceptions: every error a user can cause is one of these, with a message
 they can act on. The CLI turns them into one line on stderr and an exit code."""
+
 from __future__ import annotations
 
 import difflib

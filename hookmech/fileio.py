@@ -10,6 +10,7 @@ A full disk is reported as ``HookmechError("no space left on device writing PATH
 quota or the file size limit likewise), with the temporary file removed. A JSON file that
 does not parse is an error naming it (`read_json`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,8 +50,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(path.parent)
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}@{_host_tag()}.", suffix=".tmp",
-                                        dir=path.parent)
+        fd, tmp_name = tempfile.mkstemp(
+            prefix=f".{path.name}.{os.getpid()}@{_host_tag()}.", suffix=".tmp", dir=path.parent
+        )
     except OSError as error:  # name the file asked for, not the temporary one
         raise type(error)(error.errno, error.strerror, str(path)) from None
     os.close(fd)

@@ -4,6 +4,7 @@ TransformerLens's `HookPoint` is an identity module with a name; ours adds which
 the activation is the sequence position (or none, e.g. a convolution filter), so that a
 patching engine can patch "position p" of any hook without knowing the architecture.
 """
+
 from __future__ import annotations
 
 from transformer_lens.hook_points import HookPoint

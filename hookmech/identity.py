@@ -18,6 +18,7 @@ The ``state_dict`` holds the parameters and the persistent buffers; non-persiste
 (constants a mixer derives from its config, e.g. long convolutions' positions) are not part of
 it and so not of the hash. A tied LM head appears once per ``state_dict`` name, as saved.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -7,6 +7,7 @@ folder locked; the holder removes the file when it is done. Nested locks on one 
 thread are free (a sweep worker locks its run folder, then the trainer locks it again).
 Where `fcntl` does not exist (Windows) folders are not locked.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,8 +36,10 @@ class FolderLocked(HookmechError):
 
 def _busy(folder: Path, what: str, pid: str | None) -> FolderLocked:
     holder = f"process {pid}" if pid else "another process"
-    return FolderLocked(f"{what} {folder} is in use by {holder} (another hookmech run writing into it); "
-                        "wait for it to finish, or choose another folder")
+    return FolderLocked(
+        f"{what} {folder} is in use by {holder} (another hookmech run writing into it); "
+        "wait for it to finish, or choose another folder"
+    )
 
 
 def _read_pid(fd: int) -> str | None:

@@ -8,6 +8,7 @@ accuracy (paper 003 §5). Its dict goes into that step's ``metrics.jsonl`` line:
     {"attr:L1.block_in@value": 0.93, "attr:L1.block_in@query": 0.02, ...,
      "mech_n": 320, "mech_p_clean": 0.97, "mech_p_corrupt": 0.03, "mech_passes": true}
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -37,20 +38,24 @@ def attribution_columns(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if not records:
         return {}
     first = records[0]
-    columns: dict[str, Any] = {"mech_n": first["n"], "mech_p_clean": first["p_clean"],
-                               "mech_p_corrupt": first["p_corrupt"], "mech_passes": first["passes_filter"]}
+    columns: dict[str, Any] = {
+        "mech_n": first["n"],
+        "mech_p_clean": first["p_clean"],
+        "mech_p_corrupt": first["p_corrupt"],
+        "mech_passes": first["passes_filter"],
+    }
     for record in records:
         columns[f"attr:{record['site']}@{record['pos']}"] = record["attribution"]
     return columns
 
 
-def evaluate_mechanism(model, batch, sites: Sequence[str], positions: Sequence[str], threshold: float = 0.01,
-                       max_batch: int = 256) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def evaluate_mechanism(
+    model, batch, sites: Sequence[str], positions: Sequence[str], threshold: float = 0.01, max_batch: int = 256
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Patch every (site, position) on `batch`; return ``(records, attribution_columns(records))``."""
     from .patching import patch
 
-    records = patch(model, batch, sites=sites, positions=positions, threshold=threshold,
-                    max_batch=max_batch)
+    records = patch(model, batch, sites=sites, positions=positions, threshold=threshold, max_batch=max_batch)
     return records, attribution_columns(records)
 
 
@@ -101,8 +106,10 @@ def mech_callback(
     if every < 1:
         raise UsageError(f"--mech-every must be >= 1, got {every}")
     if every % eval_every:
-        raise UsageError(f"--mech-every {every} must be a multiple of --eval-every {eval_every} "
-                         "(attributions are measured at evaluations)")
+        raise UsageError(
+            f"--mech-every {every} must be a multiple of --eval-every {eval_every} "
+            "(attributions are measured at evaluations)"
+        )
     from .patching import check_threshold
     from .sites import as_specs
 

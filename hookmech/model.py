@@ -4,6 +4,7 @@ token embedding (+ learned position embedding) -> n pre-norm blocks -> final nor
 A block is ``r = r + mixer(norm1(r))`` and, where it has one, ``r = r + mlp(norm2(r))``.
 The backbone only reads what each mixer class declares; it never names a mixer.
 """
+
 from __future__ import annotations
 
 import math
@@ -89,7 +90,10 @@ class Block(nn.Module):
     def output_projection_weights(self) -> list[str]:
         """Return the names (inside the block) of the weights its sublayers declare as output
         projections (`Mixer.output_projections`, `MLP.output_projections`), e.g. ``mixer.out_proj.weight``."""
-        sublayers = [("mixer", self.mixer), *([("mlp", self.mlp)] if self.has_mlp else [])]
+        sublayers: list[tuple[str, Mixer | MLP]] = [
+            ("mixer", self.mixer),
+            *([("mlp", self.mlp)] if self.has_mlp else []),
+        ]
         return [f"{prefix}.{name}.weight" for prefix, sublayer in sublayers for name in sublayer.output_projections]
 
     def forward(self, resid: Resid) -> Resid:
@@ -102,8 +106,9 @@ class Block(nn.Module):
             self.contexts.append(context)
         return self._after_mixer(resid, self.hook_mixer_out(mixer_out))
 
-    def forward_from(self, resid: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, resid: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the block's output on a window of positions (`Mixer.forward_from`): `resid`
         ``[B, W, d_model]`` is the residual at positions ``start[i] ..`` of row ``rows[i]`` of
         the run `context` was made from. With `keep` ``[B]`` (window indices) only those
@@ -183,6 +188,7 @@ class HookedLM(HookedRootModule):
         return cfg
 
     if TYPE_CHECKING:  # for mypy only: `blocks` is an nn.ModuleList (its items typed Module) of Block
+
         @property
         def blocks(self) -> Sequence[Block]: ...
 
@@ -201,8 +207,10 @@ class HookedLM(HookedRootModule):
             for alias, hook in type(block.mixer).block_hook_aliases.items():
                 name, target = f"blocks.{layer}.{alias}", f"blocks.{layer}.{hook}"
                 if name in self.mod_dict or target not in self.hook_dict:
-                    raise HookmechError(f"{type(block.mixer).__name__} declares the hook alias {alias} for {hook}, "
-                                        f"but its block {'already has a ' + alias if name in self.mod_dict else 'has no ' + hook}")
+                    raise HookmechError(
+                        f"{type(block.mixer).__name__} declares the hook alias {alias} for {hook}, "
+                        f"but its block {'already has a ' + alias if name in self.mod_dict else 'has no ' + hook}"
+                    )
                 self.hook_aliases[name] = target
                 self.mod_dict[name] = self.hook_dict[target]
 
@@ -228,8 +236,11 @@ class HookedLM(HookedRootModule):
         # Each sublayer declares its output projections; they are redrawn in parameter order
         # (the order the generator was always consumed in, so seeded inits stay bit-identical).
         std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
-        declared = {f"blocks.{layer}.{name}" for layer, block in enumerate(self.blocks)
-                    for name in block.output_projection_weights()}
+        declared = {
+            f"blocks.{layer}.{name}"
+            for layer, block in enumerate(self.blocks)
+            for name in block.output_projection_weights()
+        }
         for name, param in self.named_parameters():
             if name in declared:
                 nn.init.normal_(param, std=std)
@@ -297,8 +308,15 @@ class HookedLM(HookedRootModule):
             for block in self.blocks:
                 block.contexts = None
 
-    def resume(self, resid: Window, start_at_layer: int, contexts: dict[int, Context],
-               rows: RowInts, start: RowInts, query: RowInts) -> QueryLogits:
+    def resume(
+        self,
+        resid: Window,
+        start_at_layer: int,
+        contexts: dict[int, Context],
+        rows: RowInts,
+        start: RowInts,
+        query: RowInts,
+    ) -> QueryLogits:
         """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window.
 
         `resid` ``[B, W, d_model]`` is the residual entering block `start_at_layer`

@@ -3,6 +3,7 @@
 V is parsed as JSON when it is valid JSON (numbers, true/false, null, lists), else kept as
 a string. `L0.K=V` applies to layer 0 only and overrides `K=V` there.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -42,9 +43,7 @@ def parse_options(pairs: Iterable[str], flag: str = "--task-opt") -> dict[str, A
     return dict(parse_pairs(pairs, flag))
 
 
-def parse_layer_options(
-    pairs: Iterable[str], n_layers: int, flag: str = "--mixer-opt"
-) -> list[dict[str, Any]]:
+def parse_layer_options(pairs: Iterable[str], n_layers: int, flag: str = "--mixer-opt") -> list[dict[str, Any]]:
     """Return one option dict per layer from ``K=V`` (all layers) and ``L{l}.K=V`` pairs."""
     shared: dict[str, Any] = {}
     per_layer: list[dict[str, Any]] = [{} for _ in range(n_layers)]
@@ -108,4 +107,5 @@ def _describe(hint: Any) -> str:
     if typing.get_origin(hint) is typing.Literal:
         return " or ".join(json.dumps(arg) for arg in typing.get_args(hint))
     return {type(None): "null", int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
-        hint, getattr(hint, "__name__", str(hint)))
+        hint, getattr(hint, "__name__", str(hint))
+    )

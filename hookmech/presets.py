@@ -1,6 +1,7 @@
 """The papers' *models*: per-layer patterns of mixers (paper 000 appendix B; its code, tinylang
 ``model/zoology.py``). `REGISTRY` holds mixers; these are named separately (``--preset NAME``), so
 ``REGISTRY["based"]`` stays the Based mixer while preset ``based`` is the Based *model*."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -8,6 +8,7 @@ token is *linearly decodable* there; it does not say the model uses it (patching
 
 Everything is read from the cache (`hookmech.cache.CacheFile`); no model is loaded.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,9 @@ class ProbeResult:
         return asdict(self)
 
 
-def probe_data(cache: CacheFile, site: str, pos: str, target: str, which: str = "clean") -> tuple[Tensor, Tensor, Tensor]:
+def probe_data(
+    cache: CacheFile, site: str, pos: str, target: str, which: str = "clean"
+) -> tuple[Tensor, Tensor, Tensor]:
     """Return ``(features [N, D] float32, labels [N] int64, doc_index [N])``: each row's activation of `site`
     at `pos` (a role, or an integer: ``p`` or ``-k`` from the row's end), flattened, and the
     target token of the `which` run's document (``key`` / ``value``: the token at that role;
@@ -58,8 +61,10 @@ def probe_data(cache: CacheFile, site: str, pos: str, target: str, which: str = 
         raise unknown("run", which, WHICH)
     batch = cache.batch()
     if pos.strip() in ("all", "whole") or "+" in pos:
-        raise UsageError(f"a probe reads one position per row, not {pos.strip()!r}: give a role "
-                         f"({', '.join(batch.roles)}) or an integer (-1: each row's last token)")
+        raise UsageError(
+            f"a probe reads one position per row, not {pos.strip()!r}: give a role "
+            f"({', '.join(batch.roles)}) or an integer (-1: each row's last token)"
+        )
     positions = row_positions(pos.strip(), batch.roles, batch.lengths)
     features = cache.gather(site, positions.numpy(), which).float().flatten(1)
     if target == "answer":
@@ -84,15 +89,24 @@ def split_by_document(doc_index: Tensor, heldout_frac: float, seed: int) -> tupl
     return ~heldout, heldout
 
 
-def fit_logistic(features: Tensor, labels: Tensor, n_classes: int, weight_decay: float, max_iter: int) -> tuple[Tensor, Tensor]:
+def fit_logistic(
+    features: Tensor, labels: Tensor, n_classes: int, weight_decay: float, max_iter: int
+) -> tuple[Tensor, Tensor]:
     """Fit multinomial logistic regression (cross-entropy + ``weight_decay/2 · ||W||²``) with
     full-batch L-BFGS from zero weights, deterministic. `features` ``[n, D]``, `labels` ``[n]``
     in ``0..n_classes-1``. Returns ``(W [D, n_classes], b [n_classes])``."""
     features = features.double()
     weight = torch.zeros(features.shape[1], n_classes, dtype=torch.float64, requires_grad=True)
     bias = torch.zeros(n_classes, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weight, bias], lr=1, max_iter=max_iter, history_size=20,
-                                  line_search_fn="strong_wolfe", tolerance_grad=1e-9, tolerance_change=1e-12)
+    optimizer = torch.optim.LBFGS(
+        [weight, bias],
+        lr=1,
+        max_iter=max_iter,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+    )
 
     def closure() -> Tensor:
         optimizer.zero_grad()

@@ -18,6 +18,7 @@ From ``RUNS/results.csv`` (and the run folders) `build_report` draws
 A *series* is one value of the grid keys other than d_model, lr and seed (e.g. one arch).
 File names depend only on the runs; figures are drawn with fixed seeds and no timestamps.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,7 +49,7 @@ def grid_keys(runs_dir: Path, rows: Sequence[dict[str, Any]]) -> list[str]:
     if sweep_file.exists():
         return list(json.loads(sweep_file.read_text())["grid"])
     columns = list(rows[0]) if rows else []
-    return columns[1:columns.index("status")] if "status" in columns else []
+    return columns[1 : columns.index("status")] if "status" in columns else []
 
 
 def series_of(row: dict[str, Any], keys: Sequence[str]) -> str:
@@ -61,8 +62,9 @@ def series_of(row: dict[str, Any], keys: Sequence[str]) -> str:
     return ", ".join(f"{key}={row[key]}" for key in own)
 
 
-def bootstrap_interval(values: Sequence[float], level: float = 0.95, n_boot: int = N_BOOTSTRAP,
-                       seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(
+    values: Sequence[float], level: float = 0.95, n_boot: int = N_BOOTSTRAP, seed: int = 0
+) -> tuple[float, float]:
     """Return the percentile bootstrap interval of the mean of `values` (fixed seed)."""
     data = np.asarray(values, dtype=float)
     if len(data) == 0:
@@ -103,8 +105,16 @@ def summarise(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[
         best_lr = max(by_lr, key=lambda lr: (np.mean([r["dev_acc"] for r in by_lr[lr]]), -(lr or 0)))
         chosen = by_lr[best_lr]
         dev = np.array([r["dev_acc"] for r in chosen])
-        entry = {"series": series, "d_model": d_model, "lr": best_lr, "n_seeds": len(chosen),
-                 "dev_acc": dev.mean(), "dev_sd": dev.std(), "dev_min": dev.min(), "dev_max": dev.max()}
+        entry = {
+            "series": series,
+            "d_model": d_model,
+            "lr": best_lr,
+            "n_seeds": len(chosen),
+            "dev_acc": dev.mean(),
+            "dev_sd": dev.std(),
+            "dev_min": dev.min(),
+            "dev_max": dev.max(),
+        }
         if any(r.get("test_acc") is not None for r in chosen):
             test = np.array([r["test_acc"] for r in chosen if r.get("test_acc") is not None])
             entry.update(test_acc=test.mean(), test_min=test.min(), test_max=test.max())
@@ -150,9 +160,10 @@ def plot_accuracy(summary: list[dict[str, Any]], path: Path, title: str) -> None
     series = list(dict.fromkeys(e["series"] for e in summary))
     colors = _colors(series)
     has_test = any("test_acc" in e for e in summary)
-    fig, axes = plt.subplots(1, 2 if has_test else 1, figsize=(10 if has_test else 5.5, 4), squeeze=False,
-                             sharey=True)
-    for ax, (key, label) in zip(axes[0], [("dev", "dev"), ("test", "test (held-out pairs)")], strict=False):  # no test axis without test runs
+    fig, axes = plt.subplots(1, 2 if has_test else 1, figsize=(10 if has_test else 5.5, 4), squeeze=False, sharey=True)
+    for ax, (key, label) in zip(
+        axes[0], [("dev", "dev"), ("test", "test (held-out pairs)")], strict=False
+    ):  # no test axis without test runs
         for name in series:
             points = [e for e in summary if e["series"] == name and f"{key}_acc" in e]
             if not points:
@@ -192,36 +203,45 @@ def plot_lr_sensitivity(rows: Sequence[dict[str, Any]], keys: Sequence[str], pat
             mean = [np.mean(by_lr[lr]) for lr in lrs]
             color = cmap(index / max(1, len(d_models) - 1))
             ax.plot(lrs, mean, marker="o", color=color, label=f"d_model {d_model}")
-            ax.fill_between(lrs, [min(by_lr[lr]) for lr in lrs], [max(by_lr[lr]) for lr in lrs], color=color,
-                            alpha=0.2)
+            ax.fill_between(lrs, [min(by_lr[lr]) for lr in lrs], [max(by_lr[lr]) for lr in lrs], color=color, alpha=0.2)
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("learning rate")
         ax.set_ylabel("dev accuracy")
         ax.set_title(name)
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(series):]:
+    for ax in list(axes.flat)[len(series) :]:
         ax.set_visible(False)
     fig.suptitle(f"{title}: learning-rate sensitivity (mean, min–max over seeds)")
     fig.tight_layout()
     _save(fig, path)
 
 
-def plot_value_vs_query(rows: Sequence[dict[str, Any]], keys: Sequence[str], site: str, path: Path,
-                        title: str) -> None:
+def plot_value_vs_query(rows: Sequence[dict[str, Any]], keys: Sequence[str], site: str, path: Path, title: str) -> None:
     """Scatter of attribution at the value (x) vs the query (y), one point per run passing the filter."""
     plt = _pyplot()
-    passing = [r for r in rows if r["status"] == "finished" and r.get("mech_passes")
-               and r.get(f"attr:{site}@value") is not None and r.get(f"attr:{site}@query") is not None]
+    passing = [
+        r
+        for r in rows
+        if r["status"] == "finished"
+        and r.get("mech_passes")
+        and r.get(f"attr:{site}@value") is not None
+        and r.get(f"attr:{site}@query") is not None
+    ]
     series = list(dict.fromkeys(series_of(r, keys) for r in rows))
     colors = _colors(series)
     markers = "osD^v<>px*"
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for index, name in enumerate(series):
         points = [r for r in passing if series_of(r, keys) == name]
-        ax.scatter([r[f"attr:{site}@value"] for r in points], [r[f"attr:{site}@query"] for r in points],
-                   color=colors[name], marker=markers[index % len(markers)], alpha=0.8,
-                   label=f"{name} ({len(points)} runs)")
+        ax.scatter(
+            [r[f"attr:{site}@value"] for r in points],
+            [r[f"attr:{site}@query"] for r in points],
+            color=colors[name],
+            marker=markers[index % len(markers)],
+            alpha=0.8,
+            label=f"{name} ({len(points)} runs)",
+        )
     ax.plot([0, 1], [1, 0], color="grey", linestyle=":", linewidth=1)
     ax.set_xlim(-0.1, 1.1)
     ax.set_ylim(-0.1, 1.1)
@@ -232,8 +252,9 @@ def plot_value_vs_query(rows: Sequence[dict[str, Any]], keys: Sequence[str], sit
     _save(fig, path)
 
 
-def plot_attribution_summary(rows: Sequence[dict[str, Any]], keys: Sequence[str], site: str, path: Path,
-                             title: str) -> None:
+def plot_attribution_summary(
+    rows: Sequence[dict[str, Any]], keys: Sequence[str], site: str, path: Path, title: str
+) -> None:
     """Grouped bars: mean attribution at key/value/query per series over passing runs, 95% bootstrap CI."""
     plt = _pyplot()
     series = list(dict.fromkeys(series_of(r, keys) for r in rows))
@@ -244,8 +265,11 @@ def plot_attribution_summary(rows: Sequence[dict[str, Any]], keys: Sequence[str]
     for offset, pos in enumerate(POSITIONS):
         means, lows, highs = [], [], []
         for name in series:
-            values = [r[f"attr:{site}@{pos}"] for r in passing
-                      if series_of(r, keys) == name and r.get(f"attr:{site}@{pos}") is not None]
+            values = [
+                r[f"attr:{site}@{pos}"]
+                for r in passing
+                if series_of(r, keys) == name and r.get(f"attr:{site}@{pos}") is not None
+            ]
             mean = float(np.mean(values)) if values else math.nan
             low, high = bootstrap_interval(values)
             means.append(mean)
@@ -254,12 +278,12 @@ def plot_attribution_summary(rows: Sequence[dict[str, Any]], keys: Sequence[str]
         x = np.arange(len(series)) + (offset - 1) * width
         ax.bar(x, means, width, yerr=[lows, highs], capsize=2, label=pos, color=pos_colors[pos])
     counts = [sum(series_of(r, keys) == name for r in passing) for name in series]
-    ax.set_xticks(np.arange(len(series)), [f"{name}\n(n={count})" for name, count in zip(series, counts, strict=True)],
-                  fontsize=8)
+    ax.set_xticks(
+        np.arange(len(series)), [f"{name}\n(n={count})" for name, count in zip(series, counts, strict=True)], fontsize=8
+    )
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_ylabel(f"attribution at {site}")
-    ax.set_title(f"{title}: attribution by position (mean, 95% bootstrap CI over runs passing the filter)",
-                 fontsize=9)
+    ax.set_title(f"{title}: attribution by position (mean, 95% bootstrap CI over runs passing the filter)", fontsize=9)
     ax.legend(title="position")
     _save(fig, path)
 
@@ -277,8 +301,15 @@ def plot_heatmap(records: Sequence[dict[str, Any]], path: Path, title: str) -> N
     image = ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
     for (i, j), value in np.ndenumerate(grid):
         if not np.isnan(value):
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if abs(value) > 0.6 else "black")
+            ax.text(
+                j,
+                i,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if abs(value) > 0.6 else "black",
+            )
     ax.set_xticks(range(len(positions)), positions)
     ax.set_yticks(range(len(sites)), sites)
     ax.set_xlabel("patched position")
@@ -302,8 +333,7 @@ def plot_dynamics(metrics: Sequence[dict[str, Any]], path: Path, title: str) -> 
     axes[0].set_yscale("log")
     axes[0].set_ylabel("train loss")
     axes[1].plot(steps, [m["dev_acc"] for m in metrics], color="tab:red", label="dev accuracy")
-    axes[1].plot(steps, [m["dev_p_answer"] for m in metrics], color="tab:purple", linestyle="--",
-                 label="dev p(answer)")
+    axes[1].plot(steps, [m["dev_p_answer"] for m in metrics], color="tab:purple", linestyle="--", label="dev p(answer)")
     axes[1].set_ylim(-0.02, 1.02)
     axes[1].set_ylabel("dev accuracy")
     keys = list(dict.fromkeys(k for m in steps_attr for k in m if k.startswith("attr:")))
@@ -338,12 +368,20 @@ def headline_table(summary: Sequence[dict[str, Any]]) -> str:
     header += ["attr value", "attr query", "attr key", "pass filter"] if has_attr else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for e in summary:
-        cells = [e["series"], _fmt(e["d_model"]), _fmt(e["lr"]),
-                 f"{e['dev_acc']:.3f} ± {e['dev_sd']:.3f} (n={e['n_seeds']})"]
+        cells = [
+            e["series"],
+            _fmt(e["d_model"]),
+            _fmt(e["lr"]),
+            f"{e['dev_acc']:.3f} ± {e['dev_sd']:.3f} (n={e['n_seeds']})",
+        ]
         cells += [_fmt(e.get("test_acc"))] if has_test else []
         if has_attr:
-            cells += [_fmt(e.get("attr_value")), _fmt(e.get("attr_query")), _fmt(e.get("attr_key")),
-                      f"{e.get('n_pass', 0)}/{e['n_seeds']}"]
+            cells += [
+                _fmt(e.get("attr_value")),
+                _fmt(e.get("attr_query")),
+                _fmt(e.get("attr_key")),
+                f"{e.get('n_pass', 0)}/{e['n_seeds']}",
+            ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -441,12 +479,17 @@ def _check_report_folder(out_dir: Path) -> None:
         raise UsageError(f"-o {out_dir} is not a folder; give a report folder")
     if not out_dir.exists():
         return
-    others = sorted(entry.name for entry in out_dir.iterdir()
-                    if not (entry.is_file() and not entry.is_symlink() and any(entry.match(pattern) for pattern in REPORT_FILES)))
+    others = sorted(
+        entry.name
+        for entry in out_dir.iterdir()
+        if not (entry.is_file() and not entry.is_symlink() and any(entry.match(pattern) for pattern in REPORT_FILES))
+    )
     if others:
-        raise UsageError(f"-o {out_dir} exists and is not a report folder (it holds {others[0]}"
-                         f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}); "
-                         "give a new folder or an earlier report's")
+        raise UsageError(
+            f"-o {out_dir} exists and is not a report folder (it holds {others[0]}"
+            f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}); "
+            "give a new folder or an earlier report's"
+        )
 
 
 @contextlib.contextmanager
@@ -481,37 +524,67 @@ def _umask() -> int:
     return mask
 
 
-def _write_report(runs_dir: Path, out_dir: Path, rows: list[dict[str, Any]], *, runs: Sequence[str] | None, n: int,
-                  seed: int, heatmaps: bool, log: Callable[[str], None]) -> None:
+def _write_report(
+    runs_dir: Path,
+    out_dir: Path,
+    rows: list[dict[str, Any]],
+    *,
+    runs: Sequence[str] | None,
+    n: int,
+    seed: int,
+    heatmaps: bool,
+    log: Callable[[str], None],
+) -> None:
     """Draw the figures and write report.md of `rows` into the existing folder `out_dir`."""
     keys = grid_keys(runs_dir, rows)
-    title = json.loads((runs_dir / "sweep.json").read_text())["name"] if (runs_dir / "sweep.json").exists() \
+    title = (
+        json.loads((runs_dir / "sweep.json").read_text())["name"]
+        if (runs_dir / "sweep.json").exists()
         else runs_dir.name
+    )
     summary = summarise(rows, keys)
     site = attribution_site(rows)
     counts: defaultdict[str, int] = defaultdict(int)
     for row in rows:
         counts[row["status"]] += 1
-    lines = [f"# Report: {title}", "",
-             f"{len(rows)} runs in `{runs_dir}` ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}). "
-             f"Series: {', '.join(k for k in keys if k not in SWEPT) or '—'}; swept: "
-             f"{', '.join(k for k in keys if k in SWEPT) or '—'}. Best lr per (series, d_model) by mean dev accuracy.",
-             ""]
+    lines = [
+        f"# Report: {title}",
+        "",
+        f"{len(rows)} runs in `{runs_dir}` ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}). "
+        f"Series: {', '.join(k for k in keys if k not in SWEPT) or '—'}; swept: "
+        f"{', '.join(k for k in keys if k in SWEPT) or '—'}. Best lr per (series, d_model) by mean dev accuracy.",
+        "",
+    ]
     if summary:
         lines += ["## Headline", "", headline_table(summary), ""]
         if site is not None:
-            lines += [f"Attributions: `{site}` at each position, mean over the best-lr seeds that pass the filter "
-                      "(p_clean − p_corrupt > threshold); value = induction, query = direct retrieval in layer 0, "
-                      "key = in layer 1 (paper 000 §5.1).", ""]
+            lines += [
+                f"Attributions: `{site}` at each position, mean over the best-lr seeds that pass the filter "
+                "(p_clean − p_corrupt > threshold); value = induction, query = direct retrieval in layer 0, "
+                "key = in layer 1 (paper 000 §5.1).",
+                "",
+            ]
         plot_accuracy(summary, out_dir / "accuracy_vs_d_model.png", title)
         plot_lr_sensitivity(rows, keys, out_dir / "lr_sensitivity.png", title)
-        lines += ["## Accuracy", "", "![accuracy vs d_model](accuracy_vs_d_model.png)", "",
-                  "![learning-rate sensitivity](lr_sensitivity.png)", ""]
+        lines += [
+            "## Accuracy",
+            "",
+            "![accuracy vs d_model](accuracy_vs_d_model.png)",
+            "",
+            "![learning-rate sensitivity](lr_sensitivity.png)",
+            "",
+        ]
     if site is not None and summary:
         plot_value_vs_query(rows, keys, site, out_dir / "attribution_value_vs_query.png", title)
         plot_attribution_summary(rows, keys, site, out_dir / "attribution_summary.png", title)
-        lines += ["## Mechanisms", "", "![value vs query](attribution_value_vs_query.png)", "",
-                  "![attribution summary](attribution_summary.png)", ""]
+        lines += [
+            "## Mechanisms",
+            "",
+            "![value vs query](attribution_value_vs_query.png)",
+            "",
+            "![attribution summary](attribution_summary.png)",
+            "",
+        ]
     by_id = {row["run_id"]: row for row in rows}
     if runs:
         selected = [by_id[r] for r in runs]
@@ -525,14 +598,25 @@ def _write_report(runs_dir: Path, out_dir: Path, rows: list[dict[str, Any]], *, 
             log(f"heatmap {row['run_id']}")
             records = _heatmap_records(run_dir, n, seed)
             name = f"heatmap_{row['run_id']}.png"
-            plot_heatmap(records, out_dir / name, f"{title}: {label} (dev acc {row['dev_acc']:.3f})\n"
-                                                  f"attribution per site × position, {n} examples")
+            plot_heatmap(
+                records,
+                out_dir / name,
+                f"{title}: {label} (dev acc {row['dev_acc']:.3f})\nattribution per site × position, {n} examples",
+            )
             detail += [f"![heatmap {row['run_id']}]({name})", ""]
         name = f"dynamics_{row['run_id']}.png"
-        if plot_dynamics(_read_metrics(run_dir / "metrics.jsonl"), out_dir / name, f"{title}: {label}: training dynamics"):
+        if plot_dynamics(
+            _read_metrics(run_dir / "metrics.jsonl"), out_dir / name, f"{title}: {label}: training dynamics"
+        ):
             detail += [f"![dynamics {row['run_id']}]({name})", ""]
     if detail:
         chosen = "the runs given" if runs else f"the best run of each series ({SELECTION_RULE})"
-        lines += ["## Selected runs", "", f"Runs: {chosen}. Heatmaps: every block-level site × role, one patch each. "
-                  "Dynamics: runs trained with `--mech-every` (or `[mech] every`).", "", *detail]
+        lines += [
+            "## Selected runs",
+            "",
+            f"Runs: {chosen}. Heatmaps: every block-level site × role, one patch each. "
+            "Dynamics: runs trained with `--mech-every` (or `[mech] every`).",
+            "",
+            *detail,
+        ]
     write_text_atomic(out_dir / "report.md", "\n".join(lines).rstrip() + "\n")

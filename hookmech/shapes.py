@@ -17,6 +17,7 @@ Dimension names (one name is one size within a call):
 `Int` is any integer dtype (the cache stores int32 tokens, runs use int64), `Float` any
 floating one (float16/bfloat16/float32/float64).
 """
+
 from __future__ import annotations
 
 from jaxtyping import Float, Float32, Int, Shaped
@@ -38,7 +39,7 @@ QueryLogits = Float[Tensor, "batch d_vocab"]
 #: a mixer's input over a whole base run ``[run, pos, d_model]``, of which it makes a `Context`
 RunResid = Float[Tensor, "run pos d_model"]
 #: what a mixer keeps of a base run for resuming it (`Mixer.prefix_context`): tensors whose first axis is the run's row
-Context = dict[str, Shaped[Tensor, "run ..."]]
+Context = dict[str, Shaped[Tensor, "run ..."]]  # noqa: F722 (a jaxtyping shape, not a forward reference)
 #: the residual stream (or a mixer's input or output) on a resumed window ``[batch, window, d_model]``
 Window = Float[Tensor, "batch window d_model"]
 #: the output of a resumed window at one kept position per row ``[batch, 1, d_model]``

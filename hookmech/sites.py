@@ -10,6 +10,7 @@ Positions (per row of a batch): a role (``key``, ``value``, ``query``, ``divider
 (every position, one patch each), ``whole`` (every position in one joint patch), and joints
 ``key+value`` (several positions patched together).
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -80,7 +81,9 @@ def joint_parts(spec: str, kind: str) -> list[str]:
     parts = [part.strip() for part in spec.split("+")]
     if "" in parts:
         example = "L0.block_out+L1.mixer_in" if kind == "site" else "key+value"
-        raise UsageError(f"{kind} {spec.strip()!r} has an empty part: a joint {kind} joins {kind}s with '+', e.g. {example}")
+        raise UsageError(
+            f"{kind} {spec.strip()!r} has an empty part: a joint {kind} joins {kind}s with '+', e.g. {example}"
+        )
     return parts
 
 
@@ -165,11 +168,14 @@ def row_positions(spec: str, roles: dict[str, Tensor], lengths: Tensor) -> Tenso
         index = int(spec)
         positions = lengths + index if index < 0 else torch.full_like(lengths, index)
         if ((positions < 0) | (positions >= lengths)).any():
-            raise UsageError(f"position {index} is outside some rows (lengths {int(lengths.min())}..{int(lengths.max())})")
+            raise UsageError(
+                f"position {index} is outside some rows (lengths {int(lengths.min())}..{int(lengths.max())})"
+            )
         return positions
     if spec not in roles:
-        raise UsageError(f"unknown position {spec!r}{suggest(spec, [*roles, 'all', 'whole'])}; "
-                         f"this task's roles: {', '.join(roles)}")
+        raise UsageError(
+            f"unknown position {spec!r}{suggest(spec, [*roles, 'all', 'whole'])}; this task's roles: {', '.join(roles)}"
+        )
     return roles[spec]
 
 
@@ -193,15 +199,20 @@ def position_patches(
     for spec in dict.fromkeys(spec.strip() for spec in as_specs(specs)):  # a repeated spec is one patch
         if spec == "all":
             patches.extend(
-                PositionPatch(str(p), torch.zeros(len(lengths), n_pos, dtype=torch.bool).index_fill_(1, torch.tensor([p]), True)
-                              & (p < lengths)[:, None])
+                PositionPatch(
+                    str(p),
+                    torch.zeros(len(lengths), n_pos, dtype=torch.bool).index_fill_(1, torch.tensor([p]), True)
+                    & (p < lengths)[:, None],
+                )
                 for p in range(n_pos)
             )
             continue
         parts = joint_parts(spec, "position")
         if "all" in parts:
-            raise UsageError(f"'all' cannot be part of the joint position {spec!r} (it is one patch per position); "
-                             "use 'whole' to patch every position at once")
+            raise UsageError(
+                f"'all' cannot be part of the joint position {spec!r} (it is one patch per position); "
+                "use 'whole' to patch every position at once"
+            )
         mask = torch.zeros(len(lengths), n_pos, dtype=torch.bool)
         for part in parts:
             mask |= _single_mask(part, roles, lengths, n_pos)
@@ -226,13 +237,15 @@ def list_sites(model) -> list[dict]:
     rows = []
     for hook in hooks:
         point = model.hook_dict[hook]
-        rows.append({
-            "site": hook_to_site(hook),
-            "hook": hook,
-            "shape": list(cache[hook].shape) if hook in cache else None,
-            "axes": axes_of(point),
-            "pos_axis": pos_axis_of(point),
-        })
+        rows.append(
+            {
+                "site": hook_to_site(hook),
+                "hook": hook,
+                "shape": list(cache[hook].shape) if hook in cache else None,
+                "axes": axes_of(point),
+                "pos_axis": pos_axis_of(point),
+            }
+        )
     return rows
 
 

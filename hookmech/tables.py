@@ -1,4 +1,5 @@
 """Plain-text tables for terminal output."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -21,6 +21,7 @@ SHA-256 is part of run.json) — and replayed in a per-epoch order drawn from (s
 or, with ``n_train=0``, fresh documents drawn from (seed, 2, step). So a killed run resumed
 from its last checkpoint ends with exactly the weights of an uninterrupted one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -196,7 +197,9 @@ def _load_resume(path: Path, model: HookedLM, optimizer: torch.optim.Optimizer) 
     return extra
 
 
-def _run_record(model_config: ModelConfig, task: Task, config: TrainConfig, train_set_sha256: str | None) -> dict[str, Any]:
+def _run_record(
+    model_config: ModelConfig, task: Task, config: TrainConfig, train_set_sha256: str | None
+) -> dict[str, Any]:
     record = {
         "model_config": json.loads(model_config.to_json()),
         "task": task.spec,
@@ -248,8 +251,8 @@ def train(
     The summary holds at least ``dev_acc``, ``dev_p_answer``, ``steps``, ``seconds``,
     ``status``. `on_step(step)` is called after each optimizer step (tests use it to
     interrupt a run); `on_eval(step, model)` at each evaluation, its dict is added to that
-    step's metrics line (e.g. attributions measured during training). Raises `HookmechError` if the loss becomes NaN (the last good
-    checkpoint is kept).
+    step's metrics line (e.g. attributions measured during training). Raises `HookmechError` if
+    the loss becomes NaN (the last good checkpoint is kept).
 
     `train_set` (rows of `task`, ``config.n_train`` of them) replaces the sampled training set;
     `train_set_sha256` (default: `batch_sha256` of it; the CLI gives the dataset file's) is
@@ -272,18 +275,41 @@ def train(
         raise UsageError("train_set_sha256 given without a train_set")
     record = _run_record(model_config, task, config, train_set_sha256)
     with folder_lock(out, "run folder"):  # a run that never started leaves no folder it made
-        return _train_in_folder(task, model_config, config, out, record, device=device, progress=progress,
-                                on_step=on_step, on_eval=on_eval, log=log, train_set=train_set)
+        return _train_in_folder(
+            task,
+            model_config,
+            config,
+            out,
+            record,
+            device=device,
+            progress=progress,
+            on_step=on_step,
+            on_eval=on_eval,
+            log=log,
+            train_set=train_set,
+        )
 
 
 #: files whose presence means a run folder holds training done (run.json alone does not)
 PROGRESS_FILES = ("summary.json", "resume.safetensors", "metrics.jsonl", "model.safetensors")
 
 
-def _train_in_folder(task: Task, model_config: ModelConfig, config: TrainConfig, out: Path, record: dict[str, Any], *,
-                     device: str, progress: bool | None, on_step, on_eval, log, train_set: Batch | None) -> dict[str, Any]:
+def _train_in_folder(
+    task: Task,
+    model_config: ModelConfig,
+    config: TrainConfig,
+    out: Path,
+    record: dict[str, Any],
+    *,
+    device: str,
+    progress: bool | None,
+    on_step,
+    on_eval,
+    log,
+    train_set: Batch | None,
+) -> dict[str, Any]:
     """`train`'s work, with the run folder locked."""
-    summary_path, resume_path, metrics_path = out / "summary.json", out / "resume.safetensors", out / "metrics.jsonl"
+    summary_path = out / "summary.json"
     train_set_sha256 = record.get("train_set_sha256")
     run_path = out / "run.json"
     started = any((out / name).exists() for name in PROGRESS_FILES)
@@ -292,7 +318,8 @@ def _train_in_folder(task: Task, model_config: ModelConfig, config: TrainConfig,
         if previous != json.loads(json.dumps(record)):
             if previous.get("train_set_sha256") != train_set_sha256:
                 raise HookmechError(
-                    f"{out} was trained on other data (training set sha256 {previous.get('train_set_sha256') or 'none: sampled'}, "
+                    f"{out} was trained on other data "
+                    f"(training set sha256 {previous.get('train_set_sha256') or 'none: sampled'}, "
                     f"now {train_set_sha256 or 'none: sampled'}); give the same data or choose another -o folder"
                 )
             raise HookmechError(f"{out} holds a different run (its run.json differs); choose another -o folder")
@@ -308,17 +335,41 @@ def _train_in_folder(task: Task, model_config: ModelConfig, config: TrainConfig,
     dev = task.sample(config.n_dev, seed=(config.seed, _DEV_SET))
     write_text_atomic(run_path, json.dumps(record, indent=2, sort_keys=True))
     try:
-        return _train_loop(task, config, out, model, optimizer, data, dev, device=device, progress=progress,
-                           on_step=on_step, on_eval=on_eval, log=log)
+        return _train_loop(
+            task,
+            config,
+            out,
+            model,
+            optimizer,
+            data,
+            dev,
+            device=device,
+            progress=progress,
+            on_step=on_step,
+            on_eval=on_eval,
+            log=log,
+        )
     except BaseException:
         if not started and not any((out / name).exists() for name in PROGRESS_FILES):
             run_path.unlink(missing_ok=True)  # failed before its first step: the folder stays free
         raise
 
 
-def _train_loop(task: Task, config: TrainConfig, out: Path, model: HookedLM, optimizer: torch.optim.Optimizer,
-                data: DataStream, dev: Batch, *, device: str, progress: bool | None, on_step, on_eval,
-                log) -> dict[str, Any]:
+def _train_loop(
+    task: Task,
+    config: TrainConfig,
+    out: Path,
+    model: HookedLM,
+    optimizer: torch.optim.Optimizer,
+    data: DataStream,
+    dev: Batch,
+    *,
+    device: str,
+    progress: bool | None,
+    on_step,
+    on_eval,
+    log,
+) -> dict[str, Any]:
     """Run the optimizer steps left in `out` (resuming from its resume state) and return the summary."""
     summary_path, resume_path, metrics_path = out / "summary.json", out / "resume.safetensors", out / "metrics.jsonl"
     start, seconds_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
@@ -338,8 +389,12 @@ def _train_loop(task: Task, config: TrainConfig, out: Path, model: HookedLM, opt
         return seconds_before + time.perf_counter() - began
 
     def checkpoint(step: int) -> None:
-        _save_resume(resume_path, model, optimizer,
-                     {"step": step, "seconds": elapsed(), "loss_sum": loss_sum, "loss_count": loss_count})
+        _save_resume(
+            resume_path,
+            model,
+            optimizer,
+            {"step": step, "seconds": elapsed(), "loss_sum": loss_sum, "loss_count": loss_count},
+        )
         save(model, out / "model.safetensors", task_spec=task.spec, summary={"steps": step, **last_eval})
 
     for step in range(start, total):
@@ -361,8 +416,13 @@ def _train_loop(task: Task, config: TrainConfig, out: Path, model: HookedLM, opt
         bar.update(1)
         if done % config.eval_every == 0 or done == total:
             last_eval = evaluate(model, dev)
-            entry = {"step": done, "loss": loss_sum / loss_count, "lr": learning_rate(step, config),
-                     **last_eval, "seconds": round(elapsed(), 3)}
+            entry = {
+                "step": done,
+                "loss": loss_sum / loss_count,
+                "lr": learning_rate(step, config),
+                **last_eval,
+                "seconds": round(elapsed(), 3),
+            }
             if on_eval is not None:
                 entry.update(on_eval(done, model))
                 model.train()
@@ -377,8 +437,12 @@ def _train_loop(task: Task, config: TrainConfig, out: Path, model: HookedLM, opt
     bar.close()
     summary = {"status": "finished", "steps": total, "seconds": round(elapsed(), 3), **evaluate(model, dev)}
     # no wall-clock values in the model file: identical runs write identical checkpoints
-    save(model, out / "model.safetensors", task_spec=task.spec,
-         summary={key: value for key, value in summary.items() if key != "seconds"})
+    save(
+        model,
+        out / "model.safetensors",
+        task_spec=task.spec,
+        summary={key: value for key, value in summary.items() if key != "seconds"},
+    )
     _write_summary(summary_path, summary)
     return summary
 

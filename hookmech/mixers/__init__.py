@@ -3,18 +3,19 @@
 Every mixer is built as ``REGISTRY[name](d_model=..., **kwargs)`` and maps
 ``[batch, pos, d_model] -> [batch, pos, d_model]``; see `base.Mixer` for what each declares.
 """
+
 from __future__ import annotations
 
 from .attention import Attention
-from .mamba import Mamba
+from .base import Mixer, check_mixer_options, mixer_options
 from .baseconv import BaseConv
-from .h3 import H3
-from .hyena import Hyena
 from .based import Based
 from .deltanet import DeltaNet
+from .h3 import H3
+from .hyena import Hyena
+from .mamba import Mamba
 from .mamba2 import Mamba2
 from .rwkv import RWKV6
-from .base import Mixer, check_mixer_options, mixer_options
 
 REGISTRY: dict[str, type[Mixer]] = {
     "mamba2": Mamba2,

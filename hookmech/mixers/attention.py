@@ -4,6 +4,7 @@ Options from the papers: `window` (local causal attention over the last `window`
 paper 000's fixture uses window 2 in layer 0, i.e. current and previous token) and a short
 causal convolution on any of q/k/v (`qkv_conv="k"`, paper 003 table 1).
 """
+
 from __future__ import annotations
 
 import math
@@ -113,8 +114,9 @@ class Attention(Mixer):
         (before the optional short convolutions, which re-run on the spliced buffer)."""
         return {"qkv": self.Wqkv(x)}
 
-    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (``[B, 1, d_model]`` at `keep`):
         only the window's tokens are projected; they attend to the earlier keys and values of
         the context's run, and only the kept queries are read out."""

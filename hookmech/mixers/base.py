@@ -1,4 +1,5 @@
 """What every sequence mixer declares, so that the backbone never has to name one."""
+
 from __future__ import annotations
 
 import inspect
@@ -55,6 +56,7 @@ class Mixer(nn.Module):
     output_projections: ClassVar[tuple[str, ...]] = ()
 
     if TYPE_CHECKING:  # declared for mypy and readers; each mixer defines it (nn.Module's raises)
+
         def forward(self, x: Resid) -> Resid:
             """Return the mixed sequence ``[batch, pos, d_model]`` of `x` ``[batch, pos, d_model]``."""
 
@@ -77,8 +79,9 @@ class Mixer(nn.Module):
         give both (the engine's unpatched base run records contexts this way)."""
         return self(x), self.prefix_context(x)
 
-    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output at positions ``start[i] .. start[i] + W - 1`` of row ``rows[i]``,
         ``[B, W, d_model]``, when the input there is `x` ``[B, W, d_model]`` and the input at
         earlier positions is that of the run `context` was made from (`prefix_context`).

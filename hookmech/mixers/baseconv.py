@@ -9,6 +9,7 @@ or, with ``implicit_long_conv=False``, an explicit filter of l_max taps per chan
 zoology, the long convolution carries its own skip term, ``conv(u) = h * u + u``, and the
 short one does not. Paper 000's BaseConv model alternates k=3 and k=-1 layers (appendix B).
 """
+
 from __future__ import annotations
 
 import torch
@@ -145,8 +146,9 @@ class BaseConv(Mixer):
         (there is no projection before it), so the earlier inputs are all it needs."""
         return {"u": x}
 
-    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
 
         Only the window is projected; the convolution runs over the full-length input with

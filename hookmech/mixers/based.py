@@ -15,6 +15,7 @@ Two views compute the same y (paper 000 appendix B uses `train_view="quadratic"`
 - linear: the recurrence above, chunked (intra-chunk quadratic, inter-chunk state).
 The recurrent state (S_t, z_t) is materialised per position only when its hook is active.
 """
+
 from __future__ import annotations
 
 import math
@@ -108,9 +109,7 @@ class Based(Mixer):
             raise UsageError(f"based: d_model {d_model} is not divisible by num_heads {num_heads}")
         # zoology sizes k by num_heads and views it by num_key_value_heads: they must agree.
         if num_key_value_heads != num_heads:
-            raise UsageError(
-                f"based: num_key_value_heads ({num_key_value_heads}) must equal num_heads ({num_heads})"
-            )
+            raise UsageError(f"based: num_key_value_heads ({num_key_value_heads}) must equal num_heads ({num_heads})")
         if eps < 0:
             raise UsageError(f"based: eps must be >= 0, got {eps}")
         if chunk_size < 1:
@@ -178,8 +177,9 @@ class Based(Mixer):
             return {"phi_k": phi_k, "v": v}
         return {"kv_state": (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=1), "k_state": phi_k.cumsum(dim=1)}
 
-    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only; the queries attend to the earlier
         keys (quadratic view) or read the state at start - 1 (linear view)."""
@@ -229,7 +229,11 @@ def based_quadratic(phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, query_p
 
 
 def based_chunked(
-    phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float, chunk_size: int,
+    phi_q: Tensor,
+    phi_k: Tensor,
+    v: Tensor,
+    eps: float,
+    chunk_size: int,
     initial_state: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Linear view, chunked: within a chunk the quadratic form, across chunks the state

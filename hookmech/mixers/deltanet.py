@@ -19,6 +19,7 @@ Two forms compute the same o:
   (the UT transform, one triangular solve per chunk). Chunks follow one another sequentially.
 The per-position state is materialised only when its hook is active.
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -175,15 +176,18 @@ class DeltaNet(Mixer):
         context["state"] = self._states(q, k, v, self._beta(x), None, 0, x.shape[1])
         return context
 
-    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only, the delta rule from S_{start-1}."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.conv_size > 0:
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
-            q, k, v = (conv.forward_from(t, context[name], rows, start)
-                       for conv, name, t in zip(convs, "qkv", (q, k, v), strict=True))
+            q, k, v = (
+                conv.forward_from(t, context[name], rows, start)
+                for conv, name, t in zip(convs, "qkv", (q, k, v), strict=True)
+            )
         q, k, v = self._heads(q, k, v)
         initial = state_before(context["state"], rows, start)
         if self.mode == "chunk":
@@ -202,13 +206,21 @@ class DeltaNet(Mixer):
         """Return the write strength beta ``[b, t, head]`` (ones without `use_beta`)."""
         return self.b_proj(x).sigmoid() if self.use_beta else x.new_ones(*x.shape[:2], self.num_heads)
 
-    def _states(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor,
-                initial_state: Tensor | None, start: int, end: int) -> Tensor:
+    def _states(
+        self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Tensor | None, start: int, end: int
+    ) -> Tensor:
         """States after positions start .. end-1 from the state before `start`,
         ``[batch, end - start, head, d_v, d_k]`` (the rescan of `state_patch`)."""
         window = slice(start, end)
-        return delta_rule_chunked(q[:, window], k[:, window], v[:, window], beta[:, window],
-                                  self.chunk_size, return_states=True, initial_state=initial_state)[1]
+        return delta_rule_chunked(
+            q[:, window],
+            k[:, window],
+            v[:, window],
+            beta[:, window],
+            self.chunk_size,
+            return_states=True,
+            initial_state=initial_state,
+        )[1]
 
 
 def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:

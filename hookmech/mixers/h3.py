@@ -16,6 +16,7 @@ d_model 64; its code (tinylang ``model/zoology.py``) builds H3 with ``d_state = 
 ``head_dim = 2``, which we take: ``d_state=None`` means ``l_max``. With d_state >= L the shift
 SSM is an explicit causal filter over the whole sequence ("equivalent to Hyena", says that code).
 """
+
 from __future__ import annotations
 
 import math
@@ -131,8 +132,9 @@ class H3(Mixer):
 
     output_projections = ("out_proj",)
 
-    def __init__(self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2,
-                 bias: bool = True):
+    def __init__(
+        self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2, bias: bool = True
+    ):
         super().__init__()
         del bias  # accepted and ignored, as zoology's H3 does (see the class docstring)
         # the diagonal SSM pairs its modes as conjugates: round l_max up to an even size
@@ -217,8 +219,9 @@ class H3(Mixer):
         what the two SSMs read at earlier positions (the query is only read at its own)."""
         return {"k": self._heads(self.k_proj(x)), "v": self._heads(self.v_proj(x))}
 
-    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
 
         Only the window is projected; both SSM convolutions run over the full-length keys

@@ -11,10 +11,12 @@ switches (its projections and short convolution always have biases); paper 000's
 ``model/zoology.py``) passes ``bias=False``, which zeroes it, so it is off by default here.
 ``bias=True`` or ``filter_bias=True`` (the older name, same switch) restores zoology's own default.
 ``conv_bias_init="torch"`` starts the short convolution's bias as ``nn.Conv1d`` does (zoology's
-``short_filter`` is one; ours starts at zero by default). ``train_filter_z=True`` trains the filter's positional input z (`long_conv.ImplicitFilter`), as paper
+``short_filter`` is one; ours starts at zero by default). ``train_filter_z=True`` trains the
+filter's positional input z (`long_conv.ImplicitFilter`), as paper
 000's code does (zoology registers z as a parameter; tinylang's optimizer trains every parameter at
 the one learning rate); off by default, z fixed.
 """
+
 from __future__ import annotations
 
 import torch
@@ -126,8 +128,9 @@ class Hyena(Mixer):
         before the short convolution; everything after it is cheap to redo."""
         return {"projected": self.in_proj(x)}
 
-    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
 
         Only the window goes through in_proj and out_proj; the convolutions run over the

@@ -13,6 +13,7 @@ small MLP with sine activations reads a fixed positional embedding of t and an e
 decay (different rate per channel) windows its output. It depends on positions only, never
 on the input, so its hook has no position axis.
 """
+
 from __future__ import annotations
 
 import math

@@ -20,6 +20,7 @@ Paths: the pure PyTorch path (reference, default) uses the chunked scan of
 `causal_conv1d_fn`) is taken only on CUDA, when both import, and when no hook inside the
 mixer is in use, since the fused kernels never expose their intermediates.
 """
+
 from __future__ import annotations
 
 import math
@@ -119,8 +120,12 @@ class Mamba(Mixer):
         self.in_proj = nn.Linear(d_model, self.d_inner * (2 if gate else 1), bias=bias)
         if d_conv > 0:
             self.conv1d = nn.Conv1d(
-                self.d_inner, self.d_inner, kernel_size=d_conv, groups=self.d_inner,
-                padding=d_conv - 1, bias=conv_bias,
+                self.d_inner,
+                self.d_inner,
+                kernel_size=d_conv,
+                groups=self.d_inner,
+                padding=d_conv - 1,
+                bias=conv_bias,
             )
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
@@ -239,8 +244,9 @@ class Mamba(Mixer):
             context["in_x"] = in_x
         return context, u, z, C
 
-    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]``: the window is projected and
         scanned from each row's state at start - 1; the convolution reads the d_conv - 1
         earlier inputs from the context."""
@@ -303,10 +309,15 @@ class Mamba(Mixer):
         dt, B, C = self.x_proj(u.transpose(1, 2)).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = (dt @ self.dt_proj.weight.T).transpose(1, 2)  # bias and softplus run inside the kernel
         y = selective_scan_fn(
-            u.contiguous(), delta.contiguous(), self._A(),
-            B.transpose(1, 2).contiguous(), C.transpose(1, 2).contiguous(), self.D.float(),
+            u.contiguous(),
+            delta.contiguous(),
+            self._A(),
+            B.transpose(1, 2).contiguous(),
+            C.transpose(1, 2).contiguous(),
+            self.D.float(),
             z=None if z is None else z.contiguous(),
-            delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
+            delta_bias=self.dt_proj.bias.float(),
+            delta_softplus=True,
         )
         return self.out_proj(y.transpose(1, 2))
 

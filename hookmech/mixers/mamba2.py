@@ -16,6 +16,7 @@ dt_bias, A_log, D, norm, out_proj`; `conv1d` has `nn.Conv1d`'s keys). Per head h
 algorithm (§6: quadratic "attention" form inside chunks, the recurrence between chunks),
 the default. Both are pinned together by the tests.
 """
+
 from __future__ import annotations
 
 import math
@@ -187,8 +188,13 @@ class Mamba2(Mixer):
     ):
         super().__init__()
         d_inner = expand * d_model
-        for name, value in (("d_state", d_state), ("expand", expand), ("headdim", headdim),
-                            ("ngroups", ngroups), ("chunk_size", chunk_size)):
+        for name, value in (
+            ("d_state", d_state),
+            ("expand", expand),
+            ("headdim", headdim),
+            ("ngroups", ngroups),
+            ("chunk_size", chunk_size),
+        ):
             if value < 1:
                 raise UsageError(f"mamba2: {name} must be >= 1, got {value}")
         if d_conv < 0:
@@ -282,8 +288,9 @@ class Mamba2(Mixer):
         _, states = ssd_chunked(x, dt, -torch.exp(self.A_log), B, C, self.chunk_size, return_all_states=True)
         return {"xbc": xbc, "ssm_state": states}
 
-    def forward_from(self, u: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, u: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `u` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): in_proj on the window only, SSD from the state at start - 1."""
         batch, n_pos, _ = u.shape
@@ -320,8 +327,16 @@ class Mamba2(Mixer):
 
         def rescan(initial_state: Tensor, start: int, end: int) -> Tensor:
             sl = slice(start, end)
-            return ssd_chunked(x[:, sl], dt[:, sl], A, B[:, sl], C[:, sl], self.chunk_size,
-                               initial_state=initial_state, return_all_states=True)[1]
+            return ssd_chunked(
+                x[:, sl],
+                dt[:, sl],
+                A,
+                B[:, sl],
+                C[:, sl],
+                self.chunk_size,
+                initial_state=initial_state,
+                return_all_states=True,
+            )[1]
 
         states = hook_state_with_propagation(self.hook_ssm_state, states, rescan)
         return torch.einsum("blhpn,blhn->blhp", states, _expand_groups(C, self.n_heads))

@@ -8,6 +8,7 @@ Two kinds of causal operator occur:
   stays in [0, 1] however long the sequence (a product exp(c_t) · exp(-c_s) would overflow);
 * a convolution y_t = Σ_s h_{t-s} u_s is the Toeplitz matrix T[t, s] = h_{t-s}: `toeplitz`.
 """
+
 from __future__ import annotations
 
 import torch

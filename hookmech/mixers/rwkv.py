@@ -18,6 +18,7 @@ backbone's init rescales it. With x'_t = x_{t-1} - x_t (token shift, x_{-1} = 0)
 chunk by chunk: a masked quadratic form inside each chunk (gated linear attention with a
 per-channel decay) and the recurrence between chunks. The tests pin the two together.
 """
+
 from __future__ import annotations
 
 import torch
@@ -117,9 +118,7 @@ def wkv_chunked(
     if not return_all_states:
         return out, state
     up_to = (positions[None, :] <= positions[:, None])[:, :, None, None]
-    pair_decay_in = torch.exp(
-        (decay_in[:, :, :, None] - decay_in[:, :, None, :]).masked_fill(~up_to, float("-inf"))
-    )
+    pair_decay_in = torch.exp((decay_in[:, :, :, None] - decay_in[:, :, None, :]).masked_fill(~up_to, float("-inf")))
     states = torch.einsum("bctshk,bcshk,bcshv->bcthkv", pair_decay_in, k, v)
     states = states + torch.exp(decay_in)[..., None] * entering[:, :, None]
     return out, states.reshape(batch, n_chunks * chunk_size, n_heads, d_k, d_v)[:, :n_pos]
@@ -161,8 +160,12 @@ class RWKV6(Mixer):
         super().__init__()
         if head_size < 1 or d_model % head_size:
             raise UsageError(f"rwkv: d_model {d_model} is not divisible by head_size {head_size}")
-        for name, value in (("mix_lora", mix_lora), ("decay_lora", decay_lora),
-                            ("head_size_divisor", head_size_divisor), ("chunk_size", chunk_size)):
+        for name, value in (
+            ("mix_lora", mix_lora),
+            ("decay_lora", decay_lora),
+            ("head_size_divisor", head_size_divisor),
+            ("chunk_size", chunk_size),
+        ):
             if value < 1:
                 raise UsageError(f"rwkv: {name} must be >= 1, got {value}")
         if not 0.0 <= init_depth <= 1.0:
@@ -253,8 +256,9 @@ class RWKV6(Mixer):
         _, states = wkv_chunked(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, return_all_states=True)
         return {"x": x, "wkv_state": states}
 
-    def forward_from(self, x: Window, context: Context, rows: RowInts, start: RowInts,
-                     keep: RowInts | None = None) -> Window | KeptWindow:
+    def forward_from(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
         `Mixer.forward_from`): projections on the window only, WKV from S_{start-1}."""
         before = state_before(context["x"], rows, start)  # x_{start-1}, zeros at start 0
@@ -299,8 +303,16 @@ class RWKV6(Mixer):
 
         def rescan(initial_state: Tensor, start: int, end: int) -> Tensor:
             sl = slice(start, end)
-            return wkv_chunked(r[:, sl], k[:, sl], v[:, sl], log_decay[:, sl], u, self.chunk_size,
-                               initial_state=initial_state, return_all_states=True)[1]
+            return wkv_chunked(
+                r[:, sl],
+                k[:, sl],
+                v[:, sl],
+                log_decay[:, sl],
+                u,
+                self.chunk_size,
+                initial_state=initial_state,
+                return_all_states=True,
+            )[1]
 
         states = hook_state_with_propagation(self.hook_state, states, rescan)
         before = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)  # S_{t-1}

@@ -26,6 +26,7 @@ Side by side:
 * `linear_scan`: the bare recurrence h_t = a_t ⊙ h_{t-1} + b_t with its own backward, for
   callers that need the states themselves (the Mamba mixer when its state hook is on).
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,7 +41,12 @@ DEFAULT_CHUNK = 16
 # reference
 # ---------------------------------------------------------------------------------------
 def selective_scan_ref(
-    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None = None,
     h0: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sequential selective scan, one position at a time (the reference).
@@ -117,7 +123,9 @@ def _time_major(x: Tensor) -> Tensor:
 
 class _SelectiveScan(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int, h0: Tensor | None) -> Tensor:
+    def forward(
+        ctx, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int, h0: Tensor | None
+    ) -> Tensor:
         # Time-major copies make every h[t] one contiguous block for the in-place loop.
         u, delta, B, C = (_time_major(x) for x in (u, delta, B, C))
         delta_u = delta * u
@@ -171,13 +179,26 @@ class _SelectiveScan(torch.autograd.Function):
         grad_u = grad_delta_u * delta
         # the carry out of the first chunk is ∂L/∂h_{-1}, the initial state's gradient
         grad_h0 = carry if ctx.has_h0 else None
-        return (grad_u.transpose(0, 1), grad_delta.transpose(0, 1), grad_A,
-                grad_B.transpose(0, 1), grad_C.transpose(0, 1), None, grad_h0)
+        return (
+            grad_u.transpose(0, 1),
+            grad_delta.transpose(0, 1),
+            grad_A,
+            grad_B.transpose(0, 1),
+            grad_C.transpose(0, 1),
+            None,
+            grad_h0,
+        )
 
 
 def selective_scan(
-    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
-    chunk: int = DEFAULT_CHUNK, h0: Tensor | None = None,
+    u: Tensor,
+    delta: Tensor,
+    A: Tensor,
+    B: Tensor,
+    C: Tensor,
+    D: Tensor | None = None,
+    chunk: int = DEFAULT_CHUNK,
+    h0: Tensor | None = None,
 ) -> Tensor:
     """Fast selective scan with a hand-written backward; same maths as `selective_scan_ref`.
 

@@ -1,11 +1,11 @@
 """Short causal depthwise convolution, shared by the mixers that use one
 (attention's q/k/v convolution, Mamba, Based, DeltaNet ...)."""
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-
 
 #: how a short convolution's bias starts: at zero, or as nn.Conv1d's (the mixers' `conv_bias_init`)
 CONV_BIAS_INITS = ("zeros", "torch")

@@ -11,6 +11,7 @@ The mixer supplies `rescan(initial_state, start, end)`, its own (chunked) recurr
 over positions ``start .. end-1`` from the state after ``start-1``; this file only finds
 the edited positions and stitches the segments together.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

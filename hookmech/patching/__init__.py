@@ -18,6 +18,7 @@ entry point. The package's files, in the order a patch flows through them
     records.py       the record of one (site, position), shared by both methods
     plain_loop.py    the plain `run_with_hooks` loop the engine is tested and timed against
 """
+
 from __future__ import annotations
 
 from .atp import attribution_patch, first_order_effects, verify_top
@@ -30,8 +31,27 @@ from .runs import CleanCorruptRuns
 from .targets import PatchSite, Target, head_axis_of, n_heads_of, parse_sites
 
 __all__ = [
-    "ABLATIONS", "CONTEXT_MEMORY", "DIRECTIONS", "METHODS", "METRICS",
-    "CleanCorruptRuns", "Metric", "PatchOptions", "PatchSite", "PatchableConfig", "PatchableModel", "Target",
-    "attribution_patch", "attribution_score", "check_threshold", "corrupt_answers", "first_order_effects",
-    "head_axis_of", "n_heads_of", "parse_sites", "patch", "resample_order", "verify_top",
+    "ABLATIONS",
+    "CONTEXT_MEMORY",
+    "DIRECTIONS",
+    "METHODS",
+    "METRICS",
+    "CleanCorruptRuns",
+    "Metric",
+    "PatchOptions",
+    "PatchSite",
+    "PatchableConfig",
+    "PatchableModel",
+    "Target",
+    "attribution_patch",
+    "attribution_score",
+    "check_threshold",
+    "corrupt_answers",
+    "first_order_effects",
+    "head_axis_of",
+    "n_heads_of",
+    "parse_sites",
+    "patch",
+    "resample_order",
+    "verify_top",
 ]

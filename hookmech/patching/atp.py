@@ -15,6 +15,7 @@ Caveat: the gradient is that of the hook's output. For a recurrent-state hook wh
 mixer re-propagates through the recurrence (``L*.mixer.ssm_state`` …), the unedited forward does
 not route later states through the hook, so the estimate holds the direct read-out at t only.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +79,12 @@ def first_order_effects(
         return capture
 
     with torch.enable_grad():
-        logits = model.run_with_hooks(corrupt_input, start_at_layer=start_at_layer, positions=query,
-                                      fwd_hooks=[(hook, make_hook(hook)) for hook in hooks])
+        logits = model.run_with_hooks(
+            corrupt_input,
+            start_at_layer=start_at_layer,
+            positions=query,
+            fwd_hooks=[(hook, make_hook(hook)) for hook in hooks],
+        )
         values = measure.values(logits)
         missing = [hook for hook in hooks if hook not in zeros]
         if missing:
@@ -90,7 +95,9 @@ def first_order_effects(
     for hook, grad in zip(hooks, grads, strict=True):
         clean, dirty = clean_acts[hook].to(corrupt[hook].device, corrupt[hook].dtype), corrupt[hook]
         if clean.shape != dirty.shape:
-            raise HookmechError(f"clean activation of {hook} has shape {tuple(clean.shape)}, the corrupt run {tuple(dirty.shape)}")
+            raise HookmechError(
+                f"clean activation of {hook} has shape {tuple(clean.shape)}, the corrupt run {tuple(dirty.shape)}"
+            )
         # Equal entries (masked attention scores are -inf in both runs) contribute nothing.
         difference = torch.where(clean == dirty, torch.zeros_like(clean), clean - dirty)
         if grad is None:  # the metric does not depend on this hook (e.g. a position after the query)
@@ -131,14 +138,19 @@ def attribution_patch(
     hooks = resolve_sites(as_specs(sites), model.hook_dict)
     flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
     if flat:
-        raise UsageError(f"{', '.join(map(hook_to_site, flat))}: no position axis, so no patch at a position "
-                         "(attribution patching needs one; leave these sites out)")
+        raise UsageError(
+            f"{', '.join(map(hook_to_site, flat))}: no position axis, so no patch at a position "
+            "(attribution patching needs one; leave these sites out)"
+        )
     layers = [model.layer_of_hook(hook) for hook in hooks]
-    start = None if None in layers else min(layer for layer in layers if layer is not None)  # embeddings need the tokens
+    start = (
+        None if None in layers else min(layer for layer in layers if layer is not None)
+    )  # embeddings need the tokens
     resid = [] if start is None else [f"blocks.{start}.hook_resid_pre"]
     with evaluating(model), open_source(source) as (batch, cache):
-        runs = CleanCorruptRuns(model, batch, list(dict.fromkeys(hooks + resid)), cache, need_logits=False,
-                                max_batch=max_batch)
+        runs = CleanCorruptRuns(
+            model, batch, list(dict.fromkeys(hooks + resid)), cache, need_logits=False, max_batch=max_batch
+        )
         patches = position_patches(as_specs(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
         estimates = _estimates(model, runs, hooks, start, torch.stack([p.mask for p in patches]).double(), max_batch)
     p_corrupt_rows = runs.p_answer["corrupt"].double().cpu()
@@ -147,27 +159,44 @@ def attribution_patch(
     for hook in hooks:
         for patch_spec, estimate in zip(patches, estimates[hook], strict=True):
             p_answer = Means(p_clean, p_corrupt, p_corrupt + estimate.mean().item())
-            record = patch_record(hook_to_site(hook), hook, patch_spec.label, len(batch), p_answer, p_answer,
-                                  method="atp", metric_name="p_answer", direction="denoise",
-                                  passes_filter=bool(p_clean - p_corrupt > options.threshold))
+            record = patch_record(
+                hook_to_site(hook),
+                hook,
+                patch_spec.label,
+                len(batch),
+                p_answer,
+                p_answer,
+                method="atp",
+                metric_name="p_answer",
+                direction="denoise",
+                passes_filter=bool(p_clean - p_corrupt > options.threshold),
+            )
             if per_example:
                 record["p_patched_rows"] = (p_corrupt_rows + estimate).tolist()
             records.append(record)
     return records
 
 
-def _estimates(model: PatchableModel, runs: CleanCorruptRuns, hooks: list[str], start: int | None, masks: Tensor,
-               max_batch: int) -> dict[str, Tensor]:
+def _estimates(
+    model: PatchableModel, runs: CleanCorruptRuns, hooks: list[str], start: int | None, masks: Tensor, max_batch: int
+) -> dict[str, Tensor]:
     """Return, per hook, the estimated change of p(answer) ``[P, N]`` (float64) of each patch
     (`masks` ``[P, N, T]``) and row, in chunks of `max_batch` rows from block `start`'s input."""
     batch, device = runs.batch, runs.device
     clean_all = {hook: runs.acts(hook, "clean") for hook in hooks}
-    corrupt_input = batch.corrupt_tokens.to(device) if start is None else runs.acts(f"blocks.{start}.hook_resid_pre", "corrupt")
+    corrupt_input = (
+        batch.corrupt_tokens.to(device) if start is None else runs.acts(f"blocks.{start}.hook_resid_pre", "corrupt")
+    )
     estimates = {hook: torch.empty(masks.shape[0], len(batch), dtype=torch.float64) for hook in hooks}
     for rows in run_chunks(len(batch), max_batch):
-        _, effects = first_order_effects(model, corrupt_input[rows], {h: a[rows] for h, a in clean_all.items()},
-                                         batch.query_pos[rows].to(device), batch.answers[rows].to(device),
-                                         start_at_layer=start)
+        _, effects = first_order_effects(
+            model,
+            corrupt_input[rows],
+            {h: a[rows] for h, a in clean_all.items()},
+            batch.query_pos[rows].to(device),
+            batch.answers[rows].to(device),
+            start_at_layer=start,
+        )
         for hook in hooks:
             estimates[hook][:, rows] = torch.einsum("pnt,nt->pn", masks[:, rows], effects[hook].double().cpu())
     return estimates

@@ -1,5 +1,6 @@
 """`patch`: the one entry point. It checks the options, then hands the work to the exact engine
 (`exact`) or to attribution patching (`atp`)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -57,14 +58,23 @@ def patch(
     rows, plus the mixer contexts that resumed patches start from while they fit in
     `context_memory` bytes (beyond it, patches run on every position: slower, same numbers).
     """
-    options = PatchOptions(method=method, metric=metric, direction=direction, threshold=threshold,
-                           max_batch=max_batch, context_memory=context_memory, per_example=per_example,
-                           ablate=ablate, ablate_seed=ablate_seed)
+    options = PatchOptions(
+        method=method,
+        metric=metric,
+        direction=direction,
+        threshold=threshold,
+        max_batch=max_batch,
+        context_memory=context_memory,
+        per_example=per_example,
+        ablate=ablate,
+        ablate_seed=ablate_seed,
+    )
     sites, positions = as_specs(sites), as_specs(positions)
     if options.method == "atp":
         _check_atp_options(options, sites)
-        return attribution_patch(model, source, sites, positions, threshold=threshold, max_batch=max_batch,
-                                 per_example=per_example)
+        return attribution_patch(
+            model, source, sites, positions, threshold=threshold, max_batch=max_batch, per_example=per_example
+        )
     return run_exact(model, source, sites, positions, options)
 
 
@@ -72,7 +82,9 @@ def _check_atp_options(options: PatchOptions, sites: list[str]) -> None:
     """Raise a UsageError unless AtP covers `options` and `sites` (interchange denoising of
     p(answer) at plain sites; other options need the exact engine); return None."""
     if options.metric != "p_answer" or options.direction != "denoise" or options.ablate is not None:
-        raise UsageError("method 'atp' estimates interchange denoising of p_answer only; "
-                         "use method 'exact' for other metrics, directions and ablations")
+        raise UsageError(
+            "method 'atp' estimates interchange denoising of p_answer only; "
+            "use method 'exact' for other metrics, directions and ablations"
+        )
     if any("+" in spec or "[" in spec for spec in sites):
         raise UsageError("method 'atp' takes plain sites (no joint 'a+b' or per-head '[h]' sites); use method 'exact'")

@@ -7,6 +7,7 @@ patch does not change (the patched values equal the base run's there: their metr
 run's, exactly) or cannot reach (`reachability`), and stacks the remaining (patch, row) pairs
 into batched forwards of at most `max_batch` rows.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -30,8 +31,13 @@ from .runs import RUNS, CleanCorruptRuns, evaluating, open_source
 from .targets import PatchSite, equivalent_site, parse_sites
 
 
-def run_exact(model: PatchableModel, source: Batch | CacheFile | str | Path, sites: str | Iterable[str],
-              positions: str | Iterable[str], options: PatchOptions) -> list[dict[str, Any]]:
+def run_exact(
+    model: PatchableModel,
+    source: Batch | CacheFile | str | Path,
+    sites: str | Iterable[str],
+    positions: str | Iterable[str],
+    options: PatchOptions,
+) -> list[dict[str, Any]]:
     """Return `exact_patch`'s records of site specs `sites` (`targets.parse_sites`) at position
     specs `positions` on `source` (a `Batch`, an open `CacheFile` or a cache path), the model in
     eval mode meanwhile."""
@@ -41,8 +47,14 @@ def run_exact(model: PatchableModel, source: Batch | CacheFile | str | Path, sit
         return exact_patch(model, batch, cache, patch_sites, as_specs(positions), options)
 
 
-def exact_patch(model: PatchableModel, batch: Batch, cache: CacheFile | None, patch_sites: list[PatchSite],
-                positions: list[str], options: PatchOptions) -> list[dict[str, Any]]:
+def exact_patch(
+    model: PatchableModel,
+    batch: Batch,
+    cache: CacheFile | None,
+    patch_sites: list[PatchSite],
+    positions: list[str],
+    options: PatchOptions,
+) -> list[dict[str, Any]]:
     """Return one record per (site, position) (`records.patch_record`, plus ``ablate`` when
     ablating and ``p_patched_rows`` / ``metric_patched_rows`` ``[N]`` lists when `per_example`),
     patching every site of `patch_sites` at every position spec of `positions` on `batch`
@@ -51,9 +63,16 @@ def exact_patch(model: PatchableModel, batch: Batch, cache: CacheFile | None, pa
     computed_sites = {site: equivalent_site(model, site) for site in patch_sites}
     hooks = [t.hook for s in patch_sites for t in s.targets]
     hooks += [t.hook for s in computed_sites.values() for t in s.targets]
-    runs = CleanCorruptRuns(model, batch, hooks + hooks_to_start(model, list(computed_sites.values())), cache,
-                            need_logits=options.metric != "p_answer", max_batch=options.max_batch, base=options.base,
-                            context_memory=options.context_memory)
+    runs = CleanCorruptRuns(
+        model,
+        batch,
+        hooks + hooks_to_start(model, list(computed_sites.values())),
+        cache,
+        need_logits=options.metric != "p_answer",
+        max_batch=options.max_batch,
+        base=options.base,
+        context_memory=options.context_memory,
+    )
     metric = make_metric(options.metric, batch, runs.logits)
     p_clean, p_corrupt = (runs.p_answer[which].mean().item() for which in RUNS)
     m_clean, m_corrupt = (runs.unpatched_metric(metric, which).mean().item() for which in RUNS)
@@ -65,11 +84,18 @@ def exact_patch(model: PatchableModel, batch: Batch, cache: CacheFile | None, pa
             results[computed] = patched_rows(model, runs, computed, patches, metric, options)
         probs, values = results[computed]
         for patch_spec, row_probs, row_values in zip(patches, probs, values, strict=True):
-            record = patch_record(site.site, site.hook, patch_spec.label, len(batch),
-                                  Means(p_clean, p_corrupt, row_probs.mean().item()),
-                                  Means(m_clean, m_corrupt, row_values.mean().item()), method=options.method,
-                                  metric_name=options.metric, direction=str(options.direction),
-                                  passes_filter=bool(gap > options.threshold))
+            record = patch_record(
+                site.site,
+                site.hook,
+                patch_spec.label,
+                len(batch),
+                Means(p_clean, p_corrupt, row_probs.mean().item()),
+                Means(m_clean, m_corrupt, row_values.mean().item()),
+                method=options.method,
+                metric_name=options.metric,
+                direction=str(options.direction),
+                passes_filter=bool(gap > options.threshold),
+            )
             if options.ablate is not None:
                 record["ablate"] = options.ablate
             if options.per_example:
@@ -81,12 +107,20 @@ def exact_patch(model: PatchableModel, batch: Batch, cache: CacheFile | None, pa
 
 
 @torch.no_grad()
-def patched_rows(model: PatchableModel, runs: CleanCorruptRuns, site: PatchSite, patches: list[PositionPatch],
-                 metric: Metric, options: PatchOptions) -> tuple[Tensor, Tensor]:
+def patched_rows(
+    model: PatchableModel,
+    runs: CleanCorruptRuns,
+    site: PatchSite,
+    patches: list[PositionPatch],
+    metric: Metric,
+    options: PatchOptions,
+) -> tuple[Tensor, Tensor]:
     """Return (p_answer, metric) of every patch and row of `site`, each ``[len(patches), N]`` float64."""
     batch, device, base = runs.batch, runs.device, options.base
-    plans = [plan_target(model, runs, target, base, options.source, options.ablate, options.ablate_seed)
-             for target in site.targets]
+    plans = [
+        plan_target(model, runs, target, base, options.source, options.ablate, options.ablate_seed)
+        for target in site.targets
+    ]
     masks = torch.stack([patch.mask for patch in patches]).to(device)  # [P, N, T]
     changed = torch.zeros(masks.shape[:2], dtype=torch.bool, device=device)
     for plan in plans:
@@ -102,8 +136,9 @@ def patched_rows(model: PatchableModel, runs: CleanCorruptRuns, site: PatchSite,
     resume_at = resume_layer(model, site)
     contexts = None if resume_at is None else runs.resume_contexts(resume_at, base, options.max_batch)
     if resume_at is not None and contexts is not None:
-        pairs = resumed_pairs(model, runs, plans, masks, patch_index, row_index, resume_at, contexts, base,
-                              options.max_batch)
+        pairs = resumed_pairs(
+            model, runs, plans, masks, patch_index, row_index, resume_at, contexts, base, options.max_batch
+        )
     else:
         pairs = full_pairs(model, runs, plans, masks, patch_index, row_index, start, tokens, resid, options.max_batch)
     for which_patch, rows, logits in pairs:

@@ -2,6 +2,7 @@
 run either from the input of the first patched block on every position (`full_pairs`), or
 resumed from the patched position to the query on a window of positions (`resumed_pairs`,
 the resume protocol: docs/guide.md §6, docs/architecture.md)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -50,9 +51,18 @@ def hooks_to_start(model: PatchableModel, patch_sites: list[PatchSite]) -> list[
     return list(dict.fromkeys(hooks))
 
 
-def full_pairs(model: PatchableModel, runs: CleanCorruptRuns, plans: list[TargetPlan], masks: Tensor,
-               patch_index: Tensor, row_index: Tensor, start: int | None, tokens: Tensor, resid: Tensor | None,
-               max_batch: int) -> Pairs:
+def full_pairs(
+    model: PatchableModel,
+    runs: CleanCorruptRuns,
+    plans: list[TargetPlan],
+    masks: Tensor,
+    patch_index: Tensor,
+    row_index: Tensor,
+    start: int | None,
+    tokens: Tensor,
+    resid: Tensor | None,
+    max_batch: int,
+) -> Pairs:
     """Yield (patch index, row, query logits) of (patch, row) pairs run from block `start`'s
     input `resid` (or from `tokens` when `start` is None) on every position."""
     batch, device = runs.batch, runs.device
@@ -61,14 +71,24 @@ def full_pairs(model: PatchableModel, runs: CleanCorruptRuns, plans: list[Target
         chunk_mask = masks[which_patch, rows]  # [k, T]
         fwd_hooks = [(plan.target.hook, replace_hook(plan, plan.values[rows], chunk_mask)) for plan in plans]
         model_input = tokens[rows.cpu()].to(device) if resid is None else resid[rows]
-        logits = model.run_with_hooks(model_input, start_at_layer=start, positions=batch.query_pos[rows.cpu()].to(device),
-                                      fwd_hooks=fwd_hooks)
+        logits = model.run_with_hooks(
+            model_input, start_at_layer=start, positions=batch.query_pos[rows.cpu()].to(device), fwd_hooks=fwd_hooks
+        )
         yield which_patch, rows, logits
 
 
-def resumed_pairs(model: PatchableModel, runs: CleanCorruptRuns, plans: list[TargetPlan], masks: Tensor,
-                  patch_index: Tensor, row_index: Tensor, layer: int, contexts: dict[int, dict[str, Tensor]],
-                  base: str, max_batch: int) -> Pairs:
+def resumed_pairs(
+    model: PatchableModel,
+    runs: CleanCorruptRuns,
+    plans: list[TargetPlan],
+    masks: Tensor,
+    patch_index: Tensor,
+    row_index: Tensor,
+    layer: int,
+    contexts: dict[int, dict[str, Tensor]],
+    base: str,
+    max_batch: int,
+) -> Pairs:
     """Yield (patch index, row, query logits) of (patch, row) pairs, each re-run only on the
     positions from its first patched one to its query (`PatchableModel.resume`).
 

@@ -15,6 +15,7 @@ With means m over the N rows, the attribution of a patch is
 so that 1 means "this site at this position carries the whole clean-vs-corrupt difference"
 in both directions (for kl, denoising: (KL_corrupt − KL_patched) / KL_corrupt).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ class Metric:
     `corrupt_answers` ``[N]`` for logit_diff, `clean_log_probs` ``[N, d_vocab]`` for kl."""
 
     name: str
-    answers: Tensor                        # [N]
+    answers: Tensor  # [N]
     corrupt_answers: Tensor | None = None  # [N], logit_diff
     clean_log_probs: Tensor | None = None  # [N, d_vocab], kl
 
@@ -106,7 +107,8 @@ class Metric:
         return (reference.exp() * (reference - logits.log_softmax(-1))).sum(-1)
 
     def rows(self, logits: Tensor, rows: Tensor) -> Tensor:
-        """Return the metric ``[len(rows)]`` (float64, on the CPU) of query logits ``[len(rows), d_vocab]`` of `rows`."""
+        """Return the metric ``[len(rows)]`` (float64, on the CPU) of the query logits
+        ``[len(rows), d_vocab]`` of `rows`."""
         return self.values(logits, rows).detach().double().cpu()
 
 

@@ -1,4 +1,5 @@
 """`PatchOptions`: how a patch is run and scored, checked once, in one place."""
+
 from __future__ import annotations
 
 import math
@@ -46,15 +47,20 @@ class PatchOptions:
         check_threshold(self.threshold)
         if self.method not in METHODS:
             raise UsageError(f"unknown method {self.method!r} (available: {', '.join(METHODS)})")
-        for kind, value, choices in (("metric", self.metric, METRICS), ("ablation", self.ablate, ABLATIONS),
-                                     ("direction", self.direction, DIRECTIONS)):
+        for kind, value, choices in (
+            ("metric", self.metric, METRICS),
+            ("ablation", self.ablate, ABLATIONS),
+            ("direction", self.direction, DIRECTIONS),
+        ):
             if value is not None and value not in choices:
                 raise UsageError(f"unknown {kind} {value!r}{suggest(value, choices)} (available: {', '.join(choices)})")
         if self.max_batch < 1:
             raise UsageError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.ablate is not None and self.direction == "denoise":
-            raise UsageError("ablations replace activations of the clean run (direction 'noise'); "
-                             "drop direction 'denoise' or the ablation")
+            raise UsageError(
+                "ablations replace activations of the clean run (direction 'noise'); "
+                "drop direction 'denoise' or the ablation"
+            )
         if self.direction is None:  # frozen: the resolved default is written once, here
             object.__setattr__(self, "direction", "noise" if self.ablate is not None else "denoise")
 

@@ -4,9 +4,11 @@ benchmarked against, not a code path of the engine (no engine module imports it)
 shares only the definitions of the options with the engine (site grammar, which row a resample
 takes, the corrupted answer). Frozen: bench/patch_engine.py times the engine against it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -50,15 +52,17 @@ def plain_loop_patch(
     patches = position_patches(list(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
     rows = torch.arange(len(batch))
     query = batch.query_pos
-    hooks = sorted({target.hook for site in patch_sites for target in site.targets})
-    clean_logits, clean_cache = model.run_with_cache(batch.tokens, names_filter=hooks)
-    corrupt_logits, corrupt_cache = model.run_with_cache(batch.corrupt_tokens, names_filter=hooks)
+    cached_hooks = sorted({target.hook for site in patch_sites for target in site.targets})
+    clean_logits, clean_cache = model.run_with_cache(batch.tokens, names_filter=cached_hooks)
+    corrupt_logits, corrupt_cache = model.run_with_cache(batch.corrupt_tokens, names_filter=cached_hooks)
     clean_q, corrupt_q = clean_logits[rows, query], corrupt_logits[rows, query]
     other = corrupt_answers(batch, corrupt_q)
 
     def score(query_logits):
-        return (answer_probs(query_logits, batch.answers).double().mean().item(),
-                _metric(metric, query_logits, batch.answers, other, clean_q).double().mean().item())
+        return (
+            answer_probs(query_logits, batch.answers).double().mean().item(),
+            _metric(metric, query_logits, batch.answers, other, clean_q).double().mean().item(),
+        )
 
     p_clean, m_clean = score(clean_q)
     p_corrupt, m_corrupt = score(corrupt_q)
@@ -69,18 +73,25 @@ def plain_loop_patch(
     results = {}
     for site in patch_sites:
         for patch_spec in patches:
-            hooks = []
+            hooks: list[tuple[str, Any]] = []
             for target in site.targets:
                 point = model.hook_dict[target.hook]
                 pos_axis = point.pos_axis
                 head_axis = point.axes.split().index("head") if target.head is not None else None
 
-                def patch_hook(activation, hook, mask=patch_spec.mask, name=target.hook, pos_axis=pos_axis,
-                               head_axis=head_axis, head=target.head):
+                def patch_hook(
+                    activation,
+                    hook,
+                    mask=patch_spec.mask,
+                    name=target.hook,
+                    pos_axis=pos_axis,
+                    head_axis=head_axis,
+                    head=target.head,
+                ):
                     activation = activation.clone()
                     clean = clean_cache[name]
                     for row, position in mask.nonzero().tolist():
-                        index = [slice(None)] * activation.dim()
+                        index: Any = [slice(None)] * activation.dim()  # a list, then the tuple that indexes
                         index[0], index[pos_axis] = row, position
                         if head is not None:
                             index[head_axis] = head
@@ -103,7 +114,11 @@ def plain_loop_patch(
             logits = model.run_with_hooks(base_tokens, fwd_hooks=hooks)
             p_patched, m_patched = score(logits[rows, query])
             results[site.hook, patch_spec.label] = {
-                "p_clean": p_clean, "p_corrupt": p_corrupt, "p_patched": p_patched,
-                "metric_clean": m_clean, "metric_corrupt": m_corrupt, "metric_patched": m_patched,
+                "p_clean": p_clean,
+                "p_corrupt": p_corrupt,
+                "p_patched": p_patched,
+                "metric_clean": m_clean,
+                "metric_corrupt": m_corrupt,
+                "metric_patched": m_patched,
             }
     return results

@@ -1,6 +1,7 @@
 """What a patch writes, and where: per target, the values patched in (the source run's
 activation, or an ablation: zero, the mean over rows, another row's clean activation) and the
 base run's activation they replace, with the position and head axes to mask along."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,12 +49,19 @@ class TargetPlan:
     target: Target
     pos_axis: int
     head_axis: int | None
-    values: Tensor   # [N, ...] (or broadcastable along rows): what is patched in
-    base: Tensor     # [N, ...]: the base run's activation
+    values: Tensor  # [N, ...] (or broadcastable along rows): what is patched in
+    base: Tensor  # [N, ...]: the base run's activation
 
 
-def plan_target(model: PatchableModel, runs: CleanCorruptRuns, target: Target, base: str, source: str,
-                ablate: str | None, ablate_seed: int) -> TargetPlan:
+def plan_target(
+    model: PatchableModel,
+    runs: CleanCorruptRuns,
+    target: Target,
+    base: str,
+    source: str,
+    ablate: str | None,
+    ablate_seed: int,
+) -> TargetPlan:
     """Return the `TargetPlan` of `target`: the `source` run's activation patched into the `base`
     run, or the ablation `ablate` of the clean run's (zero, mean over rows, resample)."""
     hook = target.hook
@@ -85,7 +93,8 @@ def _row_mean(acts: Tensor, lengths: Tensor, pos_axis: int) -> Tensor:
 
 
 def changed_rows(plan: TargetPlan, masks: Tensor) -> Tensor:
-    """Return ``[P, N]``: True where patching `plan` at the positions of patch p (`masks` ``[P, N, T]``) changes row n."""
+    """Return ``[P, N]``: True where patching `plan` at the positions of patch p (`masks`
+    ``[P, N, T]``) changes row n."""
     differs = plan.values != plan.base
     if plan.head_axis is not None:
         assert plan.target.head is not None
@@ -100,4 +109,5 @@ def replace_hook(plan: TargetPlan, patch_values: Tensor, mask: Tensor):
 
     def patch_hook(activation: Tensor, hook=None) -> Tensor:
         return torch.where(full_mask, patch_values, activation)
+
     return patch_hook

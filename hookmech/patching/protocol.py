@@ -5,6 +5,7 @@ written here, once. `hookmech.model.HookedLM` satisfies it (tests/test_patching_
 A model only has to be able to say where a resumed run starts (`resume_layer`, None for a hook
 it cannot resume at); patches it cannot resume run on every position, with the same numbers.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -56,8 +57,14 @@ class PatchableModel(Protocol):
     @property
     def training(self) -> bool: ...
 
-    def __call__(self, input: Tensor, *, start_at_layer: int | None = None, stop_at_layer: int | None = None,
-                 positions: Tensor | None = None) -> Tensor:
+    def __call__(
+        self,
+        input: Tensor,
+        *,
+        start_at_layer: int | None = None,
+        stop_at_layer: int | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
         """Return logits ``[batch, pos, d_vocab]`` (``[batch, d_vocab]`` at `positions` ``[batch]``) of
         tokens ``[batch, pos]``, or of the residual entering block `start_at_layer` ``[batch, pos, d_model]``."""
         ...
@@ -112,8 +119,15 @@ class PatchableModel(Protocol):
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in` ``[N, T, d_model]``."""
         ...
 
-    def resume(self, resid: Tensor, start_at_layer: int, contexts: dict[int, dict[str, Tensor]],
-               rows: Tensor, start: Tensor, query: Tensor) -> Tensor:
+    def resume(
+        self,
+        resid: Tensor,
+        start_at_layer: int,
+        contexts: dict[int, dict[str, Tensor]],
+        rows: Tensor,
+        start: Tensor,
+        query: Tensor,
+    ) -> Tensor:
         """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window of positions."""
         ...
 
@@ -127,5 +141,7 @@ def check_patchable(model: object) -> None:
     if isinstance(model, PatchableModel):
         return
     missing = [name for name in _MEMBERS if not hasattr(model, name)]
-    raise HookmechError(f"{type(model).__name__} cannot be patched: it has no {', '.join(missing)} "
-                        "(hookmech.patching.PatchableModel lists what the engine needs)")
+    raise HookmechError(
+        f"{type(model).__name__} cannot be patched: it has no {', '.join(missing)} "
+        "(hookmech.patching.PatchableModel lists what the engine needs)"
+    )

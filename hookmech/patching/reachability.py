@@ -7,6 +7,7 @@ arithmetic dependence (and masked attention scores or untaken `where` branches d
 where there is none), so a patch whose NaN does not arrive cannot change the answer: those rows
 keep the base run's metric. (E.g. a last-layer MLP patched anywhere but at the query.)
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,16 @@ from .protocol import PatchableModel
 from .runs import CleanCorruptRuns
 
 
-def reaches_query(model: PatchableModel, runs: CleanCorruptRuns, plans: list[TargetPlan], masks: Tensor,
-                  start: int | None, tokens: Tensor, resid: Tensor | None, max_batch: int) -> Tensor:
+def reaches_query(
+    model: PatchableModel,
+    runs: CleanCorruptRuns,
+    plans: list[TargetPlan],
+    masks: Tensor,
+    start: int | None,
+    tokens: Tensor,
+    resid: Tensor | None,
+    max_batch: int,
+) -> Tensor:
     """Return ``[P, N]``: True where the query logits depend on the patched activations at all.
 
     `masks` ``[P, N, T]`` are the patches' positions; the probe runs from block `start`'s input

@@ -1,5 +1,6 @@
 """The record of one (site, position) patch: the fields exact patching and AtP both return,
 in the order tables and JSON show them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,8 +18,19 @@ class Means:
     patched: float
 
 
-def patch_record(site: str, hook: str, pos: str, n: int, p_answer: Means, metric: Means, *, method: str,
-                 metric_name: str, direction: str, passes_filter: bool) -> dict[str, Any]:
+def patch_record(
+    site: str,
+    hook: str,
+    pos: str,
+    n: int,
+    p_answer: Means,
+    metric: Means,
+    *,
+    method: str,
+    metric_name: str,
+    direction: str,
+    passes_filter: bool,
+) -> dict[str, Any]:
     """Return one record: ``site, hook, pos, attribution, p_clean, p_corrupt, p_patched, n,
     passes_filter, method, metric, direction, metric_clean, metric_corrupt, metric_patched``
     (p_* are mean p(answer), metric_* the metric's means, attribution is computed from metric_*)."""

@@ -6,6 +6,7 @@ chunks of `max_batch` rows). Reading a cache checks that it was made from this m
 (`model_hash`) and that its shapes are this model's; the base run also records the mixer
 contexts that resumed patches start from, while they fit in `context_memory` bytes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -58,14 +59,26 @@ class CleanCorruptRuns:
     `resume_contexts(layer, base, ...)` the mixer contexts of the `base` run.
     """
 
-    def __init__(self, model: PatchableModel, batch: Batch, hooks: Sequence[str], cache: CacheFile | None, *,
-                 need_logits: bool, max_batch: int, base: str | None = None, context_memory: int = 0):
+    def __init__(
+        self,
+        model: PatchableModel,
+        batch: Batch,
+        hooks: Sequence[str],
+        cache: CacheFile | None,
+        *,
+        need_logits: bool,
+        max_batch: int,
+        base: str | None = None,
+        context_memory: int = 0,
+    ):
         self.model, self.batch, self.cache = model, batch, cache
         # mixer contexts (for resumed patches) are kept only while they fit in this many bytes
         self.context_memory, self.contexts_refused = context_memory, context_memory <= 0
         self.device = next(model.parameters()).device
         wanted = list(dict.fromkeys(hooks))
-        missing = [hook for hook in wanted if cache is None or not (cache.has(hook, "clean") and cache.has(hook, "corrupt"))]
+        missing = [
+            hook for hook in wanted if cache is None or not (cache.has(hook, "clean") and cache.has(hook, "corrupt"))
+        ]
         self.logits: dict[str, Tensor] = {}
         self.p_answer: dict[str, Tensor] = {}
         self.computed: dict[tuple[str, str], Tensor] = {}
@@ -85,13 +98,16 @@ class CleanCorruptRuns:
         parts: dict[tuple[str, str], list[Tensor]] = {}
         logits: dict[str, list[Tensor]] = {which: [] for which in RUNS}
         collect = base is not None and not self.contexts_refused
-        contexts: dict[int, list[dict[str, Tensor]]] = {layer: [] for layer in range(self.model.cfg.n_layers)} if collect else {}
+        contexts: dict[int, list[dict[str, Tensor]]] = (
+            {layer: [] for layer in range(self.model.cfg.n_layers)} if collect else {}
+        )
         for rows in run_chunks(len(self.batch), max_batch):
             query = self.batch.query_pos[rows].to(self.device)
             for which, tokens in (("clean", self.batch.tokens), ("corrupt", self.batch.corrupt_tokens)):
                 with self.model.collecting_contexts() if collect and which == base else nullcontext() as recorded:
-                    out, acts = self.model.run_with_cache(tokens[rows].to(self.device), names_filter=hooks,
-                                                          return_cache_object=False, positions=query)
+                    out, acts = self.model.run_with_cache(
+                        tokens[rows].to(self.device), names_filter=hooks, return_cache_object=False, positions=query
+                    )
                 for layer, chunk_contexts in (recorded or {}).items():
                     contexts[layer].extend(chunk_contexts)
                 logits[which].append(out.float())

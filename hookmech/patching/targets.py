@@ -6,6 +6,7 @@ Sites: a site name or pattern (`sites.resolve_sites`), a head of a hook with a `
 several sites in one run (``L0.block_out+L1.mixer_in``, one record). Positions are
 `sites.position_patches` (one ``[N, T]`` mask per patch).
 """
+
 from __future__ import annotations
 
 import re
@@ -57,8 +58,10 @@ def head_axis_of(model: PatchableModel, hook: str) -> int:
     """Return the index of the ``head`` axis of `hook`'s activation; a UsageError if it has none."""
     axes = axes_of(model.hook_dict[hook]).split()
     if "head" not in axes:
-        raise UsageError(f"{hook_to_site(hook)} has no head axis (axes: {' '.join(axes) or 'unknown'}); "
-                         "per-head sites need one, e.g. L1.mixer.z[0] of multi-head attention")
+        raise UsageError(
+            f"{hook_to_site(hook)} has no head axis (axes: {' '.join(axes) or 'unknown'}); "
+            "per-head sites need one, e.g. L1.mixer.z[0] of multi-head attention"
+        )
     return axes.index("head")
 
 
@@ -68,8 +71,9 @@ def n_heads_of(model: PatchableModel, hook: str) -> int:
     head_axis_of(model, hook)
     n_heads = axis_size(model.hook_dict[hook], "head")
     if n_heads is None:
-        raise UsageError(f"{hook_to_site(hook)}[*]: its hook does not declare how many heads it has; "
-                         "name a head, e.g. [0]")
+        raise UsageError(
+            f"{hook_to_site(hook)}[*]: its hook does not declare how many heads it has; name a head, e.g. [0]"
+        )
     return n_heads
 
 
@@ -101,8 +105,10 @@ def _parse_part(part: str, model: PatchableModel) -> list[Target]:
     hooks = resolve_sites([part], model.hook_dict)
     for hook in hooks:
         if pos_axis_of(model.hook_dict[hook]) is None:
-            raise UsageError(f"{hook_to_site(hook)} has no position axis (it does not depend on the input): "
-                             "it cannot be patched at a position")
+            raise UsageError(
+                f"{hook_to_site(hook)} has no position axis (it does not depend on the input): "
+                "it cannot be patched at a position"
+            )
     if head_spec is None:
         return [Target(hook) for hook in hooks]
     targets: list[Target] = []

@@ -19,19 +19,51 @@ evaluates (`worker.execute_run`, `hookmech.locking`). The package's files:
     results.py   results.csv: `result_columns`, `write_results`, `read_results`
     presets.py   the papers' sweeps as TOML text: `PRESETS`, `preset_text`, `load_preset`
 """
+
 from __future__ import annotations
 
 from .driver import run_sweep
 from .engines import ENGINES, default_threads
 from .grid import Run, build_run, expand, run_id, validate
 from .presets import PRESETS, load_preset, preset_text
-from .results import BASE_COLUMNS, MECH_COLUMNS, RESULT_COLUMNS, TIMING_COLUMNS, read_results, result_columns, write_results
+from .results import (
+    BASE_COLUMNS,
+    MECH_COLUMNS,
+    RESULT_COLUMNS,
+    TIMING_COLUMNS,
+    read_results,
+    result_columns,
+    write_results,
+)
 from .spec import MECH_DEFAULTS, MODEL_DEFAULTS, MODEL_KEYS, Sweep, load_sweep, parse_sweep
 from .worker import collect_row, execute_run, run_is_complete
 
 __all__ = [
-    "BASE_COLUMNS", "ENGINES", "MECH_COLUMNS", "MECH_DEFAULTS", "MODEL_DEFAULTS", "MODEL_KEYS", "PRESETS",
-    "RESULT_COLUMNS", "TIMING_COLUMNS", "Run", "Sweep", "build_run", "collect_row", "default_threads",
-    "execute_run", "expand", "load_preset", "load_sweep", "parse_sweep", "preset_text", "read_results",
-    "result_columns", "run_id", "run_is_complete", "run_sweep", "validate", "write_results",
+    "BASE_COLUMNS",
+    "ENGINES",
+    "MECH_COLUMNS",
+    "MECH_DEFAULTS",
+    "MODEL_DEFAULTS",
+    "MODEL_KEYS",
+    "PRESETS",
+    "RESULT_COLUMNS",
+    "TIMING_COLUMNS",
+    "Run",
+    "Sweep",
+    "build_run",
+    "collect_row",
+    "default_threads",
+    "execute_run",
+    "expand",
+    "load_preset",
+    "load_sweep",
+    "parse_sweep",
+    "preset_text",
+    "read_results",
+    "result_columns",
+    "run_id",
+    "run_is_complete",
+    "run_sweep",
+    "validate",
+    "write_results",
 ]

@@ -1,6 +1,7 @@
 """`run_sweep`: a whole sweep. It checks every run first, holds the runs folder's lock (one
 sweep per folder), skips finished runs, hands the rest to an engine and keeps ``results.csv``
 current as runs finish."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,16 +71,20 @@ def run_sweep(
                 rows[run["run_id"]] = collect_row(run, runs_dir)
             else:
                 todo.append(run)
-        log(f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
-            f"({engine}, {workers} workers x {threads} threads)")
+        log(
+            f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
+            f"({engine}, {workers} workers x {threads} threads)"
+        )
         began = time.perf_counter()
 
         def done(run: dict[str, Any], row: dict[str, Any]) -> None:
             rows[run["run_id"]] = row
             acc = row.get("dev_acc")
             detail = row.get("error") or (f"dev_acc {acc:.3f}" if isinstance(acc, float) else "")
-            log(f"[{len(rows)}/{len(runs)}] {run['run_id']}: {row['status']} {detail} "
-                f"({time.perf_counter() - began:.0f} s)")
+            log(
+                f"[{len(rows)}/{len(runs)}] {run['run_id']}: {row['status']} {detail} "
+                f"({time.perf_counter() - began:.0f} s)"
+            )
             write_results([rows[r["run_id"]] for r in as_dicts if r["run_id"] in rows], runs_dir / "results.csv")
 
         if todo:
@@ -91,6 +96,8 @@ def run_sweep(
         write_results(ordered, runs_dir / "results.csv")
         failed = [row["run_id"] for row in ordered if row["status"] == "error"]
         if failed:
-            raise HookmechError(f"{len(failed)} of {len(runs)} runs failed ({', '.join(failed[:3])}"
-                                f"{', …' if len(failed) > 3 else ''}); results.csv has the rest; rerun to retry")
+            raise HookmechError(
+                f"{len(failed)} of {len(runs)} runs failed ({', '.join(failed[:3])}"
+                f"{', …' if len(failed) > 3 else ''}); results.csv has the rest; rerun to retry"
+            )
         return ordered

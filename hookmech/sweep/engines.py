@@ -1,6 +1,7 @@
 """The engines that run a sweep's runs: "local" (in this process, or a pool of spawned worker
 processes) and "ray" (a Ray cluster). Each calls `done(run, row)` as runs finish; a run that
 raises gets an error row and the others go on."""
+
 from __future__ import annotations
 
 import os
@@ -60,8 +61,13 @@ def run_ray(todo, runs_dir, workers, threads, device, done, address: str | None,
     except ImportError:
         raise UsageError("--engine ray needs Ray: pip install 'hookmech[dist]' (ray[default,tune])") from None
     if address is None:
-        ray.init(num_cpus=workers * threads, include_dashboard=False, ignore_reinit_error=True,
-                 log_to_driver=False, configure_logging=False)
+        ray.init(
+            num_cpus=workers * threads,
+            include_dashboard=False,
+            ignore_reinit_error=True,
+            log_to_driver=False,
+            configure_logging=False,
+        )
     else:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, configure_logging=False)
     try:

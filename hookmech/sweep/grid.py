@@ -5,6 +5,7 @@ their ids, and everything a run builds (`build_run`), checked for every run befo
 Run ids are a pure function of the grid values (a readable part plus a hash), so a re-run of
 the same sweep finds its folders.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -120,15 +121,28 @@ def build_run(run: dict[str, Any]):
             raise UsageError(f"got {len(mixers)} mixers for {n_layers} layers")
     pairs = [f"{key}={json.dumps(value)}" for key, value in model["mixer_options"].items()]
     layer_options = parse_layer_options(pairs, n_layers, flag="[model]/[grid] mixer option")
-    per_mixer = {name: parse_layer_options([f"{k}={json.dumps(v)}" for k, v in options.items()], n_layers,
-                                           flag=f"[mixer_options.{name}]")
-                 for name, options in (run.get("mixer_options") or {}).items()}
-    layer_options = [{**preset_options[layer], **(per_mixer[name][layer] if name in per_mixer else {}), **options}
-                     for layer, (name, options) in enumerate(zip(mixers, layer_options, strict=True))]
+    per_mixer = {
+        name: parse_layer_options(
+            [f"{k}={json.dumps(v)}" for k, v in options.items()], n_layers, flag=f"[mixer_options.{name}]"
+        )
+        for name, options in (run.get("mixer_options") or {}).items()
+    }
+    layer_options = [
+        {**preset_options[layer], **(per_mixer[name][layer] if name in per_mixer else {}), **options}
+        for layer, (name, options) in enumerate(zip(mixers, layer_options, strict=True))
+    ]
     model_config = build_config(
-        d_vocab=task.d_vocab, n_ctx=task.n_ctx, mixers=mixers, d_model=model["d_model"], n_layers=n_layers,
-        layer_options=layer_options, n_heads=model["n_heads"], mlp=model["mlp"],
-        tie_embeddings=model["tie_embeddings"], pos_emb=model["pos_emb"], mlp_hidden_mult=model["mlp_hidden_mult"],
+        d_vocab=task.d_vocab,
+        n_ctx=task.n_ctx,
+        mixers=mixers,
+        d_model=model["d_model"],
+        n_layers=n_layers,
+        layer_options=layer_options,
+        n_heads=model["n_heads"],
+        mlp=model["mlp"],
+        tie_embeddings=model["tie_embeddings"],
+        pos_emb=model["pos_emb"],
+        mlp_hidden_mult=model["mlp_hidden_mult"],
     )
     return task, model_config, TrainConfig(**run["train"])
 
@@ -163,8 +177,10 @@ def validate(runs: Iterable[Run]) -> None:
             if mech is None:
                 continue
             if mech["every"] and mech["every"] % train_config.eval_every:
-                raise UsageError(f"[mech] every {mech['every']} must be a multiple of eval_every "
-                                 f"{train_config.eval_every} (attributions are measured at evaluations), or 0")
+                raise UsageError(
+                    f"[mech] every {mech['every']} must be a multiple of eval_every "
+                    f"{train_config.eval_every} (attributions are measured at evaluations), or 0"
+                )
             batch_key = json.dumps([task.spec, mech["seed"], mech["n"]], sort_keys=True)
             if batch_key not in batches:
                 batches[batch_key] = mech_batch(task, mech["seed"], mech["n"])

@@ -24,6 +24,7 @@
 Every preset measures ``L1.block_in`` at key, value and query at the end of each run (paper
 000 fig. 3b/3c: value = induction, query = direct retrieval in layer 0, key = in layer 1).
 """
+
 from __future__ import annotations
 
 from ..errors import unknown

@@ -1,4 +1,5 @@
 """``RUNS/results.csv``: one row per run, in grid order; its columns, writing and reading."""
+
 from __future__ import annotations
 
 import csv

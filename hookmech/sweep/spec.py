@@ -14,6 +14,7 @@ A sweep file has
               the sweep is one run, and an empty [grid] is an error
     [mech]    optional: sites, positions (lists), n, seed, threshold, every (0: only at the end)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,10 +29,25 @@ from ..errors import UsageError, unknown
 
 #: model keys a sweep may fix or vary; anything else in [model] or [grid] is a mixer option
 MODEL_KEYS = ("arch", "mixer", "d_model", "n_layers", "n_heads", "mlp", "tie_embeddings", "pos_emb", "mlp_hidden_mult")
-MODEL_DEFAULTS = {"arch": None, "mixer": None, "d_model": 64, "n_layers": 2, "n_heads": 1, "mlp": None,
-                  "tie_embeddings": True, "pos_emb": None, "mlp_hidden_mult": 4}
-MECH_DEFAULTS = {"sites": ["L1.block_in"], "positions": ["key", "value", "query"], "n": 320, "seed": 0,
-                 "threshold": 0.01, "every": 0}
+MODEL_DEFAULTS = {
+    "arch": None,
+    "mixer": None,
+    "d_model": 64,
+    "n_layers": 2,
+    "n_heads": 1,
+    "mlp": None,
+    "tie_embeddings": True,
+    "pos_emb": None,
+    "mlp_hidden_mult": 4,
+}
+MECH_DEFAULTS = {
+    "sites": ["L1.block_in"],
+    "positions": ["key", "value", "query"],
+    "n": 320,
+    "seed": 0,
+    "threshold": 0.01,
+    "every": 0,
+}
 
 
 def train_keys() -> tuple[str, ...]:
@@ -66,7 +82,7 @@ def parse_sweep(text: str, name: str = "sweep") -> Sweep:
             raise unknown(f"sweep section in {name}:", key, sections)
     task = dict(data.get("task", {}))
     if "name" not in task:
-        raise UsageError(f"{name}: [task] needs a name (e.g. name = \"ar\")")
+        raise UsageError(f'{name}: [task] needs a name (e.g. name = "ar")')
     train = dict(data.get("train", {}))
     trainer_keys = train_keys()
     for key in train:
@@ -74,8 +90,10 @@ def parse_sweep(text: str, name: str = "sweep") -> Sweep:
             raise unknown(f"trainer option in {name} [train]:", key, trainer_keys)
     grid = _flatten(data.get("grid", {}))
     if "grid" in data and not grid:
-        raise UsageError(f"{name}: [grid] is empty; give each varied key a list (e.g. seed = [0, 1]), "
-                         "or drop [grid] for a single run")
+        raise UsageError(
+            f"{name}: [grid] is empty; give each varied key a list (e.g. seed = [0, 1]), "
+            "or drop [grid] for a single run"
+        )
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise UsageError(f"{name}: [grid] {key} must be a non-empty list, got {values!r}")
@@ -95,8 +113,15 @@ def parse_sweep(text: str, name: str = "sweep") -> Sweep:
     for mixer, options in mixer_options.items():
         if not isinstance(options, dict):
             raise UsageError(f"{name}: [mixer_options.{mixer}] must be a table of options")
-    return Sweep(name=str(data.get("name", name)), task=task, train=train, model=_flatten(data.get("model", {})),
-                 mixer_options={k: _flatten(v) for k, v in mixer_options.items()}, grid=grid, mech=mech)
+    return Sweep(
+        name=str(data.get("name", name)),
+        task=task,
+        train=train,
+        model=_flatten(data.get("model", {})),
+        mixer_options={k: _flatten(v) for k, v in mixer_options.items()},
+        grid=grid,
+        mech=mech,
+    )
 
 
 def _check_mech_values(mech: dict[str, Any], name: str) -> None:

@@ -2,6 +2,7 @@
 finished run, resuming a broken one), then the test-split accuracy and the end-of-run
 attributions, then its results row. The worker holds its run folder's lock meanwhile
 (`hookmech.locking`), so two workers never write one folder."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,9 @@ def run_is_complete(run: dict[str, Any], runs_dir: str | Path) -> bool:
     return not needs_test_split(run["task"]) or (out / "test.json").exists()
 
 
-def execute_run(run: dict[str, Any], runs_dir: str, threads: int | None = None, device: str = "cpu",
-                quiet: bool = True) -> dict[str, Any]:
+def execute_run(
+    run: dict[str, Any], runs_dir: str, threads: int | None = None, device: str = "cpu", quiet: bool = True
+) -> dict[str, Any]:
     """Train one run into ``runs_dir/<run_id>`` (skip/resume as its folder says), then add the
     test-split accuracy and the end-of-run attributions; return its results row.
 
@@ -53,15 +55,25 @@ def execute_run(run: dict[str, Any], runs_dir: str, threads: int | None = None, 
     if mech_config is not None and mech_config.get("every"):
         from ..mech import mech_callback
 
-        on_eval = mech_callback(task, model_config, sites=mech_config["sites"], positions=mech_config["positions"],
-                                every=mech_config["every"], eval_every=train_config.eval_every,
-                                total_steps=train_config.total_steps(), n=mech_config["n"],
-                                seed=mech_config["seed"], threshold=mech_config["threshold"], device=device)
+        on_eval = mech_callback(
+            task,
+            model_config,
+            sites=mech_config["sites"],
+            positions=mech_config["positions"],
+            every=mech_config["every"],
+            eval_every=train_config.eval_every,
+            total_steps=train_config.total_steps(),
+            n=mech_config["n"],
+            seed=mech_config["seed"],
+            threshold=mech_config["threshold"],
+            device=device,
+        )
     log = (lambda message: None) if quiet else None
     with folder_lock(out, "run folder"):  # training, test.json and mech.json: one process at a time
         try:
-            summary = train(task, model_config, train_config, out, device=device, progress=False, on_eval=on_eval,
-                            log=log)
+            summary = train(
+                task, model_config, train_config, out, device=device, progress=False, on_eval=on_eval, log=log
+            )
         except HookmechError:
             summary = _read_json(out / "summary.json")
             if summary is None or summary.get("status") != "nan":
@@ -83,8 +95,10 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str)
         model = load(out / "model.safetensors", device=device)
         test_task = tasks.from_spec({**run["task"], "split": "test"})
         scores = evaluate(model, test_task.sample(train_config.n_dev, seed=(train_config.seed, 1)))
-        write_text_atomic(out / "test.json", json.dumps({"test_acc": scores["dev_acc"],
-                                                         "test_p_answer": scores["dev_p_answer"]}, indent=1))
+        write_text_atomic(
+            out / "test.json",
+            json.dumps({"test_acc": scores["dev_acc"], "test_p_answer": scores["dev_p_answer"]}, indent=1),
+        )
     mech_config = run["mech"]
     if mech_config is not None:
         existing = _read_json(out / "mech.json")
@@ -93,10 +107,12 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str)
 
             model = model or load(out / "model.safetensors", device=device)
             batch = mech_batch(task, mech_config["seed"], mech_config["n"])
-            records, columns = evaluate_mechanism(model, batch, mech_config["sites"], mech_config["positions"],
-                                                  threshold=mech_config["threshold"])
-            write_text_atomic(out / "mech.json", json.dumps({"config": mech_config, "columns": columns,
-                                                             "records": records}, indent=1))
+            records, columns = evaluate_mechanism(
+                model, batch, mech_config["sites"], mech_config["positions"], threshold=mech_config["threshold"]
+            )
+            write_text_atomic(
+                out / "mech.json", json.dumps({"config": mech_config, "columns": columns, "records": records}, indent=1)
+            )
 
 
 def collect_row(run: dict[str, Any], runs_dir: str | Path) -> dict[str, Any]:

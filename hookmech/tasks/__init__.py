@@ -1,4 +1,5 @@
 """Synthetic recall tasks: `make(name, **options)`, `from_spec`, `from_checkpoint`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,9 +8,9 @@ from typing import Any
 from ..errors import HookmechError, unknown
 from .ar import AssociativeRecall
 from .atr import AssociativeTreecall
-from .mqar import MultiQueryAR
 from .base import Task, check_task_options
 from .batch import Batch
+from .mqar import MultiQueryAR
 
 REGISTRY: dict[str, type[Task]] = {
     "ar": AssociativeRecall,

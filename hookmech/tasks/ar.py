@@ -7,6 +7,7 @@ both drawn without replacement per document. The corrupted twin replaces the in-
 key k_q (at role `key`) by a key that does not occur in the document, which removes the
 information the answer needs (paper 000 §4).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -112,7 +113,12 @@ class AssociativeRecall(Task):
 
     @property
     def spec(self) -> dict[str, Any]:
-        spec = {"name": self.name, "vocab_size": self.vocab_size, "num_kv_pairs": self.num_kv_pairs, "corrupt": self.corrupt}
+        spec = {
+            "name": self.name,
+            "vocab_size": self.vocab_size,
+            "num_kv_pairs": self.num_kv_pairs,
+            "corrupt": self.corrupt,
+        }
         # options at their defaults stay out, so specs (and run folders) made before they existed still match
         if self.query_by != "key":
             spec["query_by"] = self.query_by

@@ -20,6 +20,7 @@ the batch's longest; the query is last, so padding never precedes a prediction. 
 `divider`, `query`. The corrupted twin replaces the key (or the value, `corrupt="value"`)
 by a terminal absent from the document, or by any other terminal where all occur.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -89,7 +90,8 @@ class AssociativeTreecall(Task):
     ):
         for option, value, least in [
             ("num_terminals", num_terminals, 2), ("num_nonterminals", num_nonterminals, 1), ("max_depth", max_depth, 1),
-            ("max_rhs_len", max_rhs_len, 2), ("max_rules_per_nt", max_rules_per_nt, 1), ("max_length", max_length, MIN_LENGTH),
+            ("max_rhs_len", max_rhs_len, 2), ("max_rules_per_nt", max_rules_per_nt, 1),
+            ("max_length", max_length, MIN_LENGTH),
         ]:  # fmt: skip
             if value < least:
                 raise UsageError(f"atr: {option} must be >= {least}, got {value}")
@@ -110,7 +112,14 @@ class AssociativeTreecall(Task):
         self.query, self.split, self.split_seed, self.corrupt = query, split, split_seed, corrupt
         self.pad_id, self.bos_id, self.divider_id = num_terminals, num_terminals + 1, num_terminals + 2
         self.grammar: Grammar = make_grammar(
-            num_terminals, num_nonterminals, max_depth, max_rhs_len, max_rules_per_nt, self.terminal_weight, head, grammar_seed
+            num_terminals,
+            num_nonterminals,
+            max_depth,
+            max_rhs_len,
+            max_rules_per_nt,
+            self.terminal_weight,
+            head,
+            grammar_seed,
         )
         if split is not None and num_terminals**2 <= 1 << 20:
             every = np.arange(num_terminals**2)

@@ -1,4 +1,5 @@
 """What every task offers: a JSON spec, a vocabulary size, and seeded batches."""
+
 from __future__ import annotations
 
 import abc

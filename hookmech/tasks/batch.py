@@ -5,6 +5,7 @@ annotations as written, and a subclass in another module (``TreeBatch``) inherit
 strings they would name aliases of this module that the subclass's module need not import,
 and the test suite's runtime checks (tests/runtime_typecheck.py) could not evaluate them.
 """
+
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Self
@@ -60,7 +61,8 @@ class Batch:
         cut = {
             f.name: getattr(self, f.name)[:, :n_pos]
             for f in fields(self)
-            if isinstance(getattr(self, f.name), Tensor) and getattr(self, f.name).dim() == 2
+            if isinstance(getattr(self, f.name), Tensor)
+            and getattr(self, f.name).dim() == 2
             and getattr(self, f.name).shape[1] == full
         }
         return replace(self, **cut)

@@ -3,6 +3,7 @@
 Both are vectorised over rows (numpy) and deterministic given the caller's Generator
 (`absent_tokens`) or `split_seed` (`held_out`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -66,7 +67,9 @@ def absent_tokens(
     which = np.arange(len(rows)) if which is None else np.asarray(which)
     # per row, its in-range tokens sorted and offset by row * span: one sorted array
     inside = np.sort(np.where((rows >= low) & (rows < high), rows - low, span), axis=1)
-    distinct = (inside < span) & np.concatenate([np.ones((len(rows), 1), bool), inside[:, 1:] != inside[:, :-1]], axis=1)
+    distinct = (inside < span) & np.concatenate(
+        [np.ones((len(rows), 1), bool), inside[:, 1:] != inside[:, :-1]], axis=1
+    )
     n_present = distinct.sum(axis=1)[which]
     present = (inside + np.arange(len(rows))[:, None] * (span + 1)).reshape(-1)
 

@@ -22,6 +22,7 @@ repeat the document's tokens. Row r's roles: `key` = 2i (k_i in context), `value
 corrupted twin of a row replaces k_i in context (or v_i, `corrupt="value"`) by a key
 (value) that occurs nowhere in the document; the other queries of the row are untouched.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -141,7 +142,9 @@ class MultiQueryAR(Task):
         if self.corrupt == "key":
             corrupt[rows, key_pos] = absent_tokens(rng, docs, 1, half, tokens[rows, key_pos], which=doc_index)
         else:
-            corrupt[rows, value_pos] = absent_tokens(rng, docs, half, self.vocab_size, tokens[rows, value_pos], which=doc_index)
+            corrupt[rows, value_pos] = absent_tokens(
+                rng, docs, half, self.vocab_size, tokens[rows, value_pos], which=doc_index
+            )
 
         def as_tensor(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64))

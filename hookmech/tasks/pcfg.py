@@ -20,6 +20,7 @@ Construction, from `grammar_seed` only (where the paper is silent we follow tiny
   distribution over Σ ~ Dirichlet(1, …, 1) (appendix A.1);
 - the start symbol is uniform over the nonterminals.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ from .ar import rng_for
 
 @dataclass(frozen=True)
 class Grammar:
-    """A GNF PCFG as arrays. Body symbols: ids < num_terminals are terminals, id ``num_terminals + X`` is nonterminal X."""
+    """A GNF PCFG as arrays. Body symbols: ids < num_terminals are terminals, id
+    ``num_terminals + X`` is nonterminal X."""
 
     num_terminals: int
     num_nonterminals: int
@@ -64,7 +66,9 @@ def make_grammar(
 ) -> Grammar:
     """Draw the grammar fixed by `grammar_seed` (see the module docstring)."""
     if max_rhs_len**max_depth >= 2**62:
-        raise UsageError(f"atr: max_rhs_len ** max_depth must be < 2**62 (yield order keys), got {max_rhs_len}**{max_depth}")
+        raise UsageError(
+            f"atr: max_rhs_len ** max_depth must be < 2**62 (yield order keys), got {max_rhs_len}**{max_depth}"
+        )
     rng = rng_for(grammar_seed)
     n_t, n_nt = num_terminals, num_nonterminals
     depth_score = rng.integers(1, max_depth + 1, size=n_nt)
@@ -176,14 +180,16 @@ def sample_yields(grammar: Grammar, rng: np.random.Generator, n_docs: int, min_l
         t_id = next_id + n_f + np.arange(len(t_owner))
         next_id += n_f + len(t_owner)
         depth = np.full(n_f + len(t_owner), level + 1)
-        leaves.append((
-            np.concatenate([f_doc, f_doc[t_owner]]),
-            np.concatenate([head, symbol[is_terminal]]),
-            np.concatenate([f_parent, head_id[t_owner]]),
-            np.concatenate([f_path * base + head_digit, path[is_terminal]]),
-            depth,
-            np.concatenate([head_id, t_id]),
-        ))
+        leaves.append(
+            (
+                np.concatenate([f_doc, f_doc[t_owner]]),
+                np.concatenate([head, symbol[is_terminal]]),
+                np.concatenate([f_parent, head_id[t_owner]]),
+                np.concatenate([f_path * base + head_digit, path[is_terminal]]),
+                depth,
+                np.concatenate([head_id, t_id]),
+            )
+        )
 
         nt_owner = owner[~is_terminal]
         f_doc, f_nt = f_doc[nt_owner], symbol[~is_terminal] - n_t
