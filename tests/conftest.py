@@ -67,8 +67,7 @@ def ar_model(ar_task):
 @pytest.fixture(scope="session")
 def trained_attention():
     """The bundled trained attention AR checkpoint: (path, model, task)."""
-    if not ATTENTION_FIXTURE.exists():
-        pytest.skip("fixture checkpoint missing")
+    assert ATTENTION_FIXTURE.exists(), f"the bundled fixture {ATTENTION_FIXTURE} is missing"
     return ATTENTION_FIXTURE, hookmech.load(ATTENTION_FIXTURE), hookmech.tasks.from_checkpoint(ATTENTION_FIXTURE)
 
 

@@ -132,11 +132,18 @@ def _checker(annotation: Any) -> Callable[[Any, TypeCheckMemo, str | None], None
 
     A plain class (a jaxtyping shape included) is checked with `isinstance` first: a value
     that passes passes typeguard's check too; one that does not goes to typeguard, which
-    accepts what PEP 484 allows (an int for a float) and words the error."""
+    accepts what PEP 484 allows (an int for a float) and words the error. A runtime-checkable
+    Protocol (the engine's `PatchableModel`) is left to the library, which checks it itself and
+    names what is missing (`hookmech.patching.protocol.check_patchable`, tested): typeguard
+    would also compare each method's signature with the protocol's, which writes
+    TransformerLens's methods loosely (``*args, **kwargs``) on purpose."""
     fast = isinstance(annotation, type) and not getattr(annotation, "_is_protocol", False)
+    runtime_protocol = isinstance(annotation, type) and getattr(annotation, "_is_runtime_protocol", False)
 
     def check(value: Any, memo: TypeCheckMemo, name: str | None) -> None:
         if fast and isinstance(value, annotation):
+            return
+        if runtime_protocol:
             return
         try:
             check_type_internal(value, annotation, memo)

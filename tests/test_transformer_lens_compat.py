@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import json
 import pickle
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +21,9 @@ from hookmech.patching import patch
 from hookmech.presets import expand_preset
 from hookmech.sites import resolve_sites
 
-from helpers import ENGINE_TOL, make_model, unit_variance
+from helpers import ENGINE_TOL, REPO, make_model, unit_variance
 
-FIXTURES = {name: Path(__file__).resolve().parent.parent / "fixtures" / f"{name}_ar.safetensors" for name in ("attention", "mamba")}
+FIXTURES = {name: REPO / "fixtures" / f"{name}.safetensors" for name in ("attention_ar_cpu", "mamba_ar_cpu", "attention_ar_paper")}
 WITH_MLP = [name for name in sorted(REGISTRY) if REGISTRY[name].block_mlp]
 
 
@@ -81,8 +80,6 @@ def test_every_block_kind_with_an_mlp_is_covered():
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_tl_resid_pre_patching_equals_the_engine_on_the_bundled_fixtures(name):
     path = FIXTURES[name]
-    if not path.exists():
-        pytest.skip("fixture checkpoint missing")
     model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
     batch = task.sample(16, seed=3)
     assert_tl_sweep_matches_engine(tl_sweep(tl_patching.get_act_patch_resid_pre, model, batch), model, batch, "block_in")
