@@ -109,7 +109,8 @@ n_train = 100032
 
 [grid]
 arch = {_PAPER_ARCHS}
-# narrow to the pilot's (ar-paper-d64-pilot) best learning rate(s): --show-preset, edit, run the file
+# narrow to the learning rate(s) to run: --show-preset, edit, run the file. At this vocabulary the
+# 5,000-step pilot (ar-paper-d64-pilot) ends at chance for attention, so docs/results.md ran lr = [1e-3]
 lr = [3e-4, 1e-3, 3e-3]
 seed = [0]
 {_MECH}""",
