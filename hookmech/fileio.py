@@ -215,13 +215,11 @@ def _abandon_h5(h5, tmp: Path) -> None:
 
 def _current_umask() -> int:
     """Return the process's umask (from /proc where it can, since setting it to read it is not thread-safe)."""
-    try:
+    with contextlib.suppress(OSError, ValueError, IndexError):  # no /proc here: fall back below
         with open("/proc/self/status") as handle:
             for line in handle:
                 if line.startswith("Umask:"):
                     return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
