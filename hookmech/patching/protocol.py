@@ -131,6 +131,18 @@ class PatchableModel(Protocol):
         """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window of positions."""
         ...
 
+    def path_ends(self, via: str, sender: str, receiver: str) -> Any:
+        """Return the checked path from hook `sender` to hook `receiver` along route `via`: an object
+        with ``patched`` (the hook the path replaces at the receiver's positions) and ``reads`` (the
+        hooks whose clean and corrupt activations `path_change` reads); a UsageError if there is none."""
+        ...
+
+    def path_change(self, ends: Any, acts: Any, senders: Tensor, head: int | None = None) -> Tensor:
+        """Return the change ``[N, pos, ...]`` of ``ends.patched`` along the path `ends` when the sender is
+        the clean run's at the positions `senders` ``[N, pos]`` (its head `head` only, if given), given
+        ``acts(hook, "clean" | "corrupt")`` -> ``[N, ...]``; exactly zero where the path does not reach."""
+        ...
+
 
 #: the members `check_patchable` looks for (every public name the protocol declares)
 _MEMBERS = ("__call__", *(name for name in vars(PatchableModel) if not name.startswith("_")))
