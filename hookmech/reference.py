@@ -135,14 +135,15 @@ def _record(model, tokens: Tensor, hooks: list, name: str) -> Tensor:
 
 
 def _frozen_between(model, corrupt, sender: str, receive_layer: int) -> list:
-    """Freeze every sublayer output after `sender` and before block `receive_layer`'s input."""
-    send_layer = _layer(sender)
-    sublayers = [
-        f"blocks.{layer}.hook_{name}" for layer in range(send_layer, receive_layer) for name in ("mixer_out", "mlp_out")
-    ]
-    order = list(model.hook_dict)
-    after = [hook for hook in sublayers if hook in model.hook_dict and order.index(hook) > order.index(sender)]
-    return [(hook, _frozen(corrupt[hook])) for hook in after]
+    """Freeze every sublayer output after `sender` and before block `receive_layer`'s input: in the
+    sender's own block, those after it in the forward (block_in < mixer < mixer_out < resid_mid <
+    mlp_out < block_out), then every later block's mixer_out and mlp_out."""
+    send_layer, name = _layer(sender), sender.split(".")[-1]
+    own = {"hook_resid_pre": ["mixer_out", "mlp_out"], "hook_mixer_out": ["mlp_out"], "hook_resid_mid": ["mlp_out"]}
+    after = [f"blocks.{send_layer}.hook_{out}" for out in own.get(name, ["mlp_out"] if ".mixer." in sender else [])]
+    after += [f"blocks.{layer}.hook_{out}" for layer in range(send_layer + 1, receive_layer)
+              for out in ("mixer_out", "mlp_out")]
+    return [(hook, _frozen(corrupt[hook])) for hook in after if hook in model.hook_dict]
 
 
 def _record_resid(model, batch, clean, corrupt, target: Target, senders: Tensor, receiver: str):
