@@ -1,17 +1,17 @@
 """Path patching (`hookmech.patching.path_patch`): every route against the two-pass reference of
 hookmech/reference.py for every mixer where the route exists, the invariants that tie a path to
 node patching or to the clean run, and the errors for paths a model does not have."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from helpers import CACHE_TOL, ENGINE_TOL, make_model, unit_variance
 
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.patching import patch, path_patch
 from hookmech.reference import path_patch_reference
-
-from helpers import CACHE_TOL, ENGINE_TOL, make_model, unit_variance
 
 KEYS = ("p_clean", "p_corrupt", "p_patched", "metric_clean", "metric_corrupt", "metric_patched")
 
@@ -20,52 +20,104 @@ def model_of(task, mixers, options=None, n_layers=2, **overrides):
     """A unit-variance random model (d_model 16) of `mixers` with the same `options` in every layer
     (or one dict per layer)."""
     per_layer = options if isinstance(options, list) else [dict(options or {}) for _ in range(n_layers)]
-    return unit_variance(make_model(task, mixers=mixers, d_model=16, n_layers=n_layers, layer_options=per_layer,
-                                    **overrides))
+    return unit_variance(
+        make_model(task, mixers=mixers, d_model=16, n_layers=n_layers, layer_options=per_layer, **overrides)
+    )
 
 
 #: (id, mixers, options, sender, receiver, via); AR with 3 pairs: BOS k v k v k v DIV q (9 tokens)
 CASES = [
     # the residual stream is the backbone's: every mixer (BaseConv's layer 0 long, or the key never reaches the query)
-    *[(f"resid-{name}", name, [{"kernel_size": -1}, {}] if name == "baseconv" else {}, "L0.mixer_out@whole",
-       "L1.block_in@whole", "resid") for name in sorted(REGISTRY)],
+    *[
+        (
+            f"resid-{name}",
+            name,
+            [{"kernel_size": -1}, {}] if name == "baseconv" else {},
+            "L0.mixer_out@whole",
+            "L1.block_in@whole",
+            "resid",
+        )
+        for name in sorted(REGISTRY)
+    ],
     ("resid-skipping-a-block", "mamba", {}, "L0.block_in@key", "L1.block_in@key+value", "resid"),
-    ("resid-sublayer-to-a-later-block", "attention", {"n_heads": 2}, "L0.mixer_out@key+value", "L2.block_in@whole",
-     "resid"),
+    (
+        "resid-sublayer-to-a-later-block",
+        "attention",
+        {"n_heads": 2},
+        "L0.mixer_out@key+value",
+        "L2.block_in@whole",
+        "resid",
+    ),
     ("head-attention", "attention", {"n_heads": 2}, "L0.mixer.z[1]@key", "L1.mixer.k[0]@whole", "head"),
-    ("head-attention-q-conv", "attention", {"n_heads": 2, "qkv_conv": "q"}, "L0.mixer.z[0]@divider",
-     "L1.mixer.q@query", "head"),
-    ("head-attention-to-h3", ["attention", "h3"], [{"n_heads": 2}, {}], "L0.mixer.z[0]@key", "L1.mixer.v@whole",
-     "head"),
-    ("head-based", "based", {"num_heads": 2, "num_key_value_heads": 2, "feature_dim": 4}, "L0.mixer.y[0]@key",
-     "L1.mixer.v[1]@whole", "head"),
+    (
+        "head-attention-q-conv",
+        "attention",
+        {"n_heads": 2, "qkv_conv": "q"},
+        "L0.mixer.z[0]@divider",
+        "L1.mixer.q@query",
+        "head",
+    ),
+    (
+        "head-attention-to-h3",
+        ["attention", "h3"],
+        [{"n_heads": 2}, {}],
+        "L0.mixer.z[0]@key",
+        "L1.mixer.v@whole",
+        "head",
+    ),
+    (
+        "head-based",
+        "based",
+        {"num_heads": 2, "num_key_value_heads": 2, "feature_dim": 4},
+        "L0.mixer.y[0]@key",
+        "L1.mixer.v[1]@whole",
+        "head",
+    ),
     ("head-deltanet", "deltanet", {"num_heads": 2}, "L0.mixer.y[1]@key", "L1.mixer.k@whole", "head"),
     ("head-rwkv", "rwkv", {"head_size": 8}, "L0.mixer.output[0]@key", "L1.mixer.k@whole", "head"),
     ("head-mamba2", "mamba2", {"headdim": 8}, "L0.mixer.y[2]@key", "L1.mixer.conv_act[0]@whole", "head"),
     ("state-mamba", "mamba", {}, "L0.mixer.ssm_state@key", "L0.mixer.ssm_state@query", "state"),
     ("state-mamba-layer-1", "mamba", {}, "L1.mixer.ssm_state@key+value", "L1.mixer.ssm_state@whole", "state"),
-    ("state-mamba2", "mamba2", {"chunk_size": 4}, "L1.mixer.ssm_state@key+value", "L1.mixer.ssm_state@whole",
-     "state"),
-    ("state-deltanet", "deltanet", {"num_heads": 2, "chunk_size": 4}, "L1.mixer.state@key+value",
-     "L1.mixer.state@whole", "state"),
+    ("state-mamba2", "mamba2", {"chunk_size": 4}, "L1.mixer.ssm_state@key+value", "L1.mixer.ssm_state@whole", "state"),
+    (
+        "state-deltanet",
+        "deltanet",
+        {"num_heads": 2, "chunk_size": 4},
+        "L1.mixer.state@key+value",
+        "L1.mixer.state@whole",
+        "state",
+    ),
     ("state-rwkv", "rwkv", {"chunk_size": 4}, "L0.mixer.state@key", "L0.mixer.state@whole", "state"),
     ("state-based", "based", {"feature_dim": 4}, "L0.mixer.kv_state@key", "L0.mixer.k_state@whole", "state"),
-    ("state-based-linear", "based", {"train_view": "linear", "chunk_size": 4, "feature_dim": 4},
-     "L1.mixer.kv_state@key+value", "L1.mixer.kv_state@query", "state"),
+    (
+        "state-based-linear",
+        "based",
+        {"train_view": "linear", "chunk_size": 4, "feature_dim": 4},
+        "L1.mixer.kv_state@key+value",
+        "L1.mixer.kv_state@query",
+        "state",
+    ),
     ("conv-mamba", "mamba", {}, "L0.mixer.in_x@key", "L0.mixer.conv@value", "conv"),
     ("conv-mamba-layer-1", "mamba", {"d_conv": 3}, "L1.mixer.conv@key+value", "L1.mixer.conv@whole", "conv"),
     ("conv-mamba2", "mamba2", {}, "L0.mixer.in_x@key", "L0.mixer.conv@value", "conv"),
     ("conv-baseconv", "baseconv", {"kernel_size": 3}, "L0.mixer.conv@key", "L0.mixer.conv@value", "conv"),
     ("conv-attention", "attention", {"n_heads": 2, "qkv_conv": "kv"}, "L0.mixer.k@key", "L0.mixer.k@value", "conv"),
-    ("conv-attention-one-head", "attention", {"n_heads": 2, "qkv_conv": "v"}, "L1.mixer.v@key",
-     "L1.mixer.v[1]@whole", "conv"),
+    (
+        "conv-attention-one-head",
+        "attention",
+        {"n_heads": 2, "qkv_conv": "v"},
+        "L1.mixer.v@key",
+        "L1.mixer.v[1]@whole",
+        "conv",
+    ),
     ("conv-deltanet", "deltanet", {}, "L0.mixer.k@key", "L0.mixer.k@value", "conv"),
     ("conv-hyena", "hyena", {}, "L0.mixer.short_conv@key", "L0.mixer.short_conv@value", "conv"),
 ]
 
 
-@pytest.mark.parametrize(("mixers", "options", "sender", "receiver", "via"), [case[1:] for case in CASES],
-                         ids=[case[0] for case in CASES])
+@pytest.mark.parametrize(
+    ("mixers", "options", "sender", "receiver", "via"), [case[1:] for case in CASES], ids=[case[0] for case in CASES]
+)
 def test_path_patch_equals_the_two_pass_reference(ar_task, mixers, options, sender, receiver, via):
     n_layers = 3 if receiver.startswith("L2") else 2
     model = model_of(ar_task, mixers, options, n_layers=n_layers)
@@ -86,8 +138,12 @@ def test_every_path_kind_has_a_case_for_every_mixer_that_has_it(ar_task):
     covered = {(case[5], name) for case in CASES for name in ([case[1]] if isinstance(case[1], str) else case[1])}
     for name, cls in REGISTRY.items():
         mixer = cls(d_model=16, **({"l_max": 16} if "l_max" in cls.__init__.__code__.co_varnames else {}))
-        declared = {"resid": True, "head": bool(cls.head_outputs), "state": bool(cls.state_hooks),
-                    "conv": bool(mixer.conv_hooks())}
+        declared = {
+            "resid": True,
+            "head": bool(cls.head_outputs),
+            "state": bool(cls.state_hooks),
+            "conv": bool(mixer.conv_hooks()),
+        }
         for via, exists in declared.items():
             assert not exists or (via, name) in covered, (via, name)
 
@@ -95,10 +151,12 @@ def test_every_path_kind_has_a_case_for_every_mixer_that_has_it(ar_task):
 def test_path_patch_takes_a_metric_and_writes_rows(ar_task):
     model = model_of(ar_task, "mamba")
     batch = ar_task.sample(6, seed=2)
-    records = path_patch(model, batch, "L0.mixer.ssm_state@key", "L0.mixer.ssm_state@query", "state", metric="kl",
-                         per_example=True)
-    reference = path_patch_reference(model, batch, "L0.mixer.ssm_state@key", "L0.mixer.ssm_state@query", "state",
-                                     metric="kl")
+    records = path_patch(
+        model, batch, "L0.mixer.ssm_state@key", "L0.mixer.ssm_state@query", "state", metric="kl", per_example=True
+    )
+    reference = path_patch_reference(
+        model, batch, "L0.mixer.ssm_state@key", "L0.mixer.ssm_state@query", "state", metric="kl"
+    )
     (record,) = records
     expected = reference[record["sender"], record["receiver"]]
     assert abs(record["metric_patched"] - expected["metric_patched"]) <= ENGINE_TOL
@@ -138,8 +196,10 @@ def test_resid_changes_add_up_over_a_blocks_residual_and_its_mixer(ar_task):
         return (clean if which == "clean" else corrupt)[hook]
 
     senders = batch.roles["key"][:, None] == torch.arange(batch.tokens.shape[1])
-    changes = {site: model.path_change(model.path_ends("resid", site, "blocks.1.hook_resid_pre"), acts, senders)
-               for site in ("blocks.0.hook_resid_pre", "blocks.0.hook_mixer_out", "blocks.0.hook_resid_post")}
+    changes = {
+        site: model.path_change(model.path_ends("resid", site, "blocks.1.hook_resid_pre"), acts, senders)
+        for site in ("blocks.0.hook_resid_pre", "blocks.0.hook_mixer_out", "blocks.0.hook_resid_post")
+    }
     total = changes["blocks.0.hook_resid_pre"] + changes["blocks.0.hook_mixer_out"]
     torch.testing.assert_close(total, changes["blocks.0.hook_resid_post"], rtol=1e-12, atol=1e-12)
     assert changes["blocks.0.hook_mixer_out"].abs().max() > 0
@@ -183,8 +243,9 @@ def test_a_conv_path_reaches_its_kernels_taps_only(ar_task):
     model = model_of(ar_task, "attention", {"qkv_conv": "k", "conv_size": 3})
     batch = ar_task.sample(6, seed=6)
     assert bool(((batch.query_pos - batch.roles["key"]) >= 3).all())
-    records = path_patch(model, batch, "L1.mixer.k@key", ["L1.mixer.k@0", "L1.mixer.k@query", "L1.mixer.k@whole"],
-                         "conv")
+    records = path_patch(
+        model, batch, "L1.mixer.k@key", ["L1.mixer.k@0", "L1.mixer.k@query", "L1.mixer.k@whole"], "conv"
+    )
     before, query, every = records
     assert before["p_patched"] == before["p_corrupt"] and query["p_patched"] == query["p_corrupt"]
     assert abs(every["p_patched"] - every["p_corrupt"]) > 2 * ENGINE_TOL
@@ -286,14 +347,32 @@ def test_state_path_changes_nothing_before_its_sender(name):
 
 # -- paths a model does not have -----------------------------------------------------------------
 ERRORS = [
-    ("attention", {}, "L0.mixer.q@key", "L0.mixer.q@query", "state",
-     "path kind 'state' does not exist for mixer 'attention' (layer 0)"),
+    (
+        "attention",
+        {},
+        "L0.mixer.q@key",
+        "L0.mixer.q@query",
+        "state",
+        "path kind 'state' does not exist for mixer 'attention' (layer 0)",
+    ),
     ("mamba", {}, "L0.mixer.y@key", "L1.mixer.B@query", "head", "path kind 'head' does not exist for mixer 'mamba'"),
     ("rwkv", {}, "L0.mixer.k@key", "L0.mixer.k@value", "conv", "path kind 'conv' does not exist for mixer 'rwkv'"),
-    ("attention", {}, "L0.mixer.k@key", "L0.mixer.k@value", "conv",
-     "path kind 'conv' does not exist for mixer 'attention' (layer 0)"),
-    ("baseconv", {"kernel_size": -1}, "L0.mixer.conv@key", "L0.mixer.conv@value", "conv",
-     "path kind 'conv' does not exist for mixer 'baseconv'"),
+    (
+        "attention",
+        {},
+        "L0.mixer.k@key",
+        "L0.mixer.k@value",
+        "conv",
+        "path kind 'conv' does not exist for mixer 'attention' (layer 0)",
+    ),
+    (
+        "baseconv",
+        {"kernel_size": -1},
+        "L0.mixer.conv@key",
+        "L0.mixer.conv@value",
+        "conv",
+        "path kind 'conv' does not exist for mixer 'baseconv'",
+    ),
     ("attention", {}, "L0.mixer.q@key", "L1.block_in@key", "resid", "a resid path starts at a residual-stream site"),
     ("attention", {}, "L0.block_out@key", "L1.mixer_in@key", "resid", "a resid path ends at a block's input"),
     ("attention", {}, "L1.block_in@key", "L0.block_in@key", "resid", "must be in a later layer than the sender"),
@@ -311,10 +390,14 @@ ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("mixers", "options", "sender", "receiver", "via", "message"), ERRORS,
-                         ids=[f"{row[4]}-{row[-1][:30]}" for row in ERRORS])
-def test_a_path_the_model_does_not_have_is_a_usage_error_naming_it(ar_task, mixers, options, sender, receiver, via,
-                                                                   message):
+@pytest.mark.parametrize(
+    ("mixers", "options", "sender", "receiver", "via", "message"),
+    ERRORS,
+    ids=[f"{row[4]}-{row[-1][:30]}" for row in ERRORS],
+)
+def test_a_path_the_model_does_not_have_is_a_usage_error_naming_it(
+    ar_task, mixers, options, sender, receiver, via, message
+):
     model = make_model(ar_task, mixers=mixers, d_model=16, layer_options=[dict(options), dict(options)])
     with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         path_patch(model, ar_task.sample(3, seed=0), sender, receiver, via)
@@ -325,10 +408,17 @@ def test_path_patch_from_a_cache_equals_path_patch_from_scratch(ar_task, tmp_pat
 
     model = model_of(ar_task, "mamba")
     batch = ar_task.sample(6, seed=8)
-    path = write_cache(model, batch, tmp_path / "c.h5", ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre",
-                                                          "blocks.0.hook_mixer_in"], task_spec=ar_task.spec)
-    for sender, receiver, via in (("L0.block_in@key", "L1.block_in@key", "resid"),
-                                  ("L0.mixer.in_x@key", "L0.mixer.conv@whole", "conv")):
+    path = write_cache(
+        model,
+        batch,
+        tmp_path / "c.h5",
+        ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_pre", "blocks.0.hook_mixer_in"],
+        task_spec=ar_task.spec,
+    )
+    for sender, receiver, via in (
+        ("L0.block_in@key", "L1.block_in@key", "resid"),
+        ("L0.mixer.in_x@key", "L0.mixer.conv@whole", "conv"),
+    ):
         (cached,) = path_patch(model, path, sender, receiver, via)
         (scratch,) = path_patch(model, batch, sender, receiver, via)
         assert abs(cached["p_patched"] - scratch["p_patched"]) <= CACHE_TOL  # contract: fp32 cache vs scratch
