@@ -24,20 +24,51 @@ is the mixer's (its path declarations, `hookmech/mixers/base.py`). `HookedLM.pat
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .errors import UsageError, suggest
 from .hooks import axes_of, pos_axis_of
+from .mixers.base import Mixer
 from .shapes import RunActs, RunMask
 from .sites import hook_to_site
 
-if TYPE_CHECKING:  # the model imports this file
-    from .model import HookedLM
+
+class _Block(Protocol):
+    """What this file reads of a block: its mixer and the norm before it."""
+
+    @property
+    def mixer(self) -> Mixer: ...
+
+    @property
+    def ln1(self) -> nn.Module: ...
+
+
+class _Config(Protocol):
+    @property
+    def mixers(self) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
+class PathModel(Protocol):
+    """What this file reads of the model: `hookmech.model.HookedLM` (which imports this file)."""
+
+    @property
+    def blocks(self) -> Sequence[_Block]: ...
+
+    @property
+    def cfg(self) -> _Config: ...
+
+    @property
+    def hook_dict(self) -> dict[str, Any]: ...
+
+    def hooks(self, *args: Any, **kwargs: Any) -> AbstractContextManager[Any]: ...
+
 
 #: the routes a path patch can take (``--via``)
 VIA = ("resid", "head", "state", "conv")
@@ -63,7 +94,7 @@ class PathEnds:
     reads: tuple[str, ...]
 
 
-def path_ends(model: HookedLM, via: str, sender: str, receiver: str) -> PathEnds:
+def path_ends(model: PathModel, via: str, sender: str, receiver: str) -> PathEnds:
     """Return the `PathEnds` of a path from hook `sender` to hook `receiver` along `via`, or raise
     a UsageError saying why no such path exists (an unknown route, a route the mixer does not
     have, ends in the wrong order or of the wrong kind)."""
@@ -119,7 +150,7 @@ def path_ends(model: HookedLM, via: str, sender: str, receiver: str) -> PathEnds
 
 @torch.no_grad()
 def path_change(
-    model: HookedLM, ends: PathEnds, acts: ActsReader, senders: RunMask, head: int | None = None
+    model: PathModel, ends: PathEnds, acts: ActsReader, senders: RunMask, head: int | None = None
 ) -> RunActs:
     """Return the change ``[N, pos, ...]`` of hook `ends.patched` along the path `ends` when the
     sender is the clean run's at the `senders` positions ``[N, pos]`` (and only in its head `head`
@@ -141,7 +172,7 @@ def path_change(
     return mixer.conv_path(ends.receiver.rsplit(".hook_", 1)[1], clean, corrupt, senders)
 
 
-def _head_change(model: HookedLM, ends: PathEnds, acts: ActsReader, senders: Tensor, head: int | None) -> Tensor:
+def _head_change(model: PathModel, ends: PathEnds, acts: ActsReader, senders: Tensor, head: int | None) -> Tensor:
     """The change of the receiver of a `head` path: the sender mixer's output with the sender
     head clean minus its output with nothing changed (the same computation, so that positions
     the head does not reach change by exactly zero) goes into the residual entering the
@@ -226,7 +257,7 @@ def _check_order(sender: str, receiver: str, send_layer: int, receive_layer: int
 
 
 def _check_declared(
-    model: HookedLM, layer: int, name: str, declared: tuple[str, ...], via: str, what: str, hook: str
+    model: PathModel, layer: int, name: str, declared: tuple[str, ...], via: str, what: str, hook: str
 ) -> None:
     """Raise a UsageError unless inside hook `name` is among the mixer's `declared` ones."""
     mixer_name = model.cfg.mixers[layer]

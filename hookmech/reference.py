@@ -141,8 +141,11 @@ def _frozen_between(model, corrupt, sender: str, receive_layer: int) -> list:
     send_layer, name = _layer(sender), sender.split(".")[-1]
     own = {"hook_resid_pre": ["mixer_out", "mlp_out"], "hook_mixer_out": ["mlp_out"], "hook_resid_mid": ["mlp_out"]}
     after = [f"blocks.{send_layer}.hook_{out}" for out in own.get(name, ["mlp_out"] if ".mixer." in sender else [])]
-    after += [f"blocks.{layer}.hook_{out}" for layer in range(send_layer + 1, receive_layer)
-              for out in ("mixer_out", "mlp_out")]
+    after += [
+        f"blocks.{layer}.hook_{out}"
+        for layer in range(send_layer + 1, receive_layer)
+        for out in ("mixer_out", "mlp_out")
+    ]
     return [(hook, _frozen(corrupt[hook])) for hook in after if hook in model.hook_dict]
 
 
