@@ -101,7 +101,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     "--via",
     type=click.Choice(["resid", "head", "state", "conv"]),
     default=None,
-    help="path patching: the one route the sender's value takes to the receiver (docs/guide.md §7)",
+    help="path patching: the one route the sender's value takes to the receiver (docs/guide.md §10)",
 )
 @click.option(
     "--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of this checkpoint"

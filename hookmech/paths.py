@@ -1,5 +1,5 @@
 """What travels along a path, in the model's own terms: the model's side of path patching
-(`hookmech.patching.path_patch`, docs/guide.md §7).
+(`hookmech.patching.path_patch`, docs/guide.md §10).
 
 A path patch carries the clean run's value of a *sender* (a hook at some positions) to a
 *receiver* (a hook at some positions) along one route only; every other quantity is the corrupt

@@ -9,7 +9,7 @@ a time. No engine module imports this file (tests/test_patching_package.py check
   frozen, then **patch** it into the corrupt run at the receiver's positions and read the
   metric at the query.
 
-How each route is recorded (docs/guide.md §7 defines them):
+How each route is recorded (docs/guide.md §10 defines them):
 
     resid   the corrupt run with the sender clean at its positions and every sublayer output
             between the sender and the receiver (mixer_out, mlp_out) frozen to the corrupt run's:

@@ -119,7 +119,7 @@ class Mixer(nn.Module):
             "effective attention map; implement it (see hookmech/mixers/base.py)"
         )
 
-    # -- path patching (`hookmech.patching.path_patch`, docs/guide.md §7) -------------------
+    # -- path patching (`hookmech.patching.path_patch`, docs/guide.md §10) -------------------
     # A path carries the clean run's value of a sender along one route only, every other
     # quantity staying the corrupt run's. Routes through the residual stream need nothing of a
     # mixer; the routes inside one are the mixer's to declare and compute. Names are inside

@@ -1,5 +1,5 @@
 """Path patching: the effect of a sender on a receiver through one route only, everything else
-held at the corrupt run (Wang et al. 2022; Goldowsky-Dill et al. 2023). docs/guide.md §7
+held at the corrupt run (Wang et al. 2022; Goldowsky-Dill et al. 2023). docs/guide.md §10
 defines each route.
 
 ``path_patch(model, source, "L0.mixer.in_x@key", "L0.mixer.conv@value", via="conv")``: for each
@@ -38,7 +38,7 @@ from .records import Means, patch_record
 from .runs import RUNS, CleanCorruptRuns, evaluating, open_source
 from .targets import PatchSite, Target, head_axis_of, parse_sites
 
-#: the routes of a path (``--via``), defined in docs/guide.md §7
+#: the routes of a path (``--via``), defined in docs/guide.md §10
 VIA = ("resid", "head", "state", "conv")
 
 
@@ -68,7 +68,7 @@ def path_patch(
     `sender`, `receiver`: endpoints ``SITE@POS`` (a bare string is one; several give every
     pair). SITE is one site, a pattern, or a head of one (``L0.mixer.z[0]``, ``[*]``: one
     record per head); POS a position spec (a role, an integer, ``all``, ``whole``, ``a+b``).
-    `via`: ``resid`` | ``head`` | ``state`` | ``conv`` (docs/guide.md §7). `source`, `threshold`,
+    `via`: ``resid`` | ``head`` | ``state`` | ``conv`` (docs/guide.md §10). `source`, `threshold`,
     `max_batch`, `metric`, `context_memory` and `per_example` as in `hookmech.patching.patch`
     (denoising: the corrupt run is patched).
 
