@@ -28,7 +28,7 @@ from .metrics import METRICS, Metric, attribution_score, corrupt_answers
 from .options import ABLATIONS, CONTEXT_MEMORY, DIRECTIONS, METHODS, PatchOptions, check_threshold
 from .paths import VIA, path_patch
 from .plans import resample_order
-from .protocol import PatchableConfig, PatchableModel
+from .protocol import PatchableConfig, PatchableModel, PathPatchableModel
 from .runs import CleanCorruptRuns
 from .targets import PatchSite, Target, head_axis_of, n_heads_of, parse_sites
 
@@ -45,6 +45,7 @@ __all__ = [
     "PatchSite",
     "PatchableConfig",
     "PatchableModel",
+    "PathPatchableModel",
     "Target",
     "attribution_patch",
     "attribution_score",

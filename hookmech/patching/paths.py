@@ -5,7 +5,7 @@ defines each route.
 ``path_patch(model, source, "L0.mixer.in_x@key", "L0.mixer.conv@value", via="conv")``: for each
 (sender, receiver) pair of sites and positions,
 
-1. the model computes how the path changes the receiver (`PatchableModel.path_ends`, `path_change`:
+1. the model computes how the path changes the receiver (`PathPatchableModel.path_ends`, `path_change`:
    the residual stream's and the mixers' own arithmetic, exactly zero where the path does not
    reach), from the two runs' activations (read from a cache where it holds them);
 2. the corrupt run is re-run with the receiver (for a `state` path: what the receiving position
@@ -33,7 +33,7 @@ from .forwards import hooks_to_start
 from .metrics import make_metric
 from .options import CONTEXT_MEMORY, PatchOptions
 from .plans import TargetPlan
-from .protocol import PatchableModel, check_patchable
+from .protocol import PathPatchableModel, check_patchable
 from .records import Means, patch_record
 from .runs import RUNS, CleanCorruptRuns, evaluating, open_source
 from .targets import PatchSite, Target, head_axis_of, parse_sites
@@ -52,7 +52,7 @@ def split_endpoint(spec: str, end: str) -> tuple[str, str]:
 
 
 def path_patch(
-    model: PatchableModel,
+    model: PathPatchableModel,
     source: Batch | CacheFile | str | Path,
     sender: str | Iterable[str],
     receiver: str | Iterable[str],
@@ -80,7 +80,7 @@ def path_patch(
     the receiving position's read-out); plus ``p_patched_rows`` (and ``metric_patched_rows``)
     ``[N]`` lists when `per_example`.
     """
-    check_patchable(model)
+    check_patchable(model, paths=True)
     if via not in VIA:
         raise UsageError(f"unknown path kind {via!r} (available: {', '.join(VIA)})")
     options = PatchOptions(
@@ -166,7 +166,7 @@ def path_patch(
     return records
 
 
-def _single_targets(site: str, model: PatchableModel, end: str) -> list[Target]:
+def _single_targets(site: str, model: PathPatchableModel, end: str) -> list[Target]:
     """The targets of one endpoint's site spec: one per site of a pattern and per head of ``[*]``;
     a joint site (``a+b``) is refused (a path has one sender and one receiver)."""
     if "+" in site:
