@@ -91,8 +91,18 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 
 @click.command(context_settings=CONTEXT)
 @click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
-@click.option("--site", "site_specs", multiple=True, required=True, help="site or pattern (repeatable, comma lists)")
-@click.option("--pos", "pos_specs", multiple=True, required=True, help="position: role, integer, all, whole, a+b")
+@click.option("--site", "site_specs", multiple=True, help="site or pattern (repeatable, comma lists)")
+@click.option("--pos", "pos_specs", multiple=True, help="position: role, integer, all, whole, a+b")
+@click.option(
+    "--sender", "senders", multiple=True, metavar="SITE@POS", help="path patching: where the clean value starts"
+)
+@click.option("--receiver", "receivers", multiple=True, metavar="SITE@POS", help="path patching: where it is received")
+@click.option(
+    "--via",
+    type=click.Choice(["resid", "head", "state", "conv"]),
+    default=None,
+    help="path patching: the one route the sender's value takes to the receiver (docs/guide.md §10)",
+)
 @click.option(
     "--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of this checkpoint"
 )
@@ -191,14 +201,20 @@ def patch(
     ablate_seed=0,
     corrupt=None,
     context_memory=2048,
+    senders=(),
+    receivers=(),
+    via=None,
 ):
-    """Interchange interventions: patch clean activations into the corrupt run, per site x position."""
+    """Interchange interventions: patch clean activations into the corrupt run, per site x position
+    (--site, --pos), or along one path from a sender to a receiver (--sender, --receiver, --via)."""
     from hookmech.cache import CacheFile, UnverifiedCacheWarning
     from hookmech.errors import UsageError
     from hookmech.fileio import write_text_atomic
     from hookmech.patching import patch as run_patch
+    from hookmech.patching import path_patch
     from hookmech.tables import format_records
 
+    _check_node_or_path(site_specs, pos_specs, senders, receivers, via, method, verify_top, direction, ablate)
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
     if context_memory < 0:
@@ -227,21 +243,35 @@ def patch(
         with warnings.catch_warnings():
             # an older cache without a model_hash was checked above, by the checkpoint file's hash
             warnings.simplefilter("ignore", UnverifiedCacheWarning)
-            records = run_patch(
-                model,
-                source,
-                split_flag(site_specs),
-                split_flag(pos_specs),
-                method=method,
-                threshold=threshold,
-                max_batch=max_batch,
-                per_example=per_example is not None,
-                metric=metric,
-                direction=direction,
-                ablate=ablate,
-                ablate_seed=ablate_seed,
-                context_memory=context_memory << 20,
-            )
+            if via is not None:
+                records = path_patch(
+                    model,
+                    source,
+                    split_flag(senders),
+                    split_flag(receivers),
+                    via,
+                    threshold=threshold,
+                    max_batch=max_batch,
+                    per_example=per_example is not None,
+                    metric=metric,
+                    context_memory=context_memory << 20,
+                )
+            else:
+                records = run_patch(
+                    model,
+                    source,
+                    split_flag(site_specs),
+                    split_flag(pos_specs),
+                    method=method,
+                    threshold=threshold,
+                    max_batch=max_batch,
+                    per_example=per_example is not None,
+                    metric=metric,
+                    direction=direction,
+                    ablate=ablate,
+                    ablate_seed=ablate_seed,
+                    context_memory=context_memory << 20,
+                )
             if verify_top:
                 from hookmech.patching import verify_top as verify
 
@@ -263,6 +293,30 @@ def patch(
             record.pop("p_patched_rows")
             record.pop("metric_patched_rows", None)
     click.echo(to_json(records, indent=1) if as_json else format_records(records))
+
+
+def _check_node_or_path(site_specs, pos_specs, senders, receivers, via, method, verify_top, direction, ablate) -> None:
+    """`patch` patches nodes (--site and --pos) or one path (--sender, --receiver, --via), never
+    both; a path patch is exact denoising. Raises a UsageError naming what to drop or add; returns None."""
+    from hookmech.errors import UsageError
+
+    path_given = [flag for flag, value in (("--sender", senders), ("--receiver", receivers), ("--via", via)) if value]
+    if not path_given:
+        if not site_specs or not pos_specs:
+            raise UsageError(
+                f"missing {'--site' if not site_specs else '--pos'}: give --site and --pos "
+                "(or --sender, --receiver and --via for a path patch)"
+            )
+        return
+    if site_specs or pos_specs:
+        raise UsageError("--site/--pos patch nodes and --sender/--receiver/--via one path: give one or the other")
+    missing = [flag for flag in ("--sender", "--receiver", "--via") if flag not in path_given]
+    if missing:
+        raise UsageError(
+            f"a path patch needs --sender SITE@POS, --receiver SITE@POS and --via; missing {', '.join(missing)}"
+        )
+    if method != "exact" or verify_top or direction is not None or ablate is not None:
+        raise UsageError("a path patch is exact denoising: drop --method atp, --verify-top, --direction and --ablate")
 
 
 def _check_cache_model(cache, model, ckpt) -> None:

@@ -22,6 +22,7 @@ from .errors import HookmechError, UsageError
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
 from .mixers.base import Mixer, take_window
+from .paths import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
     Context,
     KeptWindow,
@@ -29,6 +30,8 @@ from .shapes import (
     QueryLogits,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Tokens,
     Window,
@@ -363,6 +366,17 @@ class HookedLM(HookedRootModule):
         if layer == self.cfg.n_layers:
             return f"blocks.{layer - 1}.hook_resid_post"
         return f"blocks.{layer}.hook_resid_pre"
+
+    # -- path patching (the engine's `hookmech.patching.path_patch`; hookmech/paths.py) -------
+    def path_ends(self, via: str, sender: str, receiver: str) -> PathEnds:
+        """Return the checked path from hook `sender` to hook `receiver` along `via` (`paths.path_ends`):
+        the hook it patches and the hooks it reads; a UsageError if the model has no such path."""
+        return path_ends(self, via, sender, receiver)
+
+    def path_change(self, ends: PathEnds, acts: ActsReader, senders: RunMask, head: int | None = None) -> RunActs:
+        """Return the change ``[N, pos, ...]`` of `ends.patched` along the path `ends` with the sender
+        clean at the `senders` positions ``[N, pos]`` (its head `head` only, if given; `paths.path_change`)."""
+        return path_change(self, ends, acts, senders, head)
 
     def run_with_cache(
         self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any

@@ -20,7 +20,7 @@ floating one (float16/bfloat16/float32/float64).
 
 from __future__ import annotations
 
-from jaxtyping import Float, Float32, Int, Shaped
+from jaxtyping import Bool, Float, Float32, Int, Shaped
 from torch import Tensor
 
 #: token ids ``[batch, pos]`` (a `Batch`'s tokens and corrupt tokens, a model's input)
@@ -48,6 +48,11 @@ KeptWindow = Float[Tensor, "batch 1 d_model"]
 #: a mixer's sequence operation as a matrix over (query, key) positions ``[batch, head_or_channel, pos, pos]``
 EffectiveAttention = Float32[Tensor, "batch head_or_channel pos pos"]
 
+#: positions of each row of a base run ``[run, pos]`` (True where a path patch's sender sits, `Mixer.state_path`)
+RunMask = Bool[Tensor, "run pos"]
+#: a hook's activations over a whole base run ``[run, pos, ...]`` (what a path changes, `Mixer.state_path`)
+RunActs = Float[Tensor, "run pos ..."]
+
 #: cached activations of a hook ``[batch, pos, ...]`` (`CacheFile.read`)
 Acts = Float[Tensor, "batch pos ..."]
 #: cached activations of a hook at one position per row ``[batch, ...]`` (`CacheFile.at`, `CacheFile.gather`)
@@ -64,6 +69,8 @@ __all__ = [
     "Resid",
     "RowFloats",
     "RowInts",
+    "RunActs",
+    "RunMask",
     "RunResid",
     "Tokens",
     "Window",

@@ -31,10 +31,13 @@ PATCH_COLUMNS = ("site", "pos", "attribution", "p_clean", "p_corrupt", "p_patche
 
 
 def format_records(records: Sequence[dict[str, Any]]) -> str:
-    """Return patching records as a table (one row per site × position); AtP records checked
-    with `verify_top` get an `exact` column beside the estimate."""
+    """Return patching records as a table (one row per site × position; path patches: per sender ×
+    receiver, with the route); AtP records checked with `verify_top` get an `exact` column beside the estimate."""
     headers = ["site", "pos", "attrib", "p_clean", "p_corrupt", "p_patched", "n", "filter"]
     columns = list(PATCH_COLUMNS)
+    if any("via" in r for r in records):  # path patches: sender -> receiver along via
+        headers[:2] = ["sender", "receiver", "via"]
+        columns[:2] = ["sender", "receiver", "via"]
     if any("attribution_exact" in r for r in records):
         headers.insert(3, "exact")
         columns.insert(3, "attribution_exact")

@@ -11,7 +11,7 @@ import torch
 
 import hookmech
 from hookmech.errors import HookmechError, UsageError
-from hookmech.patching import PatchableConfig, PatchableModel, PatchOptions, patch
+from hookmech.patching import PatchableConfig, PatchableModel, PatchOptions, PathPatchableModel, patch, path_patch
 
 ROOT = Path(hookmech.__file__).parent
 
@@ -75,15 +75,46 @@ def test_the_cycle_finder_finds_a_lazy_import_cycle():
     assert find_cycle({"patching": {"atp"}, "atp": {"patching"}}) == ["atp", "patching", "atp"]
 
 
-def test_the_engine_modules_do_not_import_the_plain_loop():
+def test_the_engine_modules_do_not_import_the_references():
     graph = hookmech_import_graph()
-    users = [name for name, imported in graph.items() if "hookmech.patching.plain_loop" in imported]
+    references = {"hookmech.patching.plain_loop", "hookmech.reference"}
+    assert references <= set(graph)
+    users = [name for name, imported in graph.items() if imported & references and name not in references]
     assert users == []
 
 
 def test_hooked_lm_is_a_patchable_model(ar_model):
     assert isinstance(ar_model, PatchableModel)
     assert isinstance(ar_model.cfg, PatchableConfig)
+
+
+def test_hooked_lm_is_a_path_patchable_model(ar_model):
+    assert isinstance(ar_model, PathPatchableModel)
+
+
+def test_a_model_without_the_path_methods_is_refused_by_name_for_paths_only(ar_model, ar_task):
+    class NodesOnly(torch.nn.Module):
+        """A patchable model without `path_ends` / `path_change`: every member but those, delegated."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.inner = model
+
+        def __getattr__(self, name):
+            if name in ("path_ends", "path_change"):
+                raise AttributeError(name)
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.inner, name)
+
+        def __call__(self, *args, **kwargs):
+            return self.inner(*args, **kwargs)
+
+    model, batch = NodesOnly(ar_model), ar_task.sample(4, seed=0)
+    assert isinstance(model, PatchableModel) and not isinstance(model, PathPatchableModel)
+    with pytest.raises(HookmechError, match="NodesOnly cannot be path-patched: it has no path_ends, path_change"):
+        path_patch(model, batch, "L0.block_out@key", "L1.block_in@key", "resid")
 
 
 def test_a_model_without_the_protocol_is_refused_by_name(ar_task):

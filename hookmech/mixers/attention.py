@@ -20,6 +20,8 @@ from ..shapes import (
     KeptWindow,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Window,
 )
@@ -107,6 +109,26 @@ class Attention(Mixer):
         q, k = (projected[c].view(batch, n_pos, self.n_heads, self.d_head) for c in "qk")
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
         return scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")).softmax(dim=-1).float()
+
+    # -- path patching (see `Mixer`'s path declarations) -----------------------------------
+    head_outputs = ("z",)
+    head_inputs = ("q", "k", "v")
+
+    def conv_hooks(self) -> dict[str, tuple[str, ...]]:
+        """``{c: (c,)}`` for each projection c of q, k, v with a short convolution (`qkv_conv`):
+        ``hook_c`` holds that convolution's output."""
+        return {name: (name,) for name in "qkv" if name in self.convs}
+
+    def conv_path(self, receiver: str, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_q``, ``hook_k`` or ``hook_v`` (`receiver`) ``[run, pos, head,
+        d_head]`` when that projection at the `senders` positions is the clean run's: the
+        convolution's taps (no bias) applied to the clean-minus-corrupt projection."""
+        index = "qkv".index(receiver)
+        after, before = (self.Wqkv(x).chunk(3, dim=-1)[index] for x in (clean, corrupt))
+        change = torch.where(senders[..., None], after - before, torch.zeros_like(before))
+        conv = self.convs[receiver]
+        assert isinstance(conv, ShortConv)  # for mypy: a ModuleDict holds Modules
+        return conv.taps(change).unflatten(-1, (self.n_heads, self.d_head))
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
     def prefix_context(self, x: RunResid) -> Context:

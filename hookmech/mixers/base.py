@@ -15,6 +15,8 @@ from ..shapes import (
     KeptWindow,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Window,
 )
@@ -116,6 +118,49 @@ class Mixer(nn.Module):
             f"mixer {type(self).__name__} does not define effective_attention(x), so it has no "
             "effective attention map; implement it (see hookmech/mixers/base.py)"
         )
+
+    # -- path patching (`hookmech.patching.path_patch`, docs/guide.md §10) -------------------
+    # A path carries the clean run's value of a sender along one route only, every other
+    # quantity staying the corrupt run's. Routes through the residual stream need nothing of a
+    # mixer; the routes inside one are the mixer's to declare and compute. Names are inside
+    # hooks without their "hook_" prefix, as sites spell them (``L1.mixer.q`` -> "q").
+    #: `head` senders: inside hooks with a head axis whose value reaches the mixer's output at
+    #: its own position only and head by head (attention's z); the rest of the mixer's output
+    #: is recomputed from them with every other quantity (gates, norms of other heads) as it was
+    head_outputs: ClassVar[tuple[str, ...]] = ()
+    #: `head` receivers: inside hooks computed from the mixer's input before positions are
+    #: mixed (but for a short convolution or a token shift): attention's q, k, v
+    head_inputs: ClassVar[tuple[str, ...]] = ()
+    #: `state` senders and receivers: the hooks holding the recurrent state after each position
+    state_hooks: ClassVar[tuple[str, ...]] = ()
+    #: the inside hook holding what each position reads out of the state; a `state` path
+    #: changes it (`state_path`)
+    state_readout: ClassVar[str] = ""
+
+    def conv_hooks(self) -> dict[str, tuple[str, ...]]:
+        """Return ``{receiver: senders}`` of this mixer's short causal convolutions (`conv`
+        paths): each receiver is the inside hook holding a convolution's output (or what the
+        mixer makes of it position by position), with the hooks a sender may name that
+        convolution by (its input's hook, where it has one, or the receiver itself).
+        Default: ``{}``, no short convolution."""
+        return {}
+
+    def state_path(self, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of the `state_readout` hook ``[run, pos, ...]`` along the state
+        path: the state each position reads is the corrupt run's plus the clean-minus-corrupt
+        writes of the `senders` positions ``[run, pos]``, carried forward by the corrupt run's own
+        transitions; the read-out uses the corrupt run's every other quantity. `clean`, `corrupt`
+        are the mixer's inputs ``[run, pos, d_model]`` of the two runs. Exactly zero where no
+        sender reaches. The base class has none (a HookmechError)."""
+        raise HookmechError(f"mixer {type(self).__name__} has no recurrent state (no state path)")
+
+    def conv_path(self, receiver: str, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of the inside hook `receiver` (a key of `conv_hooks`) ``[run, pos,
+        ...]`` when its short convolution's input at the `senders` positions ``[run, pos]`` is the
+        clean run's and everything else the corrupt run's: at position j each sender i with
+        0 <= j − i < kernel adds its tap's weight times the input's clean-minus-corrupt change.
+        Exactly zero where no tap reaches. The base class has none (a HookmechError)."""
+        raise HookmechError(f"mixer {type(self).__name__} has no short convolution (no conv path)")
 
 
 def window_index(start: Tensor, width: int) -> Tensor:

@@ -24,6 +24,8 @@ from ..shapes import (
     KeptWindow,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Window,
 )
@@ -140,6 +142,19 @@ class BaseConv(Mixer):
         if self.long:
             operator = operator + torch.eye(n_pos, dtype=operator.dtype, device=operator.device)
         return (self.projection(u).double().transpose(1, 2)[..., :, None] * operator).float()
+
+    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    def conv_hooks(self) -> dict[str, tuple[str, ...]]:
+        """``{"conv": ("conv",)}`` with a short kernel (its input is the mixer's input itself);
+        none for the long convolution."""
+        return {} if self.long else {"conv": ("conv",)}
+
+    def conv_path(self, receiver: str, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_conv`` ``[run, pos, d_model]`` when the input u at the
+        `senders` positions is the clean run's: the short kernel's taps (no bias) applied to the
+        clean-minus-corrupt u."""
+        assert isinstance(self.conv, ShortConv)  # conv_hooks declares the short convolution only
+        return self.conv.taps(torch.where(senders[..., None], clean - corrupt, torch.zeros_like(corrupt)))
 
     def prefix_context(self, x: RunResid) -> Context:
         """Return ``{"u": x}`` ``[N, T, d_model]``: the convolution reads the mixer input itself

@@ -31,6 +31,8 @@ from ..shapes import (
     KeptWindow,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Window,
 )
@@ -165,6 +167,38 @@ class Based(Mixer):
         causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=x.device).tril()
         scores = torch.einsum("bqhf,bkhf->bhqk", phi_q.double(), phi_k.double()).masked_fill(~causal, 0.0)
         return (scores / (scores.sum(-1, keepdim=True) + self.eps)).float()
+
+    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    head_outputs = ("y",)
+    head_inputs = ("q", "k", "v", "phi_q", "phi_k")
+    state_hooks = ("kv_state", "k_state")
+    state_readout = "y"
+
+    def state_path(self, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_y`` ``[run, pos, head, d_head]`` along the state path. The
+        state is the pair (S_t, z_t) = (Σ_{s<=t} phi(k_s) v_sᵀ, Σ_{s<=t} phi(k_s)), whose transition
+        is the identity: the senders' clean-minus-corrupt writes are added to the corrupt state at
+        their position and every later one, and read out with the corrupt run's query,
+
+            y_t = phi(q_t)ᵀ (S_t + ΔS_t) / (phi(q_t)ᵀ (z_t + Δz_t) + eps),
+
+        minus the corrupt read-out (the same formula with ΔS = Δz = 0; either view of the mixer
+        computes this y)."""
+        phi_q, phi_k, v = self._features(corrupt)
+        _, phi_k_clean, v_clean = self._features(clean)
+        sender = senders[:, :, None, None]
+        kv, kv_clean = (
+            keys.unsqueeze(-1) * values.unsqueeze(-2) for keys, values in ((phi_k, v), (phi_k_clean, v_clean))
+        )
+        kv_change = torch.where(sender[..., None], kv_clean - kv, torch.zeros_like(kv)).cumsum(dim=1)
+        k_change = torch.where(sender, phi_k_clean - phi_k, torch.zeros_like(phi_k)).cumsum(dim=1)
+        kv_state, k_state = kv.cumsum(dim=1), phi_k.cumsum(dim=1)
+
+        def read(kv_state: Tensor, k_state: Tensor) -> Tensor:
+            numerator = torch.einsum("bthf,bthfd->bthd", phi_q, kv_state)
+            return numerator / (torch.einsum("bthf,bthf->bth", phi_q, k_state).unsqueeze(-1) + self.eps)
+
+        return read(kv_state + kv_change, k_state + k_change) - read(kv_state, k_state)
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, x: RunResid) -> Context:

@@ -36,6 +36,8 @@ from ..shapes import (
     KeptWindow,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Window,
 )
@@ -162,6 +164,53 @@ class DeltaNet(Mixer):
             carried[:, :, s:] -= M[:, :, s:, s, None] * k[:, :, s, None, :]
         return M.float()
 
+    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    head_outputs = ("y",)
+    head_inputs = ("q", "k", "v", "beta")
+    state_hooks = ("state",)
+    state_readout = "y"
+
+    def state_path(self, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_y`` ``[run, pos, head, d_head]`` along the state path: with
+        w_t = β_t v_t k_tᵀ the write of position t,
+
+            ΔS_t = ΔS_{t-1} (I − β_t k_t k_tᵀ) + [t is a sender] (w_t(clean) − w_t(corrupt))
+
+        (β, k of the corrupt run: its own transitions), read out as ΔS_t q_t with its q."""
+        writes = []
+        for x in (clean, corrupt):
+            q, k, v = self._heads(*self._projections(x))
+            beta = self._beta(x)
+            writes.append(beta[..., None, None] * v[..., :, None] * k[..., None, :])  # [b, t, h, d_v, d_k]
+        # the loop leaves q, k, β of the corrupt run, the last one
+        change = torch.where(senders[:, :, None, None, None], writes[0] - writes[1], torch.zeros_like(writes[1]))
+        state_change = torch.zeros_like(change[:, 0])
+        read = []
+        for t in range(change.shape[1]):
+            removed = torch.einsum("bhvk,bhk->bhv", state_change, k[:, t])
+            state_change = state_change - beta[:, t, :, None, None] * removed[..., None] * k[:, t, :, None, :]
+            state_change = state_change + change[:, t]
+            read.append(torch.einsum("bhvk,bhk->bhv", state_change, q[:, t]))
+        return torch.stack(read, dim=1)
+
+    def conv_hooks(self) -> dict[str, tuple[str, ...]]:
+        """``{"q": ("q",), "k": ("k",), "v": ("v",)}``: the three short convolutions (none with
+        conv_size 0); each hook holds its convolution's output after SiLU (and the L2 norm for q, k)."""
+        return {name: (name,) for name in "qkv"} if self.conv_size > 0 else {}
+
+    def conv_path(self, receiver: str, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_q``, ``hook_k`` or ``hook_v`` (`receiver`) ``[run, pos, head,
+        d_head]`` when that projection at the `senders` positions is the clean run's: the taps'
+        change is added to the corrupt run's convolution output, then SiLU (and the L2 norm)."""
+        index = "qkv".index(receiver)
+        conv = (self.q_conv1d, self.k_conv1d, self.v_conv1d)[index]
+        before = self._projections(corrupt, convolve=False)[index]
+        after = self._projections(clean, convolve=False)[index]
+        change = torch.where(senders[..., None], after - before, torch.zeros_like(before))
+        convolved = conv(before)
+        old, new = (self._heads(t, t, t)[index] for t in (convolved, convolved + conv.taps(change)))
+        return new - old
+
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, x: RunResid) -> Context:
         """Return, for a run on `x` ``[N, T, d_model]``: ``q``, ``k``, ``v`` ``[N, T, d_model]``,
@@ -195,6 +244,14 @@ class DeltaNet(Mixer):
         else:
             y = delta_rule_recurrent(q, k, v, self._beta(x), initial_state=initial)[0]
         return self.out_proj(kept(self.o_norm(y), keep).flatten(2))
+
+    def _projections(self, x: Tensor, convolve: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """Return the q, k, v projections of `x` ``[b, t, d_model]`` (each ``[b, t, d_model]``),
+        through their short convolutions unless `convolve` is False (as `forward`, without hooks)."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if convolve and self.conv_size > 0:
+            q, k, v = self.q_conv1d(q), self.k_conv1d(k), self.v_conv1d(v)
+        return q, k, v
 
     def _heads(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Return q, k, v ``[b, t, head, d_head]`` from the (convolved) projections ``[b, t, d_model]``:

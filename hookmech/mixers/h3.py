@@ -162,6 +162,9 @@ class H3(Mixer):
         self.hook_ssm_filter = AxisHookPoint("lag head", pos_axis=None)
         declare_sizes(self, head=self.n_heads)
 
+    #: `head` receivers (`Mixer.head_inputs`): the projections, per head
+    head_inputs = ("q", "k", "v")
+
     def forward(self, u: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         q = self.hook_q(self._heads(self.q_proj(u)))

@@ -30,6 +30,8 @@ from ..shapes import (
     KeptWindow,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Window,
 )
@@ -122,6 +124,17 @@ class Hyena(Mixer):
         if self.D is not None:
             operator = operator + torch.diag_embed(self.D.double()[:, None].expand(-1, n_pos))
         return (x2.transpose(1, 2)[..., :, None] * operator * x1.transpose(1, 2)[..., None, :]).float()
+
+    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    def conv_hooks(self) -> dict[str, tuple[str, ...]]:
+        """``{"short_conv": ("short_conv",)}``: the short convolution of the input projection."""
+        return {"short_conv": ("short_conv",)}
+
+    def conv_path(self, receiver: str, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_short_conv`` ``[run, pos, 3*d_model]`` when the input
+        projection at the `senders` positions is the clean run's (the taps, no bias)."""
+        after, before = self.in_proj(clean), self.in_proj(corrupt)
+        return self.short_filter.taps(torch.where(senders[..., None], after - before, torch.zeros_like(before)))
 
     def prefix_context(self, x: RunResid) -> Context:
         """Return ``{"projected": in_proj(x)}`` ``[N, T, 3*d_model]``: the input projection,

@@ -38,12 +38,15 @@ from ..shapes import (
     KeptWindow,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Window,
 )
 from .base import Mixer, kept, splice, state_before, take_window
 from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan
+from .short_conv import causal_taps
 from .state_patch import hook_state_with_propagation
 
 # The optional CUDA kernels, bound on first use by `fused_kernels_available` (tests replace them).
@@ -215,6 +218,38 @@ class Mamba(Mixer):
             decay = causal_decay(log_decay[:, :, n], log_decay[:, :, n])  # [b, d, t, s]
             M += C[:, None, :, n, None] * decay * written * B[:, None, None, :, n]
         return M.float()
+
+    # -- path patching (see `Mixer.state_path`, `Mixer.conv_path`) ---------------------------
+    state_hooks = ("ssm_state",)
+    state_readout = "y"
+
+    def state_path(self, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_y`` ``[run, pos, d_inner]`` along the state path: with
+        w_t = Δ_t u_t B_tᵀ the write of position t, the state changes by
+
+            ΔH_t = exp(Δ_t A) ⊙ ΔH_{t-1} + [t is a sender] (w_t(clean) − w_t(corrupt))
+
+        (Δ of the corrupt run: its own decays), and the read-out y_t = h_t C_t + D ⊙ u_t by ΔH_t C_t
+        (C of the corrupt run). A sender's write reaches its own position and every later one."""
+        writes = []
+        for x in (clean, corrupt):
+            u, delta, B, C = self._ssm_inputs(self._split(self.in_proj(x))[0])
+            writes.append((delta * u)[..., None] * B[:, :, None, :])
+        # the loop leaves Δ and C of the corrupt run, the last one
+        change = torch.where(senders[:, :, None, None], writes[0] - writes[1], torch.zeros_like(writes[1]))
+        states = linear_scan(torch.exp(delta[..., None] * self._A()), change)
+        return (states @ C[..., None])[..., 0]
+
+    def conv_hooks(self) -> dict[str, tuple[str, ...]]:
+        """``{"conv": ("in_x", "conv")}``: the convolution of the SSM branch (none with d_conv 0)."""
+        return {"conv": ("in_x", "conv")} if self.d_conv > 0 else {}
+
+    def conv_path(self, receiver: str, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_conv`` ``[run, pos, d_inner]`` when in_x at the `senders`
+        positions is the clean run's: the taps (no bias) applied to the clean-minus-corrupt in_x."""
+        in_clean, in_corrupt = (self._split(self.in_proj(x))[0] for x in (clean, corrupt))
+        change = torch.where(senders[..., None], in_clean - in_corrupt, torch.zeros_like(in_corrupt))
+        return causal_taps(change, self.conv1d.weight)
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
     def prefix_context(self, x: RunResid) -> Context:

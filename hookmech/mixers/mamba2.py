@@ -33,12 +33,15 @@ from ..shapes import (
     KeptWindow,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Window,
 )
 from .base import Mixer, kept, state_before
 from .operators import causal_decay
-from .short_conv import ShortConv
+from .selective_scan import linear_scan
+from .short_conv import ShortConv, causal_taps
 from .state_patch import hook_state_with_propagation
 
 
@@ -277,6 +280,42 @@ class Mamba2(Mixer):
         log_decay = torch.cumsum(dt * -torch.exp(self.A_log.double())[:, None], dim=-1)  # Σ_{r<=t} Δ_r A
         scores = torch.einsum("bthn,bshn->bhts", C, B)
         return (scores * causal_decay(log_decay, log_decay) * dt[:, :, None, :]).float()
+
+    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    head_outputs = ("y",)
+    head_inputs = ("conv_act", "delta", "B", "C")
+    state_hooks = ("ssm_state",)
+    state_readout = "y"
+
+    def state_path(self, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_y`` ``[run, pos, head, headdim]`` along the state path: with
+        w_t = Δ_t x_t B_tᵀ the write of position t (per head),
+
+            ΔH_t = exp(Δ_t A) ΔH_{t-1} + [t is a sender] (w_t(clean) − w_t(corrupt))
+
+        with the corrupt run's Δ (its own decays), read out as ΔH_t C_t with its C."""
+        writes = []
+        for u in (clean, corrupt):
+            _, xbc, dt = self._in_proj(u)
+            x, dt, B, C = self._ssm_inputs(self.conv1d(xbc) if self.conv1d is not None else xbc, dt)
+            writes.append((dt[..., None] * x)[..., None] * _expand_groups(B, self.n_heads)[:, :, :, None, :])
+        # the loop leaves Δ and C of the corrupt run, the last one
+        change = torch.where(senders[:, :, None, None, None], writes[0] - writes[1], torch.zeros_like(writes[1]))
+        decay = torch.exp(dt * -torch.exp(self.A_log))[..., None, None].expand_as(change).contiguous()
+        states = linear_scan(decay, change)
+        return torch.einsum("bthpn,bthn->bthp", states, _expand_groups(C, self.n_heads))
+
+    def conv_hooks(self) -> dict[str, tuple[str, ...]]:
+        """``{"conv": ("in_x", "conv")}``: the convolution's x channels (none with d_conv 0)."""
+        return {"conv": ("in_x", "conv")} if self.conv1d is not None else {}
+
+    def conv_path(self, receiver: str, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_conv`` ``[run, pos, d_inner]`` (the x channels of the
+        convolution over xBC) when x at the `senders` positions is the clean run's."""
+        assert self.conv1d is not None  # conv_hooks declares no convolution otherwise
+        x_clean, x_corrupt = (self._in_proj(u)[1][..., : self.d_inner] for u in (clean, corrupt))
+        change = torch.where(senders[..., None], x_clean - x_corrupt, torch.zeros_like(x_corrupt))
+        return causal_taps(change, self.conv1d.weight[: self.d_inner])
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, u: RunResid) -> Context:

@@ -33,6 +33,8 @@ from ..shapes import (
     KeptWindow,
     Resid,
     RowInts,
+    RunActs,
+    RunMask,
     RunResid,
     Window,
 )
@@ -247,6 +249,33 @@ class RWKV6(Mixer):
             decay = causal_decay(decay_before[:, :, i], decay_in[:, :, i], strict=True)  # [b, h, t, s]
             M += r[:, :, i, :, None] * decay * k[:, :, i, None, :]
         return M.float()
+
+    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    head_outputs = ("output",)
+    head_inputs = ("r", "k", "v", "decay")
+    state_hooks = ("state",)
+    state_readout = "output"
+
+    def state_path(self, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
+        """Return the change of ``hook_output`` ``[run, pos, head, d_head]`` along the state path:
+        with w_t = k_tᵀ v_t the write of position t,
+
+            ΔS_t = diag(exp(−exp(w_t))) ΔS_{t-1} + [t is a sender] (w_t(clean) − w_t(corrupt))
+
+        (the corrupt run's decays), read out as o_t = r_t ΔS_{t-1} with its r. Position t reads the
+        state before its own write (S_{t-1}; its own k_tᵀ v_t reaches o_t through the bonus u,
+        which is no state), so a sender reaches the positions after it only. The change is linear
+        in the writes: it is the WKV of the clean writes minus that of the corrupt ones, both
+        with the corrupt decays and no bonus."""
+        r, k, v, _, w = self._projections(corrupt, F.pad(corrupt, (0, 0, 1, -1)))
+        _, k_clean, v_clean, _, _ = self._projections(clean, F.pad(clean, (0, 0, 1, -1)))
+        sender = senders[:, :, None, None].to(k.dtype)
+        no_bonus = torch.zeros_like(self.time_faaaa)
+        reads = [
+            wkv_chunked(r, keys * sender, values, -torch.exp(w), no_bonus, self.chunk_size)[0]
+            for keys, values in ((k_clean, v_clean), (k, v))
+        ]
+        return reads[0] - reads[1]
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, x: RunResid) -> Context:

@@ -39,6 +39,12 @@ class ShortConv(nn.Module):
         y = F.conv1d(x, self.weight, self.bias, groups=x.shape[1])
         return y.transpose(1, 2)
 
+    def taps(self, change: Tensor) -> Tensor:
+        """Return the convolution of `change` ``[batch, pos, channels]`` without the bias, ``[batch,
+        pos, channels]``: what a change of the input adds to the output (the convolution is linear).
+        Exactly zero wherever no tap reaches a nonzero input."""
+        return causal_taps(change, self.weight)
+
     def forward_from(self, window: Tensor, signal: Tensor, rows: Tensor, start: Tensor) -> Tensor:
         """Return the output at positions ``start[i] .. start[i] + W - 1`` of row ``rows[i]``,
         ``[B, W, channels]``, when the input there is `window` ``[B, W, channels]`` and earlier
@@ -51,3 +57,11 @@ class ShortConv(nn.Module):
         earlier = signal[rows[:, None], before.clamp(min=0)].masked_fill((before < 0)[..., None], 0.0)
         inputs = torch.cat([earlier, window.to(signal.dtype)], dim=1).transpose(1, 2)  # [B, C, k-1+W]
         return F.conv1d(inputs, self.weight, self.bias, groups=inputs.shape[1]).transpose(1, 2)
+
+
+def causal_taps(change: Tensor, weight: Tensor) -> Tensor:
+    """Return the causal depthwise convolution of `change` ``[batch, pos, channels]`` by `weight`
+    ``[channels, 1, kernel_size]`` (``nn.Conv1d``'s layout, tap k - 1 on the current position),
+    without a bias: ``[batch, pos, channels]``."""
+    padded = F.pad(change.transpose(1, 2), (weight.shape[-1] - 1, 0))
+    return F.conv1d(padded, weight, None, groups=weight.shape[0]).transpose(1, 2)

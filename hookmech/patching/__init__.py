@@ -15,6 +15,7 @@ entry point. The package's files, in the order a patch flows through them
     forwards.py      the batched patched forwards: full, or resumed from the patched position
     exact.py         the exact engine: plans, probes and forwards into records
     atp.py           attribution patching (first-order estimates) and `verify_top`
+    paths.py         `path_patch`: a sender's effect on a receiver along one route (resid, head, state, conv)
     records.py       the record of one (site, position), shared by both methods
     plain_loop.py    the plain `run_with_hooks` loop the engine is tested and timed against
 """
@@ -25,8 +26,9 @@ from .atp import attribution_patch, first_order_effects, verify_top
 from .dispatch import patch
 from .metrics import METRICS, Metric, attribution_score, corrupt_answers
 from .options import ABLATIONS, CONTEXT_MEMORY, DIRECTIONS, METHODS, PatchOptions, check_threshold
+from .paths import VIA, path_patch
 from .plans import resample_order
-from .protocol import PatchableConfig, PatchableModel
+from .protocol import PatchableConfig, PatchableModel, PathPatchableModel
 from .runs import CleanCorruptRuns
 from .targets import PatchSite, Target, head_axis_of, n_heads_of, parse_sites
 
@@ -36,12 +38,14 @@ __all__ = [
     "DIRECTIONS",
     "METHODS",
     "METRICS",
+    "VIA",
     "CleanCorruptRuns",
     "Metric",
     "PatchOptions",
     "PatchSite",
     "PatchableConfig",
     "PatchableModel",
+    "PathPatchableModel",
     "Target",
     "attribution_patch",
     "attribution_score",
@@ -52,6 +56,7 @@ __all__ = [
     "n_heads_of",
     "parse_sites",
     "patch",
+    "path_patch",
     "resample_order",
     "verify_top",
 ]

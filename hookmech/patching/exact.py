@@ -23,7 +23,7 @@ from ..tasks.batch import Batch
 from .forwards import full_pairs, hooks_to_start, resume_layer, resumed_pairs, start_layer
 from .metrics import Metric, make_metric
 from .options import PatchOptions
-from .plans import changed_rows, plan_target
+from .plans import TargetPlan, changed_rows, plan_target
 from .protocol import PatchableModel, check_patchable
 from .reachability import reaches_query
 from .records import Means, patch_record
@@ -114,13 +114,18 @@ def patched_rows(
     patches: list[PositionPatch],
     metric: Metric,
     options: PatchOptions,
+    plans: list[TargetPlan] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Return (p_answer, metric) of every patch and row of `site`, each ``[len(patches), N]`` float64."""
+    """Return (p_answer, metric) of every patch and row of `site`, each ``[len(patches), N]`` float64.
+
+    `plans`: what each target of `site` is patched with (default: the source run's activation, or
+    the ablation, of `options`; a path patch gives its own values)."""
     batch, device, base = runs.batch, runs.device, options.base
-    plans = [
-        plan_target(model, runs, target, base, options.source, options.ablate, options.ablate_seed)
-        for target in site.targets
-    ]
+    if plans is None:
+        plans = [
+            plan_target(model, runs, target, base, options.source, options.ablate, options.ablate_seed)
+            for target in site.targets
+        ]
     masks = torch.stack([patch.mask for patch in patches]).to(device)  # [P, N, T]
     changed = torch.zeros(masks.shape[:2], dtype=torch.bool, device=device)
     for plan in plans:

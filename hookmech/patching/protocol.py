@@ -132,16 +132,38 @@ class PatchableModel(Protocol):
         ...
 
 
+@runtime_checkable
+class PathPatchableModel(PatchableModel, Protocol):
+    """A `PatchableModel` that can also say what travels along a path (`hookmech.patching.path_patch`,
+    docs/guide.md §10): `HookedLM` does, through `hookmech/paths.py`. Node patching does not need it."""
+
+    def path_ends(self, via: str, sender: str, receiver: str) -> Any:
+        """Return the checked path from hook `sender` to hook `receiver` along route `via`: an object
+        with ``patched`` (the hook the path replaces at the receiver's positions) and ``reads`` (the
+        hooks whose clean and corrupt activations `path_change` reads); a UsageError if there is none."""
+        ...
+
+    def path_change(self, ends: Any, acts: Any, senders: Tensor, head: int | None = None) -> Tensor:
+        """Return the change ``[N, pos, ...]`` of ``ends.patched`` along the path `ends` when the sender is
+        the clean run's at the positions `senders` ``[N, pos]`` (its head `head` only, if given), given
+        ``acts(hook, "clean" | "corrupt")`` -> ``[N, ...]``; exactly zero where the path does not reach."""
+        ...
+
+
 #: the members `check_patchable` looks for (every public name the protocol declares)
 _MEMBERS = ("__call__", *(name for name in vars(PatchableModel) if not name.startswith("_")))
+#: and `check_patchable(..., paths=True)`
+_PATH_MEMBERS = (*_MEMBERS, *(name for name in vars(PathPatchableModel) if not name.startswith("_")))
 
 
-def check_patchable(model: object) -> None:
-    """Raise a HookmechError naming what `model` lacks unless it satisfies `PatchableModel`; return None."""
-    if isinstance(model, PatchableModel):
+def check_patchable(model: object, paths: bool = False) -> None:
+    """Raise a HookmechError naming what `model` lacks unless it satisfies `PatchableModel` (with
+    `paths`, `PathPatchableModel`); return None."""
+    protocol, members = (PathPatchableModel, _PATH_MEMBERS) if paths else (PatchableModel, _MEMBERS)
+    if isinstance(model, protocol):
         return
-    missing = [name for name in _MEMBERS if not hasattr(model, name)]
+    missing = [name for name in members if not hasattr(model, name)]
     raise HookmechError(
-        f"{type(model).__name__} cannot be patched: it has no {', '.join(missing)} "
-        "(hookmech.patching.PatchableModel lists what the engine needs)"
+        f"{type(model).__name__} cannot be {'path-' if paths else ''}patched: it has no {', '.join(missing)} "
+        f"(hookmech.patching.{protocol.__name__} lists what the engine needs)"
     )

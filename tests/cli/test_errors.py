@@ -251,6 +251,29 @@ ROWS_MESSAGES = [
     ("sweep-with-an-empty-grid", "sweep_empty_grid", ["sweep", "{tmp}/s.toml", "--dry-run"], 2, "[grid] is empty"),
 ]
 
+#: path patching (patch --sender/--receiver/--via): a path the model lacks, or flags that do not go together
+ROWS_PATHS = [
+    ("path-kind-the-mixer-lacks", "none", [*PATCH, "--sender", "L0.mixer.q@key", "--receiver", "L0.mixer.q@query",
+                                            "--via", "state"], 2,
+     "path kind 'state' does not exist for mixer 'attention' (layer 0): it has no state hooks"),
+    ("path-without-via", "none", [*PATCH, "--sender", "L0.block_out@key", "--receiver", "L1.block_in@key"], 2,
+     "a path patch needs --sender SITE@POS, --receiver SITE@POS and --via; missing --via"),
+    ("path-and-site", "none", [*PATCH, "--site", "L1.block_in", "--sender", "L0.block_out@key", "--receiver",
+                               "L1.block_in@key", "--via", "resid"], 2, "give one or the other"),
+    ("path-endpoint-without-position", "none", [*PATCH, "--sender", "L0.block_out", "--receiver", "L1.block_in@key",
+                                                 "--via", "resid"], 2, "sender 'L0.block_out' must be SITE@POS"),
+    ("path-with-atp", "none", [*PATCH, "--sender", "L0.block_out@key", "--receiver", "L1.block_in@key", "--via",
+                               "resid", "--method", "atp"], 2, "a path patch is exact denoising"),
+    ("path-unknown-via", "none", [*PATCH, "--sender", "L0.block_out@key", "--receiver", "L1.block_in@key", "--via",
+                                  "sideways"], 2, "'sideways' is not one of"),
+    ("path-resid-to-another-position", "none", [*PATCH, "--sender", "L0.block_out@key", "--receiver",
+                                                 "L1.block_in@value", "--via", "resid"], 2,
+     "a resid path carries a position's value to the same position only"),
+    ("path-receiver-before-sender", "none", [*PATCH, "--sender", "L1.mixer.z@key", "--receiver", "L0.mixer.q@query",
+                                              "--via", "head"], 2, "must be in a later layer than the sender"),
+    ("patch-without-site-or-path", "none", [*PATCH, "--pos", "value"], 2, "missing --site"),
+]
+
 #: run folders, sweeps and reports: refused before anything is trained or drawn
 ROWS_RUNS = [
     ("train-into-a-locked-run-folder", "locked-run", [*TRAIN_SMALL, "-o", "{tmp}/r"], 1, "/r is in use by process"),
@@ -270,7 +293,7 @@ ROWS_RUNS = [
      ["report", "{tmp}/runs", "--no-heatmaps", "-o", "{tmp}/runs/notes"], 2, "is not a report folder (it holds a.txt)"),
 ]
 
-ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES + ROWS_RUNS + ROWS_FILES
+ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES + ROWS_PATHS + ROWS_RUNS + ROWS_FILES
 
 
 def _expand(argv: list[str], tmp: Path) -> list[str]:

@@ -9,9 +9,9 @@ import pytest
 
 import hookmech
 import hookmech.patching
-from hookmech.patching import patch
+from hookmech.patching import patch, path_patch
 
-from helpers import ENGINE_TOL, run_cli
+from helpers import ENGINE_TOL, REPO, run_cli
 
 
 def test_cli_patch_options_call_the_library(tmp_path, capsys):
@@ -75,3 +75,23 @@ def test_cli_verify_top_runs_the_exact_engine_within_max_batch(trained_attention
                               "--n", "8", "--method", "atp", "--verify-top", "2", "--max-batch", "3"], capsys)
     assert code == 0, err
     assert chunks and set(chunks) == {3}, chunks
+
+
+def test_cli_path_patch_calls_path_patch_and_prints_the_route(capsys):
+    mamba = REPO / "fixtures" / "mamba_ar_cpu.safetensors"
+    base = ["patch", "--ckpt", str(mamba), "--n", "12", "--sender", "L0.mixer.in_x@key",
+            "--receiver", "L0.mixer.conv@value,L0.mixer.conv@whole", "--via", "conv"]
+    code, out, err = run_cli([*base, "--json", "--metric", "log_p"], capsys)
+    assert code == 0, err
+    records = json.loads(out)
+    task = hookmech.tasks.from_checkpoint(mamba)
+    expected = path_patch(hookmech.load(mamba), task.sample(12, seed=0), "L0.mixer.in_x@key",
+                          ["L0.mixer.conv@value", "L0.mixer.conv@whole"], "conv", metric="log_p")
+    assert [(r["sender"], r["receiver"], r["via"]) for r in records] == [
+        ("L0.mixer.in_x@key", "L0.mixer.conv@value", "conv"), ("L0.mixer.in_x@key", "L0.mixer.conv@whole", "conv")]
+    for got, want in zip(records, expected, strict=True):
+        assert got["metric_patched"] == want["metric_patched"]  # the same computation: exact
+    code, out, err = run_cli(base, capsys)
+    assert code == 0, err
+    header = out.splitlines()[0].split()
+    assert header[:3] == ["sender", "receiver", "via"] and "L0.mixer.conv@whole" in out
