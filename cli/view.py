@@ -90,9 +90,8 @@ def view(
     given = _given_options()
     wrong = [name for name, param in (SWEEP_ONLY if ckpt else CHECKPOINT_ONLY) if param in given]
     if wrong:
-        raise UsageError(
-            f"{wrong[0]} is for {'a sweep folder' if ckpt else '--ckpt'} pages, not {'--ckpt' if ckpt else 'RUNS_DIR'}"
-        )
+        kind = "sweep-folder (RUNS_DIR)" if ckpt else "checkpoint (--ckpt)"
+        raise UsageError(f"{wrong[0]} belongs to {kind} pages; drop it")
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
     if cache_path is not None and given & {"n", "seed"}:

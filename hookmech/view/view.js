@@ -463,6 +463,24 @@
   }
 
   // -- the sweep page ------------------------------------------------------------------------
+  const LAZY_RUNS = 12;
+
+  function drawRun(box, run) {
+    if (run.heatmap) box.append(el("div", { class: "scroll" }, heatmap(run.heatmap, null).svg), el("p", { class: "note", text: HEATMAP_KEY }));
+    if (run.dynamics) {
+      const dyn = run.dynamics, steps = dyn.step;
+      const pts = (values) => steps.map((s, k) => ({ x: s, y: values[k], tip: `step ${s}: ${fmt(values[k], 4)}` })).filter((p) => p.y !== null);
+      const names = Object.keys(dyn.attr);
+      box.append(el("div", { class: "row" },
+        chart({ title: "train loss", xlabel: "training step", ylabel: "loss", ylog: true, series: [{ name: "train loss", color: "#111", marker: false, points: pts(dyn.loss).filter((p) => p.y > 0) }], width: 400, height: 240 }),
+        chart({ title: "dev accuracy", xlabel: "training step", ylabel: "", ylim: [-0.02, 1.02], series: [
+          { name: "dev accuracy", color: "#d62728", marker: false, points: pts(dyn.dev_acc) },
+          { name: "dev p(answer)", color: "#9467bd", marker: false, dash: "4 3", points: pts(dyn.dev_p_answer) }], width: 400, height: 240 }),
+        chart({ title: "attributions", xlabel: "training step", ylabel: "attribution", series: names.map((n, k) => ({ name: n, color: PALETTE[k % PALETTE.length], radius: 2, points: pts(dyn.attr[n]) })), width: 460, height: 240 })));
+    }
+    if (!run.heatmap && !run.dynamics) box.append(el("p", { class: "note", text: "no model file for a heatmap and no attributions in metrics.jsonl" }));
+  }
+
   function renderSweep(D, page) {
     const about = D.about;
     document.getElementById("about").textContent = `${about.runs} runs in ${about.runs_dir} (${Object.entries(about.status).map(([k, v]) => `${v} ${k}`).join(", ")}); series: ${D.keys.filter((k) => !["d_model", "lr", "seed"].includes(k)).join(", ") || "\u2014"}`;
@@ -548,22 +566,21 @@
 
     // selected runs: heatmaps and dynamics
     const selected = section("Selected runs", el("p", { class: "note", text: `Runs: ${about.selection}. Heatmaps: every block-level site \u00d7 role on ${about.heatmap_examples} examples (seed ${about.heatmap_seed}); hover a cell for its numbers (per-example drill-down: hookmech view --ckpt). Dynamics: runs trained with --mech-every.` }));
+    // many runs: each behind a <details> element, drawn when first opened (the page stays quick to load)
+    const lazy = D.selected.length > LAZY_RUNS;
+    if (lazy) selected.append(el("p", { class: "note", text: `${D.selected.length} runs: open one to draw it.` }));
     for (const run of D.selected) {
       const label = `${run.run_id}: ${run.series}, d_model ${fmt(run.d_model)}, lr ${fmt(run.lr)}, seed ${fmt(run.seed)} (dev acc ${fmt(run.dev_acc)})`;
-      const box = el("div", { "data-run": run.run_id }, el("h3", { text: label }));
-      if (run.heatmap) box.append(el("div", { class: "scroll" }, heatmap(run.heatmap, null).svg), el("p", { class: "note", text: HEATMAP_KEY }));
-      if (run.dynamics) {
-        const dyn = run.dynamics, steps = dyn.step;
-        const pts = (values) => steps.map((s, k) => ({ x: s, y: values[k], tip: `step ${s}: ${fmt(values[k], 4)}` })).filter((p) => p.y !== null);
-        const names = Object.keys(dyn.attr);
-        box.append(el("div", { class: "row" },
-          chart({ title: "train loss", xlabel: "training step", ylabel: "loss", ylog: true, series: [{ name: "train loss", color: "#111", marker: false, points: pts(dyn.loss).filter((p) => p.y > 0) }], width: 400, height: 240 }),
-          chart({ title: "dev accuracy", xlabel: "training step", ylabel: "", ylim: [-0.02, 1.02], series: [
-            { name: "dev accuracy", color: "#d62728", marker: false, points: pts(dyn.dev_acc) },
-            { name: "dev p(answer)", color: "#9467bd", marker: false, dash: "4 3", points: pts(dyn.dev_p_answer) }], width: 400, height: 240 }),
-          chart({ title: "attributions", xlabel: "training step", ylabel: "attribution", series: names.map((n, k) => ({ name: n, color: PALETTE[k % PALETTE.length], radius: 2, points: pts(dyn.attr[n]) })), width: 460, height: 240 })));
+      if (!lazy) {
+        const box = el("div", { "data-run": run.run_id }, el("h3", { text: label }));
+        drawRun(box, run);
+        selected.append(box);
+        continue;
       }
-      if (!run.heatmap && !run.dynamics) box.append(el("p", { class: "note", text: "no model file for a heatmap and no attributions in metrics.jsonl" }));
+      const box = el("details", { "data-run": run.run_id }, el("summary", { text: label }));
+      box.addEventListener("toggle", () => {
+        if (box.open && !box.dataset.drawn) { box.dataset.drawn = "1"; drawRun(box, run); }
+      });
       selected.append(box);
     }
     page.append(selected);
