@@ -53,25 +53,57 @@ def synthetic_sweep(folder: Path, n_runs: int, seed: int = 0) -> list[str]:
     for index in range(n_runs):
         arch, d_model, lr = grid[index % len(grid)]
         run_seed = index // len(grid)
-        acc = float(np.clip(0.2 + 0.15 * np.log2(d_model / 64) - 0.4 * abs(np.log10(lr / 1e-3)) + rng.normal(0, 0.05), 0, 1))
-        value = float(np.clip(acc + rng.normal(0, 0.05), -0.1, 1.05)) if arch == "attention" else float(rng.uniform(-0.1, 0.6))
+        acc = float(
+            np.clip(0.2 + 0.15 * np.log2(d_model / 64) - 0.4 * abs(np.log10(lr / 1e-3)) + rng.normal(0, 0.05), 0, 1)
+        )
+        value = (
+            float(np.clip(acc + rng.normal(0, 0.05), -0.1, 1.05))
+            if arch == "attention"
+            else float(rng.uniform(-0.1, 0.6))
+        )
         query = float(rng.uniform(-0.05, 1 - max(value, 0)))
         run_id = f"{arch}_d{d_model}_lr{lr}_s{run_seed}"
-        rows.append({"run_id": run_id, "arch": arch, "d_model": d_model, "lr": lr, "seed": run_seed,
-                     "status": "finished", "dev_acc": acc, "dev_p_answer": acc * 0.9, "steps": 50016, "seconds": 1000.0,
-                     "mech_n": 320, "mech_p_clean": 0.9, "mech_p_corrupt": 0.05, "mech_passes": acc > 0.1,
-                     "attr:L1.block_in@key": float(rng.uniform(-0.05, 0.3)), "attr:L1.block_in@value": value,
-                     "attr:L1.block_in@query": query})
+        rows.append(
+            {
+                "run_id": run_id,
+                "arch": arch,
+                "d_model": d_model,
+                "lr": lr,
+                "seed": run_seed,
+                "status": "finished",
+                "dev_acc": acc,
+                "dev_p_answer": acc * 0.9,
+                "steps": 50016,
+                "seconds": 1000.0,
+                "mech_n": 320,
+                "mech_p_clean": 0.9,
+                "mech_p_corrupt": 0.05,
+                "mech_passes": acc > 0.1,
+                "attr:L1.block_in@key": float(rng.uniform(-0.05, 0.3)),
+                "attr:L1.block_in@value": value,
+                "attr:L1.block_in@query": query,
+            }
+        )
         run = folder / run_id
         run.mkdir(parents=True)
         lines = []
         for step in range(200, 50017, 200):
             progress = step / 50016
-            line = {"step": step, "loss": float(7 * (1 - progress) ** 3 + 0.01), "lr": lr, "dev_acc": acc * progress,
-                    "dev_p_answer": acc * progress * 0.9, "seconds": step / 50.0}
+            line = {
+                "step": step,
+                "loss": float(7 * (1 - progress) ** 3 + 0.01),
+                "lr": lr,
+                "dev_acc": acc * progress,
+                "dev_p_answer": acc * progress * 0.9,
+                "seconds": step / 50.0,
+            }
             if step % 400 == 0:
-                line.update({f"attr:L1.block_in@{pos}": float(v * progress)
-                             for pos, v in (("key", 0.1), ("value", value), ("query", query))})
+                line.update(
+                    {
+                        f"attr:L1.block_in@{pos}": float(v * progress)
+                        for pos, v in (("key", 0.1), ("value", value), ("query", query))
+                    }
+                )
             lines.append(json.dumps(line))
         (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     write_results(rows, folder / "results.csv")
@@ -91,12 +123,16 @@ def atr_page(folder: Path, n: int, docs: int) -> tuple[Path, str]:
     torch.manual_seed(0)
     model = hookmech.HookedLM(build_config(d_vocab=task.d_vocab, n_ctx=task.n_ctx, d_model=64, n_layers=2)).eval()
     start = time.perf_counter()
-    data = checkpoint_page_data(model, task, batch, about={"source": f"random-init attention, {n} longest of {docs} ATR rows"})
+    data = checkpoint_page_data(
+        model, task, batch, about={"source": f"random-init attention, {n} longest of {docs} ATR rows"}
+    )
     collected = time.perf_counter() - start
     path = write_page(data, folder / "atr.html", "ATR, 918-token rows")
     lengths = batch.lengths
-    note = (f"rows {int(lengths.min())}..{int(lengths.max())} tokens (padded {batch.tokens.shape[1]}), "
-            f"maps of {len(data['maps']['examples'])} rows; sampling {sampled:.1f} s, page data {collected:.1f} s")
+    note = (
+        f"rows {int(lengths.min())}..{int(lengths.max())} tokens (padded {batch.tokens.shape[1]}), "
+        f"maps of {len(data['maps']['examples'])} rows; sampling {sampled:.1f} s, page data {collected:.1f} s"
+    )
     return path, note
 
 
@@ -107,7 +143,13 @@ def open_driver():
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1800"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1800",
+    ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
@@ -149,8 +191,13 @@ def main() -> None:
     model, task = hookmech.load(fixture), hookmech.tasks.from_checkpoint(fixture)
     start = time.perf_counter()
     data = checkpoint_page_data(model, task, task.sample(args.n, seed=0))
-    pages.append(("baseline: attention fixture", write_page(data, folder / "fixture.html", "fixture"),
-                  f"{args.n} rows of 11 tokens; page data {time.perf_counter() - start:.1f} s"))
+    pages.append(
+        (
+            "baseline: attention fixture",
+            write_page(data, folder / "fixture.html", "fixture"),
+            f"{args.n} rows of 11 tokens; page data {time.perf_counter() - start:.1f} s",
+        )
+    )
 
     runs_dir = folder / "sweep"
     if runs_dir.exists():
@@ -158,11 +205,21 @@ def main() -> None:
     run_ids = synthetic_sweep(runs_dir, args.sweep_runs)
     start = time.perf_counter()
     data = sweep_page_data(runs_dir, heatmaps=False)
-    pages.append((f"sweep, {args.sweep_runs} runs", write_page(data, folder / "sweep.html", "sweep"),
-                  f"{len(data['selected'])} runs' dynamics; page data {time.perf_counter() - start:.1f} s"))
+    pages.append(
+        (
+            f"sweep, {args.sweep_runs} runs",
+            write_page(data, folder / "sweep.html", "sweep"),
+            f"{len(data['selected'])} runs' dynamics; page data {time.perf_counter() - start:.1f} s",
+        )
+    )
     data = sweep_page_data(runs_dir, runs=run_ids, heatmaps=False)
-    pages.append((f"sweep, {args.sweep_runs} runs, every run's dynamics",
-                  write_page(data, folder / "sweep_all.html", "sweep"), f"{len(run_ids)} runs' dynamics"))
+    pages.append(
+        (
+            f"sweep, {args.sweep_runs} runs, every run's dynamics",
+            write_page(data, folder / "sweep_all.html", "sweep"),
+            f"{len(run_ids)} runs' dynamics",
+        )
+    )
     if not args.skip_atr:
         path, note = atr_page(folder, args.n, args.atr_docs)
         pages.append((f"ATR, {args.n} longest rows", path, note))
@@ -170,10 +227,12 @@ def main() -> None:
         import plotly.offline
 
         empty = folder / "plotly.html"
-        empty.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body><div id='p'></div><script>"
-                         + plotly.offline.get_plotlyjs()
-                         + "</script><script>Plotly.newPlot('p',[{z:[[1,2],[3,4]],type:'heatmap'}]);"
-                         "window.hookmechReadyMs=performance.now();</script></body></html>")
+        empty.write_text(
+            "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body><div id='p'></div><script>"
+            + plotly.offline.get_plotlyjs()
+            + "</script><script>Plotly.newPlot('p',[{z:[[1,2],[3,4]],type:'heatmap'}]);"
+            "window.hookmechReadyMs=performance.now();</script></body></html>"
+        )
         pages.append(("plotly's script alone (one 2x2 heatmap)", empty, "for comparison"))
     except ImportError:
         pass

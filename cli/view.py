@@ -15,9 +15,16 @@ from .common import (
 )
 
 #: options of one kind of page, refused with the other (name shown, click parameter name)
-CHECKPOINT_ONLY = (("--cache", "cache_path"), ("--site", "site_specs"), ("--pos", "pos_specs"), ("--maps", "maps"))
-CHECKPOINT_ONLY += (("--maps-mib", "maps_mib"), ("--max-batch", "max_batch"), ("--threshold", "threshold"))
-CHECKPOINT_ONLY += (("--device", "device"),)
+CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
+    ("--cache", "cache_path"),
+    ("--site", "site_specs"),
+    ("--pos", "pos_specs"),
+    ("--maps", "maps"),
+    ("--maps-mib", "maps_mib"),
+    ("--max-batch", "max_batch"),
+    ("--threshold", "threshold"),
+    ("--device", "device"),
+)
 SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 
 

@@ -14,21 +14,22 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import ATTENTION_FIXTURE, run_cli
+from test_report import synthetic_rows
 
 import hookmech
-from helpers import ATTENTION_FIXTURE, run_cli
 from hookmech.view import pack_floats, pack_ints, read_page_data, unpack
 from hookmech.view.checkpoint import SHORT_ROWS, extreme_rows, maps_data
 from hookmech.view.page import page_json
-from test_report import synthetic_rows
 
 MAMBA_FIXTURE = ATTENTION_FIXTURE.parent / "mamba_ar_cpu.safetensors"
 ROLES = "key,value,query,divider"
 
 
 def _patch_json(capsys, *extra):
-    code, out, err = run_cli(["patch", "--ckpt", ATTENTION_FIXTURE, "--site", "all", "--pos", ROLES, *extra, "--json"],
-                             capsys)
+    code, out, err = run_cli(
+        ["patch", "--ckpt", ATTENTION_FIXTURE, "--site", "all", "--pos", ROLES, *extra, "--json"], capsys
+    )
     assert code == 0, err
     return json.loads(out)
 
@@ -117,8 +118,10 @@ def test_maps_are_the_effective_attention_of_the_first_examples(attention_page):
     batch = task.sample(12, seed=2)
     maps = data["maps"]
     assert maps["examples"] == [0, 1, 2] and maps["channels"] is None
-    assert [(e["layer"], e["mixer"], e["axis"], e["n"]) for e in maps["layers"]] == [(0, "attention", "head", 1),
-                                                                                   (1, "attention", "head", 1)]
+    assert [(e["layer"], e["mixer"], e["axis"], e["n"]) for e in maps["layers"]] == [
+        (0, "attention", "head", 1),
+        (1, "attention", "head", 1),
+    ]
     for index, row in enumerate(maps["examples"]):
         length = int(batch.lengths[row])
         reference = hookmech.attention_maps(model, batch.tokens[row : row + 1, :length])
@@ -165,11 +168,38 @@ def test_induction_scores_are_the_librarys(attention_page):
 def test_a_cache_page_has_the_numbers_of_patch_with_that_cache(tmp_path, capsys):
     cache = tmp_path / "c.h5"
     assert run_cli(["cache", "--ckpt", ATTENTION_FIXTURE, "--n", "7", "--seed", "4", "-o", cache], capsys)[0] == 0
-    code, _, err = run_cli(["view", "--ckpt", ATTENTION_FIXTURE, "--cache", cache, "--pos", "value,query",
-                            "--site", "L1.block_in,L0.mixer_out", "-o", tmp_path / "p.html"], capsys)
+    code, _, err = run_cli(
+        [
+            "view",
+            "--ckpt",
+            ATTENTION_FIXTURE,
+            "--cache",
+            cache,
+            "--pos",
+            "value,query",
+            "--site",
+            "L1.block_in,L0.mixer_out",
+            "-o",
+            tmp_path / "p.html",
+        ],
+        capsys,
+    )
     assert code == 0, err
-    code, out, err = run_cli(["patch", "--ckpt", ATTENTION_FIXTURE, "--cache", cache, "--site", "L1.block_in,L0.mixer_out",
-                              "--pos", "value,query", "--json"], capsys)
+    code, out, err = run_cli(
+        [
+            "patch",
+            "--ckpt",
+            ATTENTION_FIXTURE,
+            "--cache",
+            cache,
+            "--site",
+            "L1.block_in,L0.mixer_out",
+            "--pos",
+            "value,query",
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert read_page_data(tmp_path / "p.html")["records"] == json.loads(out)
 
@@ -214,9 +244,18 @@ def _sweep_folder(tmp_path):
     write_results(rows, runs / "results.csv")
     run = runs / rows[0]["run_id"]
     run.mkdir()
-    lines = [{"step": 2, "loss": 2.0, "lr": 1e-3, "dev_acc": 0.2, "dev_p_answer": 0.1, "seconds": 1.0},
-             {"step": 4, "loss": 1.0, "lr": 1e-3, "dev_acc": 0.5, "dev_p_answer": 0.4, "seconds": 2.0,
-              "attr:L1.block_in@value": 0.75}]
+    lines = [
+        {"step": 2, "loss": 2.0, "lr": 1e-3, "dev_acc": 0.2, "dev_p_answer": 0.1, "seconds": 1.0},
+        {
+            "step": 4,
+            "loss": 1.0,
+            "lr": 1e-3,
+            "dev_acc": 0.5,
+            "dev_p_answer": 0.4,
+            "seconds": 2.0,
+            "attr:L1.block_in@value": 0.75,
+        },
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return runs
 
@@ -226,8 +265,9 @@ def test_sweep_page_holds_the_numbers_of_the_reports_figures(tmp_path, capsys):
 
     runs = _sweep_folder(tmp_path)
     first_run = synthetic_rows()[0]["run_id"]
-    code, out, err = run_cli(["view", runs, "--no-heatmaps", "--run", f"{first_run},nan_run", "-o", tmp_path / "s.html"],
-                             capsys)
+    code, out, err = run_cli(
+        ["view", runs, "--no-heatmaps", "--run", f"{first_run},nan_run", "-o", tmp_path / "s.html"], capsys
+    )
     assert code == 0, err
     data = read_page_data(tmp_path / "s.html")
     keys = ["arch", "d_model", "lr", "seed"]
@@ -239,15 +279,31 @@ def test_sweep_page_holds_the_numbers_of_the_reports_figures(tmp_path, capsys):
     values = [0.9] * 4 + [0.91] * 2  # value + 0.01 * seed over the 6 passing runs
     assert attention["n"] == 6 and attention["positions"]["value"]["mean"] == pytest.approx(np.mean(values))
     assert (attention["positions"]["value"]["low"], attention["positions"]["value"]["high"]) == bootstrap_interval(
-        [r["attr:L1.block_in@value"] for r in synthetic_rows()
-         if r["arch"] == "attention" and r["status"] == "finished" and r["mech_passes"]])
+        [
+            r["attr:L1.block_in@value"]
+            for r in synthetic_rows()
+            if r["arch"] == "attention" and r["status"] == "finished" and r["mech_passes"]
+        ]
+    )
     curve = next(c for c in data["lr_curves"] if c["series"] == "mamba" and c["d_model"] == 32)
     # mamba at d_model 32, lr 1e-2 (its good lr): 0.9 + 0.02 seed + 0.05 over seeds 0, 1
     # (the synthetic accuracies are sums of decimals: float64 round-off, pytest.approx rel 1e-6)
-    assert curve["points"][1] == {"lr": 1e-2, "mean": pytest.approx(0.96), "min": pytest.approx(0.95), "max": pytest.approx(0.97),
-                                  "n": 2}
-    assert len(data["value_query"]) == sum(1 for r in synthetic_rows() if r["status"] == "finished" and r["mech_passes"])
+    assert curve["points"][1] == {
+        "lr": 1e-2,
+        "mean": pytest.approx(0.96),
+        "min": pytest.approx(0.95),
+        "max": pytest.approx(0.97),
+        "n": 2,
+    }
+    assert len(data["value_query"]) == sum(
+        1 for r in synthetic_rows() if r["status"] == "finished" and r["mech_passes"]
+    )
     assert [s["run_id"] for s in data["selected"]] == [first_run, "nan_run"]
     assert data["selected"][0]["heatmap"] is None and data["selected"][1]["dynamics"] is None
-    assert data["selected"][0]["dynamics"] == {"step": [2, 4], "loss": [2.0, 1.0], "dev_acc": [0.2, 0.5], "dev_p_answer": [0.1, 0.4],
-                        "attr": {"L1.block_in@value": [None, 0.75]}}
+    assert data["selected"][0]["dynamics"] == {
+        "step": [2, 4],
+        "loss": [2.0, 1.0],
+        "dev_acc": [0.2, 0.5],
+        "dev_p_answer": [0.1, 0.4],
+        "attr": {"L1.block_in@value": [None, 0.75]},
+    }

@@ -15,7 +15,6 @@ import os
 import shutil
 
 import pytest
-
 from helpers import ATTENTION_FIXTURE, run_cli
 from test_view import _sweep_folder
 
@@ -48,8 +47,15 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--window-size=1400,1800", "--disable-extensions", "--no-first-run"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1800",
+        "--disable-extensions",
+        "--no-first-run",
+    ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
@@ -75,11 +81,14 @@ def test_clicking_a_cell_shows_the_numbers_of_patch_json(browser, tmp_path, caps
     from selenium.webdriver.common.by import By
 
     page = tmp_path / "attention.html"
-    code, _, err = run_cli(["view", "--ckpt", ATTENTION_FIXTURE, "--n", N, "--seed", SEED, "--maps", 4, "-o", page],
-                           capsys)
+    code, _, err = run_cli(
+        ["view", "--ckpt", ATTENTION_FIXTURE, "--n", N, "--seed", SEED, "--maps", 4, "-o", page], capsys
+    )
     assert code == 0, err
-    code, out, err = run_cli(["patch", "--ckpt", ATTENTION_FIXTURE, "--site", "all", "--pos", ROLES, "--n", N,
-                              "--seed", SEED, "--json"], capsys)
+    code, out, err = run_cli(
+        ["patch", "--ckpt", ATTENTION_FIXTURE, "--site", "all", "--pos", ROLES, "--n", N, "--seed", SEED, "--json"],
+        capsys,
+    )
     assert code == 0, err
     expected = {(r["site"], r["pos"]): r for r in json.loads(out)}
 
@@ -120,7 +129,14 @@ def test_a_sweep_page_draws_without_errors(browser, tmp_path, capsys):
     assert code == 0, err
     assert _errors(_open(browser, page)) == []
     titles = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "section h2")]
-    assert titles == ["Headline", "Accuracy vs d_model", "Learning-rate sensitivity", "Mechanisms (L1.block_in)",
-                      "Selected runs"]
-    assert len(browser.find_elements(By.CSS_SELECTOR, "svg")) >= 1 + 2 + 2 + 3  # accuracy, lr panels, mechanisms, dynamics
+    assert titles == [
+        "Headline",
+        "Accuracy vs d_model",
+        "Learning-rate sensitivity",
+        "Mechanisms (L1.block_in)",
+        "Selected runs",
+    ]
+    assert (
+        len(browser.find_elements(By.CSS_SELECTOR, "svg")) >= 1 + 2 + 2 + 3
+    )  # accuracy, lr panels, mechanisms, dynamics
     assert browser.save_screenshot(str(tmp_path / "sweep.png"))
