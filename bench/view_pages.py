@@ -18,7 +18,8 @@ Load time: navigation start to the page's script having drawn everything (`hookm
 which also bounds the load event), best of `--reps` loads; printed with the ratio to the
 baseline page measured in the same run.
 
-    python bench/view_pages.py [--n 320] [--sweep-runs 210] [--atr-docs 100032] [--reps 3] [--threads 1]
+    python bench/view_pages.py [--n 320] [--sweep-runs 210] [--atr-docs 100032] [--reps 3] [--threads 1] [--keep DIR]
+    python bench/view_pages.py --measure-only --keep DIR     # load the pages of an earlier run again
 """
 
 from __future__ import annotations
@@ -155,21 +156,44 @@ def open_driver():
     return webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
 
 
-def load_seconds(driver, path: Path, reps: int, ready: str = "window.hookmechReadyMs") -> float:
-    """Best of `reps` loads: navigation start to the page drawn (or to the load event, if later), in seconds."""
+def load_seconds(driver, path: Path, reps: int) -> float:
+    """Best of `reps` loads: navigation start to the page drawn (`hookmechReadyMs`) or to the load
+    event, whichever is later, in seconds."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
     best = float("inf")
     for _ in range(reps):
         driver.get("about:blank")
         driver.get(path.as_uri())
+        WebDriverWait(driver, 60).until(
+            lambda d: d.execute_script(
+                "const nav = performance.getEntriesByType('navigation')[0];"
+                "return document.readyState === 'complete' && window.hookmechReadyMs > 0 && nav.loadEventEnd > 0;"
+            )
+        )
         ms = driver.execute_script(
-            f"const nav = performance.getEntriesByType('navigation')[0];"
-            f"return Math.max({ready} || 0, nav.loadEventEnd);"
+            "const nav = performance.getEntriesByType('navigation')[0];"
+            "return Math.max(window.hookmechReadyMs, nav.loadEventEnd);"
         )
         errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
         if errors:
             raise SystemExit(f"{path}: console errors {errors}")
         best = min(best, ms / 1000)
     return best
+
+
+def measure(pages: list[tuple[str, Path, str]], reps: int) -> None:
+    """Print size and load time of each page, and the ratio to the first page's load time."""
+    driver = open_driver()
+    try:
+        base = None
+        print(f"{'page':48s} {'size MiB':>9s} {'load s':>7s} {'x baseline':>10s}  notes")
+        for label, path, note in pages:
+            seconds = load_seconds(driver, path, reps)
+            base = base or seconds
+            print(f"{label:48s} {path.stat().st_size / 2**20:9.2f} {seconds:7.3f} {seconds / base:10.1f}  {note}")
+    finally:
+        driver.quit()
 
 
 def main() -> None:
@@ -181,7 +205,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-atr", action="store_true")
     parser.add_argument("--keep", type=Path, default=None, help="write the pages here instead of a temporary folder")
+    parser.add_argument("--measure-only", action="store_true", help="load the pages an earlier --keep run left there")
     args = parser.parse_args()
+    if args.measure_only:
+        if args.keep is None:
+            parser.error("--measure-only needs --keep DIR")
+        names = ["fixture", "sweep", "sweep_all", "atr", "plotly"]
+        measure(
+            [(name, args.keep / f"{name}.html", "") for name in names if (args.keep / f"{name}.html").exists()],
+            args.reps,
+        )
+        return
     torch.set_num_threads(args.threads)
     folder = args.keep or Path(tempfile.mkdtemp(prefix="view-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -237,16 +271,7 @@ def main() -> None:
     except ImportError:
         pass
 
-    driver = open_driver()
-    try:
-        base = None
-        print(f"{'page':48s} {'size MiB':>9s} {'load s':>7s} {'x baseline':>10s}  notes")
-        for label, path, note in pages:
-            seconds = load_seconds(driver, path, args.reps)
-            base = base or seconds
-            print(f"{label:48s} {path.stat().st_size / 2**20:9.2f} {seconds:7.3f} {seconds / base:10.1f}  {note}")
-    finally:
-        driver.quit()
+    measure(pages, args.reps)
     if args.keep is None:
         shutil.rmtree(folder)
 

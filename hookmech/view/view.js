@@ -12,9 +12,14 @@
 
   // -- small helpers -------------------------------------------------------------------------
   function unpack(packed) {
-    const text = atob(packed.b64);
-    const bytes = new Uint8Array(text.length);
-    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    let bytes;
+    if (typeof Uint8Array.fromBase64 === "function") {
+      bytes = Uint8Array.fromBase64(packed.b64); // native: about 10x faster than atob on large maps
+    } else {
+      const text = atob(packed.b64);
+      bytes = new Uint8Array(text.length);
+      for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+    }
     return new TYPED[packed.dtype](bytes.buffer);
   }
   const cache = new Map();
@@ -76,6 +81,16 @@
   }
   function sequential(value) { return mix(WHITE, DARK, Math.max(0, Math.min(1, value))); }
   function rgb(c) { return `rgb(${c[0]},${c[1]},${c[2]})`; }
+  // colour tables for the maps (a colour per pixel would allocate 842,724 arrays for a 918-token map)
+  const LUT_SEQUENTIAL = Array.from({ length: 256 }, (_, i) => sequential(i / 255));
+  const LUT_DIVERGING = Array.from({ length: 256 }, (_, i) => diverging(i / 127.5 - 1));
+  const packed = (c) => ((255 << 24) | (c[2] << 16) | (c[1] << 8) | c[0]) >>> 0;
+  const LUT32_SEQUENTIAL = Uint32Array.from(LUT_SEQUENTIAL, packed);
+  const LUT32_DIVERGING = Uint32Array.from(LUT_DIVERGING, packed);
+  function lutIndex(value, signed) {
+    const index = Math.round(signed ? (value + 1) * 127.5 : value * 255);
+    return index < 0 ? 0 : index > 255 ? 255 : index;
+  }
 
   // -- charts (SVG) --------------------------------------------------------------------------
   function niceTicks(low, high, count = 5) {
@@ -348,6 +363,7 @@
     }
 
     // effective attention
+    mark("heatmap");
     const mapsSection = section("Effective attention");
     page.append(mapsSection);
     let showMaps = () => {};
@@ -397,14 +413,15 @@
       for (const v of values) { peak = Math.max(peak, Math.abs(v)); if (v < 0) negative = true; }
       peak = peak || 1;
       const image = ctx.createImageData(side, side);
+      const pixels = new Uint32Array(image.data.buffer); // one RGBA pixel per element (little-endian: ABGR)
+      pixels.fill(0xffffffff); // above the diagonal: white
+      const lut = negative ? LUT32_DIVERGING : LUT32_SEQUENTIAL;
       for (let t = 0; t < length; t++) {
         const base = (t * (t + 1)) / 2;
-        for (let s = 0; s < length; s++) {
-          const color = s > t ? [255, 255, 255] : negative ? diverging(values[base + s] / peak) : sequential(values[base + s] / peak);
-          for (let dy = 0; dy < cell; dy++) for (let dx = 0; dx < cell; dx++) {
-            const o = ((t * cell + dy) * side + s * cell + dx) * 4;
-            image.data[o] = color[0]; image.data[o + 1] = color[1]; image.data[o + 2] = color[2]; image.data[o + 3] = 255;
-          }
+        for (let s = 0; s <= t; s++) {
+          const color = lut[lutIndex(values[base + s] / peak, negative)];
+          if (cell === 1) { pixels[t * side + s] = color; continue; }
+          for (let dy = 0; dy < cell; dy++) pixels.fill(color, (t * cell + dy) * side + s * cell, (t * cell + dy) * side + (s + 1) * cell);
         }
       }
       ctx.putImageData(image, margin, margin);
@@ -438,6 +455,7 @@
     }
 
     // induction scores
+    mark("maps");
     const induction = section("Induction scores");
     page.append(induction);
     if (D.induction.error) induction.append(el("p", { class: "error", text: D.induction.error }));
@@ -456,10 +474,11 @@
     // start with the strongest cell that passes the filter
     let first = 0, best = -Infinity;
     D.records.forEach((record, index) => {
-      const score = record.attribution === null ? -Infinity : Math.abs(record.attribution);
+      const score = record.attribution === null ? -Infinity : Math.abs(record.attribution) + (record.passes_filter ? 1e6 : 0);
       if (score > best) { best = score; first = index; }
     });
     if (D.records.length) { cells[first].classList.add("selected"); showCell(first); }
+    mark("drill-down");
   }
 
   // -- the sweep page ------------------------------------------------------------------------
@@ -586,15 +605,22 @@
     page.append(selected);
   }
 
+  // milliseconds each part of drawing took (window.hookmechTimings; bench/view_pages.py prints them)
+  const timings = {};
+  let lastMark = performance.now();
+  function mark(name) { const now = performance.now(); timings[name] = now - lastMark; lastMark = now; }
+
   function main() {
     const started = performance.now();
     const D = JSON.parse(document.getElementById("hookmech-data").textContent);
+    mark("parse");
     const page = document.getElementById("page");
     page.replaceChildren();
     if (D.kind === "checkpoint") renderCheckpoint(D, page);
     else if (D.kind === "sweep") renderSweep(D, page);
     else throw new Error(`unknown page kind ${D.kind}`);
     window.hookmechRenderMs = performance.now() - started;
+    window.hookmechTimings = timings;
     window.hookmechReadyMs = performance.now();
     document.body.dataset.ready = "1";
   }
