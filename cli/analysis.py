@@ -290,8 +290,8 @@ def patch(
     if per_example is not None:
         write_text_atomic(per_example, to_json(records) + "\n")
         for record in records:
-            record.pop("p_patched_rows")
-            record.pop("metric_patched_rows", None)
+            for rows in ("p_patched_rows", "metric_patched_rows", "p_clean_rows", "p_corrupt_rows"):
+                record.pop(rows, None)
     click.echo(to_json(records, indent=1) if as_json else format_records(records))
 
 

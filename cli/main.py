@@ -17,6 +17,7 @@ from .offline import inspect, probe
 from .report import report
 from .sweep import sweep
 from .train import train
+from .view import view
 
 
 @click.group(context_settings=CONTEXT)
@@ -26,12 +27,13 @@ def cli() -> None:
 
     Make data (data), train models (train, sweep), list their hook sites (sites), cache
     activations (cache), measure where the answer's information flows with interchange
-    interventions (patch), analyse caches offline (inspect, probe), and plot (report).
+    interventions (patch), analyse caches offline (inspect, probe), plot (report), and look at
+    results in a browser (view).
     `hookmech demo` runs it all on the bundled fixtures.
     """
 
 
-for _command in (data, train, sites, cache, patch, inspect, probe, demo, sweep, report):
+for _command in (data, train, sites, cache, patch, inspect, probe, demo, sweep, report, view):
     cli.add_command(_command)
 
 

@@ -129,6 +129,83 @@ def summarise(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[
     return sorted(table, key=lambda e: (order[e["series"]], e["d_model"] if e["d_model"] is not None else 0))
 
 
+# -- what the figures show (the PNGs here and `hookmech view` draw the same numbers) ----------
+def lr_curves(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Return dev accuracy against the learning rate of the finished runs: one entry per
+    (series, d_model) with runs, ``{"series", "d_model", "points"}``, each point ``{"lr", "mean",
+    "min", "max", "n"}`` over seeds, lrs ascending; series in order of first appearance,
+    d_model ascending."""
+    finished = [r for r in rows if r["status"] == "finished"]
+    series = list(dict.fromkeys(series_of(r, keys) for r in finished))
+    d_models = sorted({r.get("d_model") for r in finished}, key=lambda d: d or 0)
+    curves = []
+    for name in series:
+        for d_model in d_models:
+            by_lr: dict[float, list[float]] = defaultdict(list)
+            for row in finished:
+                if series_of(row, keys) == name and row.get("d_model") == d_model:
+                    by_lr[row["lr"]].append(row["dev_acc"])
+            if not by_lr:
+                continue
+            points = [
+                {
+                    "lr": lr,
+                    "mean": float(np.mean(by_lr[lr])),
+                    "min": min(by_lr[lr]),
+                    "max": max(by_lr[lr]),
+                    "n": len(by_lr[lr]),
+                }
+                for lr in sorted(by_lr)
+            ]
+            curves.append({"series": name, "d_model": d_model, "points": points})
+    return curves
+
+
+def value_query_points(rows: Sequence[dict[str, Any]], keys: Sequence[str], site: str) -> list[dict[str, Any]]:
+    """Return one point per finished run passing the filter with attributions of `site` at the
+    value and the query: ``{"series", "run_id", "d_model", "lr", "seed", "value", "query"}``."""
+    return [
+        {
+            "series": series_of(r, keys),
+            "run_id": r["run_id"],
+            "d_model": r.get("d_model"),
+            "lr": r.get("lr"),
+            "seed": r.get("seed"),
+            "value": r[f"attr:{site}@value"],
+            "query": r[f"attr:{site}@query"],
+        }
+        for r in rows
+        if r["status"] == "finished"
+        and r.get("mech_passes")
+        and r.get(f"attr:{site}@value") is not None
+        and r.get(f"attr:{site}@query") is not None
+    ]
+
+
+def attribution_bars(rows: Sequence[dict[str, Any]], keys: Sequence[str], site: str) -> list[dict[str, Any]]:
+    """Return per series (every series of `rows`, in order) ``{"series", "n", "positions"}``:
+    ``n`` finished runs passing the filter, and per position of `POSITIONS` ``{"mean", "low",
+    "high", "n"}``: the mean attribution of `site` over those runs and its 95% percentile
+    bootstrap interval (`bootstrap_interval`); None (mean, low, high) where no run has one."""
+    series = list(dict.fromkeys(series_of(r, keys) for r in rows))
+    passing = [r for r in rows if r["status"] == "finished" and r.get("mech_passes")]
+    bars = []
+    for name in series:
+        mine = [r for r in passing if series_of(r, keys) == name]
+        positions = {}
+        for pos in POSITIONS:
+            values = [r[f"attr:{site}@{pos}"] for r in mine if r.get(f"attr:{site}@{pos}") is not None]
+            low, high = bootstrap_interval(values)
+            positions[pos] = {
+                "mean": float(np.mean(values)) if values else None,
+                "low": low if values else None,
+                "high": high if values else None,
+                "n": len(values),
+            }
+        bars.append({"series": name, "n": len(mine), "positions": positions})
+    return bars
+
+
 # -- figures -------------------------------------------------------------------------------
 def _pyplot():
     import matplotlib
@@ -182,28 +259,25 @@ def plot_accuracy(summary: list[dict[str, Any]], path: Path, title: str) -> None
 
 
 def plot_lr_sensitivity(rows: Sequence[dict[str, Any]], keys: Sequence[str], path: Path, title: str) -> None:
-    """Dev accuracy vs lr, one panel per series, one line per d_model (mean, min–max band)."""
+    """Dev accuracy vs lr, one panel per series, one line per d_model (mean, min–max band; `lr_curves`)."""
     plt = _pyplot()
     finished = [r for r in rows if r["status"] == "finished"]
     series = list(dict.fromkeys(series_of(r, keys) for r in finished))
     d_models = sorted({r.get("d_model") for r in finished}, key=lambda d: d or 0)
+    curves = lr_curves(rows, keys)
     cmap = plt.get_cmap("viridis")
     n_cols = min(3, len(series))
     n_rows = math.ceil(len(series) / n_cols)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(4 * n_cols, 3.2 * n_rows), squeeze=False, sharey=True)
     for ax, name in zip(axes.flat, series, strict=False):  # a grid may have spare axes
-        for index, d_model in enumerate(d_models):
-            by_lr: dict[float, list[float]] = defaultdict(list)
-            for row in finished:
-                if series_of(row, keys) == name and row.get("d_model") == d_model:
-                    by_lr[row["lr"]].append(row["dev_acc"])
-            if not by_lr:
+        for curve in curves:
+            if curve["series"] != name:
                 continue
-            lrs = sorted(by_lr)
-            mean = [np.mean(by_lr[lr]) for lr in lrs]
-            color = cmap(index / max(1, len(d_models) - 1))
-            ax.plot(lrs, mean, marker="o", color=color, label=f"d_model {d_model}")
-            ax.fill_between(lrs, [min(by_lr[lr]) for lr in lrs], [max(by_lr[lr]) for lr in lrs], color=color, alpha=0.2)
+            points = curve["points"]
+            lrs = [p["lr"] for p in points]
+            color = cmap(d_models.index(curve["d_model"]) / max(1, len(d_models) - 1))
+            ax.plot(lrs, [p["mean"] for p in points], marker="o", color=color, label=f"d_model {curve['d_model']}")
+            ax.fill_between(lrs, [p["min"] for p in points], [p["max"] for p in points], color=color, alpha=0.2)
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("learning rate")
@@ -218,25 +292,19 @@ def plot_lr_sensitivity(rows: Sequence[dict[str, Any]], keys: Sequence[str], pat
 
 
 def plot_value_vs_query(rows: Sequence[dict[str, Any]], keys: Sequence[str], site: str, path: Path, title: str) -> None:
-    """Scatter of attribution at the value (x) vs the query (y), one point per run passing the filter."""
+    """Scatter of attribution at the value (x) vs the query (y), one point per run passing the
+    filter (`value_query_points`)."""
     plt = _pyplot()
-    passing = [
-        r
-        for r in rows
-        if r["status"] == "finished"
-        and r.get("mech_passes")
-        and r.get(f"attr:{site}@value") is not None
-        and r.get(f"attr:{site}@query") is not None
-    ]
+    passing = value_query_points(rows, keys, site)
     series = list(dict.fromkeys(series_of(r, keys) for r in rows))
     colors = _colors(series)
     markers = "osD^v<>px*"
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for index, name in enumerate(series):
-        points = [r for r in passing if series_of(r, keys) == name]
+        points = [p for p in passing if p["series"] == name]
         ax.scatter(
-            [r[f"attr:{site}@value"] for r in points],
-            [r[f"attr:{site}@query"] for r in points],
+            [p["value"] for p in points],
+            [p["query"] for p in points],
             color=colors[name],
             marker=markers[index % len(markers)],
             alpha=0.8,
@@ -255,32 +323,22 @@ def plot_value_vs_query(rows: Sequence[dict[str, Any]], keys: Sequence[str], sit
 def plot_attribution_summary(
     rows: Sequence[dict[str, Any]], keys: Sequence[str], site: str, path: Path, title: str
 ) -> None:
-    """Grouped bars: mean attribution at key/value/query per series over passing runs, 95% bootstrap CI."""
+    """Grouped bars: mean attribution at key/value/query per series over passing runs, 95%
+    bootstrap CI (`attribution_bars`)."""
     plt = _pyplot()
-    series = list(dict.fromkeys(series_of(r, keys) for r in rows))
-    passing = [r for r in rows if r["status"] == "finished" and r.get("mech_passes")]
+    bars = attribution_bars(rows, keys, site)
+    series = [bar["series"] for bar in bars]
     width = 0.8 / len(POSITIONS)
     fig, ax = plt.subplots(figsize=(max(5.5, 1.2 * len(series)), 4))
     pos_colors = {"key": "tab:orange", "value": "tab:blue", "query": "tab:green"}
     for offset, pos in enumerate(POSITIONS):
-        means, lows, highs = [], [], []
-        for name in series:
-            values = [
-                r[f"attr:{site}@{pos}"]
-                for r in passing
-                if series_of(r, keys) == name and r.get(f"attr:{site}@{pos}") is not None
-            ]
-            mean = float(np.mean(values)) if values else math.nan
-            low, high = bootstrap_interval(values)
-            means.append(mean)
-            lows.append(mean - low if values else 0)
-            highs.append(high - mean if values else 0)
+        cells = [bar["positions"][pos] for bar in bars]
+        means = [math.nan if c["mean"] is None else c["mean"] for c in cells]
+        lows = [0 if c["mean"] is None else c["mean"] - c["low"] for c in cells]
+        highs = [0 if c["mean"] is None else c["high"] - c["mean"] for c in cells]
         x = np.arange(len(series)) + (offset - 1) * width
         ax.bar(x, means, width, yerr=[lows, highs], capsize=2, label=pos, color=pos_colors[pos])
-    counts = [sum(series_of(r, keys) == name for r in passing) for name in series]
-    ax.set_xticks(
-        np.arange(len(series)), [f"{name}\n(n={count})" for name, count in zip(series, counts, strict=True)], fontsize=8
-    )
+    ax.set_xticks(np.arange(len(series)), [f"{bar['series']}\n(n={bar['n']})" for bar in bars], fontsize=8)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_ylabel(f"attribution at {site}")
     ax.set_title(f"{title}: attribution by position (mean, 95% bootstrap CI over runs passing the filter)", fontsize=9)
@@ -405,8 +463,10 @@ def select_runs(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dic
     return [entry[1] for entry in best.values()]
 
 
-def _heatmap_records(run_dir: Path, n: int, seed: int) -> list[dict[str, Any]]:
-    """Patch every block-level site at every role of the run's task (cached in heatmap.json)."""
+def heatmap_records(run_dir: Path, n: int, seed: int) -> list[dict[str, Any]]:
+    """Return the records of every block-level site patched at every role of the run's task on `n`
+    examples drawn with `seed` (`mech.mech_batch`), kept in the run folder's heatmap.json and read
+    from there when it holds the same n and seed."""
     cached = run_dir / "heatmap.json"
     if cached.exists():
         data = json.loads(cached.read_text())
@@ -425,7 +485,8 @@ def _heatmap_records(run_dir: Path, n: int, seed: int) -> list[dict[str, Any]]:
     return records
 
 
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Return the lines of a run's metrics.jsonl as dicts ([] when the file does not exist)."""
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -596,7 +657,7 @@ def _write_report(
         label = f"{series_of(row, keys)}, d_model {row.get('d_model')}, lr {row.get('lr')}, seed {row.get('seed')}"
         if heatmaps and row["status"] == "finished" and (run_dir / "model.safetensors").exists():
             log(f"heatmap {row['run_id']}")
-            records = _heatmap_records(run_dir, n, seed)
+            records = heatmap_records(run_dir, n, seed)
             name = f"heatmap_{row['run_id']}.png"
             plot_heatmap(
                 records,
@@ -606,7 +667,7 @@ def _write_report(
             detail += [f"![heatmap {row['run_id']}]({name})", ""]
         name = f"dynamics_{row['run_id']}.png"
         if plot_dynamics(
-            _read_metrics(run_dir / "metrics.jsonl"), out_dir / name, f"{title}: {label}: training dynamics"
+            read_metrics(run_dir / "metrics.jsonl"), out_dir / name, f"{title}: {label}: training dynamics"
         ):
             detail += [f"![dynamics {row['run_id']}]({name})", ""]
     if detail:

@@ -129,7 +129,8 @@ def attribution_patch(
     ``site, hook, pos, attribution, p_clean, p_corrupt, p_patched, n, passes_filter, method,
     metric, direction, metric_clean, metric_corrupt, metric_patched`` (``method="atp"``, metric
     p_answer, direction denoise), where ``p_patched = p_corrupt + `` the mean estimated change of
-    p(answer) (plus ``p_patched_rows`` ``[N]`` when `per_example`). Estimates are not clipped to [0, 1].
+    p(answer) (plus, when `per_example`, ``[N]`` lists ``p_patched_rows`` and the unpatched runs'
+    ``p_clean_rows``, ``p_corrupt_rows``). Estimates are not clipped to [0, 1].
     """
     check_patchable(model)
     if max_batch < 1:
@@ -173,6 +174,8 @@ def attribution_patch(
             )
             if per_example:
                 record["p_patched_rows"] = (p_corrupt_rows + estimate).tolist()
+                record["p_clean_rows"] = runs.p_answer["clean"].double().cpu().tolist()
+                record["p_corrupt_rows"] = p_corrupt_rows.tolist()
             records.append(record)
     return records
 

@@ -52,7 +52,7 @@ def patch(
     p_patched, n, passes_filter, method, metric, direction, metric_clean, metric_corrupt,
     metric_patched`` (p_* are mean p(answer), metric_* the metric's means, attribution is
     computed from metric_*); plus ``ablate`` when ablating, and ``p_patched_rows`` (and
-    ``metric_patched_rows``) ``[N]`` lists when `per_example`.
+    ``metric_patched_rows``), ``p_clean_rows``, ``p_corrupt_rows`` ``[N]`` lists when `per_example`.
 
     Memory: `max_batch` rows per forward, plus the activations of the patched hooks for all N
     rows, plus the mixer contexts that resumed patches start from while they fit in

@@ -56,7 +56,9 @@ def exact_patch(
     options: PatchOptions,
 ) -> list[dict[str, Any]]:
     """Return one record per (site, position) (`records.patch_record`, plus ``ablate`` when
-    ablating and ``p_patched_rows`` / ``metric_patched_rows`` ``[N]`` lists when `per_example`),
+    ablating and, when `per_example`, ``[N]`` lists ``p_patched_rows`` (``metric_patched_rows``
+    for another metric) and the unpatched runs' ``p_clean_rows``, ``p_corrupt_rows``, whose
+    means are the record's ``p_clean``, ``p_corrupt``),
     patching every site of `patch_sites` at every position spec of `positions` on `batch`
     (activations read from `cache` where it holds them)."""
     patches = position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
@@ -100,6 +102,7 @@ def exact_patch(
                 record["ablate"] = options.ablate
             if options.per_example:
                 record["p_patched_rows"] = row_probs.tolist()
+                record["p_clean_rows"], record["p_corrupt_rows"] = (runs.p_answer[which].tolist() for which in RUNS)
                 if options.metric != "p_answer":
                     record["metric_patched_rows"] = row_values.tolist()
             records.append(record)

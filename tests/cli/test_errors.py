@@ -293,7 +293,39 @@ ROWS_RUNS = [
      ["report", "{tmp}/runs", "--no-heatmaps", "-o", "{tmp}/runs/notes"], 2, "is not a report folder (it holds a.txt)"),
 ]
 
-ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES + ROWS_PATHS + ROWS_RUNS + ROWS_FILES
+VIEW = ["view", "--ckpt", "{ckpt}", "--n", "4"]
+
+#: hookmech view: what to show, options of the other kind of page, outputs, examples
+ROWS_VIEW = [
+    ("view-neither-runs-nor-ckpt", "none", ["view", "-o", "{tmp}/p.html"], 2,
+     "give a sweep folder RUNS_DIR or --ckpt CKPT"),
+    ("view-both-runs-and-ckpt", "runs-with-results", ["view", "{tmp}/runs", "--ckpt", "{ckpt}", "-o", "{tmp}/p.html"],
+     2, "give a sweep folder RUNS_DIR or --ckpt CKPT"),
+    ("view-runs-missing", "none", ["view", "{tmp}/nosuch", "-o", "{tmp}/p.html"], 2, "does not exist"),
+    ("view-runs-without-results", "none", ["view", "{tmp}", "-o", "{tmp}/p.html"], 1, "results.csv does not exist"),
+    ("view-cache-with-runs", "runs-with-results", ["view", "{tmp}/runs", "--cache", "{tmp}/c.h5", "-o", "{tmp}/p.html"],
+     2, "--cache belongs to checkpoint (--ckpt) pages; drop it"),
+    ("view-run-with-ckpt", "none", [*VIEW, "--run", "a", "-o", "{tmp}/p.html"], 2,
+     "--run belongs to sweep-folder (RUNS_DIR) pages; drop it"),
+    ("view-unknown-run", "runs-with-results", ["view", "{tmp}/runs", "--run", "nosuchrun", "-o", "{tmp}/p.html"], 2,
+     "unknown run 'nosuchrun'"),
+    ("view-unknown-site", "none", [*VIEW, "--site", "L9.block_in", "-o", "{tmp}/p.html"], 2, "L9.block_in"),
+    ("view-unknown-position", "none", [*VIEW, "--pos", "nosuchrole", "-o", "{tmp}/p.html"], 2,
+     "unknown position 'nosuchrole'"),
+    ("view-n-zero", "none", ["view", "--ckpt", "{ckpt}", "--n", "0", "-o", "{tmp}/p.html"], 2, "--n must be >= 1, got 0"),
+    ("view-maps-zero", "none", [*VIEW, "--maps", "0", "-o", "{tmp}/p.html"], 2, "--maps must be >= 1"),
+    ("view-cache-and-n", "cache", ["view", "--ckpt", "{ckpt}", "--cache", "{tmp}/c.h5", "--n", "4", "-o", "{tmp}/p.html"],
+     2, "--cache gives the examples; drop --n and --seed"),
+    ("view-cache-of-another-model", "cache of mamba",
+     ["view", "--ckpt", "{ckpt}", "--cache", "{tmp}/mamba.h5", "-o", "{tmp}/p.html"], 1, "was made from another model than"),
+    ("view-out-is-ckpt", "checkpoint copy", ["view", "--ckpt", "{tmp}/m.safetensors", "--n", "4", "-o", "{tmp}/m.safetensors"],
+     2, "which is the input --ckpt"),
+    ("view-out-is-results", "runs-with-results", ["view", "{tmp}/runs", "-o", "{tmp}/runs/results.csv"], 2,
+     "which is the input RUNS_DIR"),
+    ("view-out-is-a-folder", "none", [*VIEW, "-o", "{tmp}"], 2, "is a folder; give the page's file name"),
+]
+
+ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES + ROWS_PATHS + ROWS_RUNS + ROWS_FILES + ROWS_VIEW
 
 
 def _expand(argv: list[str], tmp: Path) -> list[str]:

@@ -1,0 +1,183 @@
+"""`hookmech view`: one self-contained HTML page of a checkpoint, a cache or a sweep folder."""
+
+from __future__ import annotations
+
+import click
+
+from .common import (
+    CONTEXT,
+    device_option,
+    load_model_and_task,
+    refuse_overwriting_inputs,
+    set_threads,
+    split_flag,
+    threads_option,
+)
+
+#: options of one kind of page, refused with the other (name shown, click parameter name)
+CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
+    ("--cache", "cache_path"),
+    ("--site", "site_specs"),
+    ("--pos", "pos_specs"),
+    ("--maps", "maps"),
+    ("--maps-mib", "maps_mib"),
+    ("--max-batch", "max_batch"),
+    ("--threshold", "threshold"),
+    ("--device", "device"),
+)
+SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("runs_dir", required=False, type=click.Path(file_okay=False, exists=True))
+@click.option(
+    "--ckpt", type=click.Path(dir_okay=False), default=None, help="checkpoint (.safetensors) instead of RUNS_DIR"
+)
+@click.option(
+    "--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of --ckpt (its rows)"
+)
+@click.option("--site", "site_specs", multiple=True, help="sites (default: every block-level site)")
+@click.option("--pos", "pos_specs", multiple=True, help="positions (default: every role of the task)")
+@click.option(
+    "--n", type=int, default=320, show_default=True, help="examples (checkpoint: patched; sweep: per heatmap)"
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples")
+@click.option(
+    "--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it"
+)
+@click.option("--max-batch", type=int, default=256, show_default=True, help="rows per forward pass")
+@click.option(
+    "--maps", type=int, default=8, show_default=True, help="examples whose effective attention is embedded (first rows)"
+)
+@click.option(
+    "--maps-mib",
+    type=float,
+    default=8.0,
+    show_default=True,
+    help="most MiB of map values embedded (fewer examples beyond it, at least one)",
+)
+@click.option(
+    "--run", "run_ids", multiple=True, help="sweep: runs for heatmaps and dynamics (default: best per series)"
+)
+@click.option("--no-heatmaps", is_flag=True, help="sweep: skip the heatmaps (they patch each selected run)")
+@device_option
+@threads_option
+@click.option("-o", "--out", "out_path", required=True, type=click.Path(), help="the HTML file to write")
+def view(
+    runs_dir,
+    ckpt,
+    cache_path,
+    site_specs,
+    pos_specs,
+    n,
+    seed,
+    threshold,
+    max_batch,
+    maps,
+    maps_mib,
+    run_ids,
+    no_heatmaps,
+    device,
+    threads,
+    out_path,
+):
+    """Write one HTML page (no network needed to open it) of a checkpoint or a sweep folder.
+
+    With --ckpt (and --cache): the site x position attribution heatmap (hookmech patch's
+    numbers); click a cell for its per-example p_clean / p_corrupt / p_patched and the examples
+    of largest and smallest effect; per layer the effective attention of an example; the
+    induction scores. With RUNS_DIR: the interactive twin of every hookmech report figure.
+    """
+    from pathlib import Path
+
+    from hookmech.errors import UsageError
+
+    if (runs_dir is None) == (ckpt is None):
+        raise UsageError("give a sweep folder RUNS_DIR or --ckpt CKPT (one of them)")
+    given = _given_options()
+    wrong = [name for name, param in (SWEEP_ONLY if ckpt else CHECKPOINT_ONLY) if param in given]
+    if wrong:
+        kind = "sweep-folder (RUNS_DIR)" if ckpt else "checkpoint (--ckpt)"
+        raise UsageError(f"{wrong[0]} belongs to {kind} pages; drop it")
+    if n < 1:
+        raise UsageError(f"--n must be >= 1, got {n}")
+    if cache_path is not None and given & {"n", "seed"}:
+        raise UsageError("--cache gives the examples; drop --n and --seed")
+    if maps < 1 or not maps_mib > 0:
+        raise UsageError(f"--maps must be >= 1 and --maps-mib > 0, got {maps} and {maps_mib}")
+    if Path(out_path).is_dir():
+        raise UsageError(f"-o {out_path} is a folder; give the page's file name (e.g. page.html)")
+    inputs = [("--ckpt", ckpt), ("--cache", cache_path), ("RUNS_DIR", runs_dir)]
+    if runs_dir is not None:
+        inputs += [("RUNS_DIR", f"{runs_dir}/{name}") for name in ("results.csv", "sweep.json")]
+    refuse_overwriting_inputs([("-o", out_path)], inputs)
+    set_threads(threads)
+    from hookmech.view import sweep_page_data, write_page
+
+    if runs_dir is not None:
+        data = sweep_page_data(
+            runs_dir,
+            runs=split_flag(run_ids) or None,
+            n=n,
+            seed=seed,
+            heatmaps=not no_heatmaps,
+            log=lambda message: click.echo(message, err=True),
+        )
+        title = f"{data['title']}: sweep"
+    else:
+        data, title = _checkpoint_data(
+            ckpt, cache_path, site_specs, pos_specs, n, seed, threshold, max_batch, maps, maps_mib, device
+        )
+    path = write_page(data, out_path, title)
+    click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
+
+
+def _given_options() -> set[str]:
+    """Return the parameter names given on the command line (not left at their defaults)."""
+    from click.core import ParameterSource
+
+    context = click.get_current_context()
+    return {
+        name
+        for name in context.params
+        if context.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+    }
+
+
+def _checkpoint_data(ckpt, cache_path, site_specs, pos_specs, n, seed, threshold, max_batch, maps, maps_mib, device):
+    """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`) or the cache's rows."""
+    import warnings
+    from pathlib import Path
+
+    from hookmech.cache import CacheFile, UnverifiedCacheWarning
+    from hookmech.view import checkpoint_page_data
+
+    from .analysis import _check_cache_model
+
+    model, task = load_model_and_task(ckpt, device)
+    about = {"source": ckpt if cache_path is None else f"{ckpt} with the cache {cache_path}"}
+    about.update({"n": n, "seed": seed} if cache_path is None else {"n": None, "seed": None})
+    source = task.sample(n, seed=seed) if cache_path is None else CacheFile(cache_path)
+    try:
+        if cache_path is not None:
+            _check_cache_model(source, model, ckpt)
+        with warnings.catch_warnings():
+            # an older cache without a model_hash was checked above, by the checkpoint file's hash
+            warnings.simplefilter("ignore", UnverifiedCacheWarning)
+            data = checkpoint_page_data(
+                model,
+                task,
+                source,
+                sites=split_flag(site_specs) or ["all"],
+                positions=split_flag(pos_specs) or None,
+                threshold=threshold,
+                max_batch=max_batch,
+                map_examples=maps,
+                map_budget=int(maps_mib * 2**20),
+                about=about,
+            )
+    finally:
+        if cache_path is not None:
+            source.close()
+    mixers = ", ".join(dict.fromkeys(model.cfg.mixers))
+    return data, f"{Path(ckpt).name}: {mixers} on {task.name}"

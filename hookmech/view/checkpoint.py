@@ -1,0 +1,254 @@
+"""What the page of a checkpoint (or of its activation cache) shows, as JSON-able data.
+
+`checkpoint_page_data` collects
+
+- the site × position patching records: those of `hookmech.patching.patch`, the numbers
+  ``hookmech patch --json`` prints for the same model, examples, sites and positions;
+- per cell, the per-example p_patched and the rows with the largest and smallest effect
+  (p_patched − p_corrupt of the row), beside the unpatched runs' per-example p_clean, p_corrupt
+  (the engine's own, with ``per_example``);
+- the examples: clean and corrupt tokens, lengths, answers, roles, and the task's name of
+  every token id (`Task.describe_tokens`);
+- per layer, the effective attention (`hookmech.attention_maps`) of the first examples: the
+  channel mean of per-channel mixers and every head, plus every channel for short rows
+  (`SHORT_ROWS`), as many examples as fit in `MAP_BUDGET` bytes;
+- the induction scores of every layer and head (`hookmech.induction_scores`).
+
+Rendering is `hookmech.view.page`'s; nothing here writes HTML.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..cache import CacheFile
+from ..errors import HookmechError
+from ..tasks.base import Task
+from ..tasks.batch import Batch
+from .encode import pack_floats, pack_ints
+
+#: rows whose effective attention is embedded, at most (the first rows of the examples)
+MAP_EXAMPLES = 8
+#: bytes of float32 map values embedded at most (at least one example is always embedded)
+MAP_BUDGET = 8 * 2**20
+#: per-channel maps (Mamba, Hyena, BaseConv) are embedded for rows of at most this many tokens
+SHORT_ROWS = 64
+#: rows listed per cell with the largest and with the smallest effect
+TOP_K = 5
+
+
+def default_positions(task: Task, batch: Batch) -> list[str]:
+    """Return the task's roles that `batch` carries, in the task's order: the positions the page
+    (and `hookmech report`'s heatmaps) patch when none are given."""
+    return [role for role in task.roles if role in batch.roles]
+
+
+def token_names(task: Task, d_vocab: int) -> list[str]:
+    """Return the task's name of every token id ``0 .. d_vocab - 1`` (`Task.describe_tokens`:
+    ``k3``, ``v0``, ``t17``, ``BOS``, ...)."""
+    names = task.describe_tokens(list(range(d_vocab))).split(" ")
+    if len(names) != d_vocab:  # a name with a space in it would shift every later one
+        raise HookmechError(f"task {task.name}: describe_tokens gave {len(names)} names for {d_vocab} tokens")
+    return names
+
+
+def checkpoint_page_data(
+    model,
+    task: Task,
+    source: Batch | CacheFile | str | Path,
+    *,
+    sites: Sequence[str] = ("all",),
+    positions: Sequence[str] | None = None,
+    threshold: float = 0.01,
+    max_batch: int = 256,
+    map_examples: int = MAP_EXAMPLES,
+    map_budget: int = MAP_BUDGET,
+    top_k: int = TOP_K,
+    about: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Return the page data of `model` on `source` (a `Batch`, or an activation cache of this
+    model: path or open `CacheFile`): ``{"kind": "checkpoint", "about", "model", "records",
+    "rows", "cells", "vocab", "maps", "induction"}`` (module docstring; arrays packed by
+    `hookmech.view.encode`).
+
+    `records` are `hookmech.patching.patch`'s records of `sites` × `positions` (default: every
+    role of the task, `default_positions`) with `threshold` and `max_batch`, without their
+    per-row lists; ``cells[i]`` holds record i's per-row ``p_patched`` and the `top_k` rows of
+    largest and smallest effect. `about` (JSON-able) is shown as the page's description.
+    """
+    from ..patching import patch
+
+    with contextlib.ExitStack() as stack:
+        if isinstance(source, (str, Path)):
+            source = stack.enter_context(CacheFile(source))
+        batch = source.batch() if isinstance(source, CacheFile) else source
+        positions = list(positions) if positions is not None else default_positions(task, batch)
+        records = patch(
+            model, source, list(sites), positions, threshold=threshold, max_batch=max_batch, per_example=True
+        )
+    p_clean_rows, p_corrupt_rows = records[0]["p_clean_rows"], records[0]["p_corrupt_rows"]
+    cells = []
+    for record in records:
+        p_patched_rows = record.pop("p_patched_rows")
+        for name in ("p_clean_rows", "p_corrupt_rows", "metric_patched_rows"):
+            record.pop(name, None)
+        largest, smallest = extreme_rows(p_patched_rows, p_corrupt_rows, top_k)
+        cells.append({"p_patched": pack_floats(p_patched_rows), "largest": largest, "smallest": smallest})
+    config = model.cfg
+    return {
+        "kind": "checkpoint",
+        "about": about or {},
+        "model": {
+            "mixers": list(config.mixers),
+            "d_model": config.d_model,
+            "n_layers": config.n_layers,
+            "d_vocab": config.d_vocab,
+        },
+        "task": task.spec,
+        "records": records,
+        "rows": rows_data(batch, p_clean_rows, p_corrupt_rows),
+        "cells": cells,
+        "vocab": token_names(task, config.d_vocab),
+        "maps": maps_data(model, batch, map_examples, map_budget),
+        "induction": induction_data(model),
+    }
+
+
+def extreme_rows(
+    p_patched_rows: Sequence[float], p_corrupt_rows: Sequence[float], k: int
+) -> tuple[list[int], list[int]]:
+    """Return (the `k` rows of largest effect, the `k` of smallest), effect = p_patched − p_corrupt
+    of the row; ties go to the lower row index."""
+    effect = np.asarray(p_patched_rows, dtype=np.float64) - np.asarray(p_corrupt_rows, dtype=np.float64)
+    largest = np.argsort(-effect, kind="stable")[:k]
+    smallest = np.argsort(effect, kind="stable")[:k]
+    return largest.tolist(), smallest.tolist()
+
+
+def rows_data(batch: Batch, p_clean_rows: Sequence[float], p_corrupt_rows: Sequence[float]) -> dict[str, Any]:
+    """Return the examples as the page reads them: ``n``, ``pos`` (the padded row length),
+    clean and corrupt ``tokens`` ``[n, pos]`` (packed), ``lengths``, ``answers``, ``roles``
+    (role -> ``[n]`` positions), and the unpatched runs' per-row ``p_clean``, ``p_corrupt`` (packed)."""
+    return {
+        "n": len(batch),
+        "pos": int(batch.tokens.shape[1]),
+        "tokens": pack_ints(batch.tokens.numpy()),
+        "corrupt_tokens": pack_ints(batch.corrupt_tokens.numpy()),
+        "lengths": batch.lengths.tolist(),
+        "answers": batch.answers.tolist(),
+        "roles": {role: positions.tolist() for role, positions in batch.roles.items()},
+        "p_clean": pack_floats(p_clean_rows),
+        "p_corrupt": pack_floats(p_corrupt_rows),
+    }
+
+
+def _triangle(matrix: np.ndarray) -> np.ndarray:
+    """Return the lower triangle (diagonal included) of ``[..., L, L]`` row by row, ``[..., L(L+1)/2]``:
+    query t's keys 0..t start at t(t+1)/2 (causal maps are zero above the diagonal)."""
+    rows, cols = np.tril_indices(matrix.shape[-1])
+    return matrix[..., rows, cols]
+
+
+def maps_data(model, batch: Batch, examples: int, budget: int) -> dict[str, Any]:
+    """Return the effective attention of the first rows of `batch`: ``{"examples": [row], "layers":
+    [{"layer", "mixer", "axis", "n", "channels"}], "values": [[packed per layer] per example],
+    "channels": same or None}``. ``values[i][l]`` is layer l's M on example i's own tokens (its
+    length L), ``[n, L(L+1)/2]``: every head (or the channel mean, n = 1) as a lower triangle,
+    float32; ``channels[i][l]`` every channel of a per-channel mixer (``channels`` of them), for
+    rows of at most `SHORT_ROWS` tokens, else None. As many of the first `examples` rows as fit
+    in `budget` bytes, at least one. On a model without effective attention (e.g. BaseConv
+    with use_act) ``{"error": message}``."""
+    from ..effective_attention import attention_maps
+
+    device = next(model.parameters()).device
+    lengths = batch.lengths.tolist()
+    try:  # two tokens tell each layer's heads or channels
+        probe = attention_maps(model, batch.tokens[:1, :2].to(device), summary=None)
+    except HookmechError as error:
+        return {"error": str(error)}
+    layers = []
+    for layer, layer_map in probe.items():
+        per_channel = model.blocks[layer].mixer.attention_axis == "channel"
+        width = int(layer_map.shape[1])
+        layers.append(
+            {
+                "layer": layer,
+                "mixer": model.cfg.mixers[layer],
+                "axis": "channel" if per_channel else "head",
+                "n": 1 if per_channel else width,
+                "channels": width if per_channel else 0,
+            }
+        )
+    chosen: list[int] = []
+    spent = 0
+    for row in range(min(examples, len(batch))):
+        maps_per_row = sum(entry["n"] for entry in layers)
+        if lengths[row] <= SHORT_ROWS:
+            maps_per_row += sum(entry["channels"] for entry in layers)
+        cost = 4 * maps_per_row * lengths[row] * (lengths[row] + 1) // 2
+        if chosen and spent + cost > budget:
+            break
+        chosen.append(row)
+        spent += cost
+    longest = max(lengths[row] for row in chosen)
+    tokens = batch.tokens[chosen, :longest].to(device)
+    means = {layer: m.cpu().numpy() for layer, m in attention_maps(model, tokens).items()}
+    with_channels = longest <= SHORT_ROWS and any(entry["channels"] for entry in layers)
+    every = (
+        {layer: m.cpu().numpy() for layer, m in attention_maps(model, tokens, summary=None).items()}
+        if with_channels
+        else {}
+    )
+    values, channels = [], []
+    for index, row in enumerate(chosen):
+        length = lengths[row]
+        values.append(
+            [
+                pack_floats(_triangle(means[entry["layer"]][index, :, :length, :length]), lossy_float32=True)
+                for entry in layers
+            ]
+        )
+        if with_channels:
+            channels.append(
+                [
+                    pack_floats(_triangle(every[entry["layer"]][index, :, :length, :length]), lossy_float32=True)
+                    if entry["channels"]
+                    else None
+                    for entry in layers
+                ]
+            )
+    if not with_channels:
+        for entry in layers:
+            entry["channels"] = 0
+    return {"examples": chosen, "layers": layers, "values": values, "channels": channels or None}
+
+
+def induction_data(model, batch: int = 16, seed: int = 0) -> dict[str, Any]:
+    """Return the induction (prefix-matching) score of every layer and head or channel mean,
+    `hookmech.induction_scores` with its default sequence length: ``{"seq_len", "batch",
+    "layers": [{"layer", "mixer", "per_channel", "scores"}]}``, or ``{"error": message}`` when the model has none."""
+    from ..effective_attention import induction_scores
+
+    seq_len = min(model.cfg.n_ctx // 2, model.cfg.d_vocab)
+    try:
+        scores = induction_scores(model, seq_len=seq_len, batch=batch, seed=seed)
+    except HookmechError as error:
+        return {"error": str(error)}
+    return {
+        "seq_len": seq_len,
+        "batch": batch,
+        "layers": [
+            {
+                "layer": layer,
+                "mixer": model.cfg.mixers[layer],
+                "per_channel": model.blocks[layer].mixer.attention_axis == "channel",
+                "scores": [float(v) for v in values.tolist()],
+            }
+            for layer, values in scores.items()
+        ],
+    }

@@ -1,0 +1,123 @@
+"""What the page of a sweep folder shows, as JSON-able data: the numbers of every figure of
+`hookmech report` (`hookmech.report` computes them; its PNGs and this page draw the same).
+
+- the headline table and accuracy vs d_model at the best lr (`report.summarise`);
+- learning-rate sensitivity (`report.lr_curves`);
+- attribution at the value against the query, one point per run passing the filter
+  (`report.value_query_points`);
+- mean attribution per position and series with 95% bootstrap intervals (`report.attribution_bars`);
+- site × position heatmaps of the selected runs (`report.heatmap_records`, kept in each run
+  folder's heatmap.json as the report keeps them);
+- training dynamics of the selected runs trained with ``--mech-every`` (their metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import HookmechError, unknown
+
+#: the metrics.jsonl fields the dynamics panels draw (besides ``step`` and ``attr:*``)
+DYNAMICS_FIELDS = ("loss", "dev_acc", "dev_p_answer")
+
+
+def sweep_page_data(
+    runs_dir: str | Path,
+    *,
+    runs: Sequence[str] | None = None,
+    n: int = 320,
+    seed: int = 0,
+    heatmaps: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Return the page data of the sweep in `runs_dir` (its results.csv): ``{"kind": "sweep",
+    "title", "about", "keys", "site", "summary", "lr_curves", "value_query", "bars", "selected"}``.
+
+    ``selected`` holds, for each run of `runs` (default: the best run of each series,
+    `report.select_runs`), its label, its heatmap records (`n` examples drawn with `seed`; only
+    with `heatmaps` and a finished run with a model file) and its dynamics (metrics.jsonl lines
+    that carry attributions: ``step``, `DYNAMICS_FIELDS` and ``attr:*``, as lists).
+    """
+    from ..report import (
+        SELECTION_RULE,
+        attribution_bars,
+        attribution_site,
+        grid_keys,
+        heatmap_records,
+        lr_curves,
+        read_metrics,
+        select_runs,
+        series_of,
+        summarise,
+        value_query_points,
+    )
+    from ..sweep import read_results
+
+    runs_dir = Path(runs_dir)
+    log = log or (lambda message: None)
+    rows = read_results(runs_dir / "results.csv")
+    if not rows:
+        raise HookmechError(f"{runs_dir}/results.csv has no runs")
+    by_id = {row["run_id"]: row for row in rows}
+    missing = [run for run in runs or () if run not in by_id]
+    if missing:
+        raise unknown("run", missing[0], by_id)
+    keys = grid_keys(runs_dir, rows)
+    sweep_file = runs_dir / "sweep.json"
+    title = json.loads(sweep_file.read_text())["name"] if sweep_file.exists() else runs_dir.name
+    site = attribution_site(rows)
+    selected = []
+    for row in [by_id[run] for run in runs] if runs else select_runs(rows, keys):
+        run_dir = runs_dir / row["run_id"]
+        entry: dict[str, Any] = {
+            "run_id": row["run_id"],
+            "series": series_of(row, keys),
+            "d_model": row.get("d_model"),
+            "lr": row.get("lr"),
+            "seed": row.get("seed"),
+            "dev_acc": row.get("dev_acc"),
+            "heatmap": None,
+            "dynamics": None,
+        }
+        if heatmaps and row["status"] == "finished" and (run_dir / "model.safetensors").exists():
+            log(f"heatmap {row['run_id']}")
+            entry["heatmap"] = heatmap_records(run_dir, n, seed)
+        entry["dynamics"] = dynamics(read_metrics(run_dir / "metrics.jsonl"))
+        selected.append(entry)
+    return {
+        "kind": "sweep",
+        "title": title,
+        "about": {
+            "runs_dir": str(runs_dir),
+            "runs": len(rows),
+            "status": dict(sorted(Counter(str(row["status"]) for row in rows).items())),
+            "heatmap_examples": n,
+            "heatmap_seed": seed,
+            "selection": "the runs given" if runs else f"the best run of each series ({SELECTION_RULE})",
+        },
+        "keys": keys,
+        "site": site,
+        "summary": summarise(rows, keys),
+        "lr_curves": lr_curves(rows, keys),
+        "value_query": value_query_points(rows, keys, site) if site is not None else [],
+        "bars": attribution_bars(rows, keys, site) if site is not None else [],
+        "selected": selected,
+    }
+
+
+def dynamics(metrics: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Return the training curves of a run's metrics.jsonl lines, ``{"step": [...], "loss": [...],
+    ..., "attr": {"<site>@<pos>": [...]}}`` (None where a line lacks a value), or None when no line
+    carries attributions (a run trained without ``--mech-every``), as `report.plot_dynamics` decides."""
+    if not any(key.startswith("attr:") for line in metrics for key in line):
+        return None
+    names = list(dict.fromkeys(key for line in metrics for key in line if key.startswith("attr:")))
+    return {
+        "step": [line["step"] for line in metrics],
+        **{field: [line.get(field) for line in metrics] for field in DYNAMICS_FIELDS},
+        "attr": {name[5:]: [line.get(name) for line in metrics] for name in names},
+    }

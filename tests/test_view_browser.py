@@ -1,0 +1,142 @@
+"""`hookmech view` pages in a real browser: headless Chromium from Debian's `chromium` and
+`chromium-driver` packages, driven by selenium through the system chromedriver (nothing is
+downloaded: selenium-manager is kept offline).
+
+The page must draw without a console error; clicking a heatmap cell must show, in the
+drill-down, the numbers `hookmech patch --json` prints for that cell. Outside CI (no `CI`
+variable) the tests are skipped when the browser is missing; in CI they must run (.ci/run
+installs the packages). A screenshot of each page is saved beside the test's files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from helpers import ATTENTION_FIXTURE, run_cli
+from test_view import _sweep_folder
+
+N, SEED = 16, 1
+ROLES = "key,value,query,divider"
+
+
+def _browser_missing() -> str | None:
+    """Why no browser can run here, or None."""
+    missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package (the dev extra)")
+    if missing:
+        return f"no {', no '.join(missing)} here (apt-get install chromium chromium-driver; pip install -e .[dev])"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    reason = _browser_missing()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the browser test: {reason}")
+        pytest.skip(reason)
+    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must not fetch a browser or a driver
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1800",
+        "--disable-extensions",
+        "--no-first-run",
+    ):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def _open(driver, path):
+    """Load a page, wait until its script has drawn it; return the console's entries."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(path.as_uri())
+    WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.body.dataset.ready === '1'"))
+    return driver.get_log("browser")
+
+
+def _errors(log):
+    return [entry for entry in log if entry["level"] in ("SEVERE", "ERROR")]
+
+
+def test_clicking_a_cell_shows_the_numbers_of_patch_json(browser, tmp_path, capsys):
+    from selenium.webdriver.common.by import By
+
+    page = tmp_path / "attention.html"
+    code, _, err = run_cli(
+        ["view", "--ckpt", ATTENTION_FIXTURE, "--n", N, "--seed", SEED, "--maps", 4, "-o", page], capsys
+    )
+    assert code == 0, err
+    code, out, err = run_cli(
+        ["patch", "--ckpt", ATTENTION_FIXTURE, "--site", "all", "--pos", ROLES, "--n", N, "--seed", SEED, "--json"],
+        capsys,
+    )
+    assert code == 0, err
+    expected = {(r["site"], r["pos"]): r for r in json.loads(out)}
+
+    log = _open(browser, page)
+    assert _errors(log) == []
+    cells = browser.find_elements(By.CSS_SELECTOR, "rect.cell")
+    assert len(cells) == len(expected) == 14 * 4
+    for site, pos in (("L1.block_in", "value"), ("L0.mlp_out", "query")):
+        cell = browser.find_element(By.CSS_SELECTOR, f'rect.cell[data-site="{site}"][data-pos="{pos}"]')
+        cell.click()
+        drill = browser.find_element(By.ID, "drill")
+        assert (drill.get_attribute("data-site"), drill.get_attribute("data-pos")) == (site, pos)
+        record = expected[site, pos]
+        for field in ("attribution", "p_clean", "p_corrupt", "p_patched", "n", "passes_filter"):
+            shown = drill.find_element(By.CSS_SELECTOR, f'td[data-field="{field}"]')
+            assert json.loads(shown.get_attribute("data-exact")) == record[field], field  # the very number
+            if isinstance(record[field], float):
+                # the text shows it to 4 decimals (or 4 significant digits below 0.01)
+                assert float(shown.text) == pytest.approx(record[field], rel=1e-3, abs=5e-5), field
+        # the per-example strips: one dot per example and run; 5 + 5 example rows with their tokens
+        assert len(drill.find_elements(By.CSS_SELECTOR, "svg circle")) == 3 * N
+        for listing in ("largest effect", "smallest effect"):
+            rows = drill.find_elements(By.CSS_SELECTOR, f'table[data-list="{listing}"] tr[data-row]')
+            assert len(rows) == 5
+            assert "BOS" in rows[0].text and "answer" in rows[0].text
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".mapbox canvas")) == 2  # one map per layer
+    assert _errors(browser.get_log("browser")) == []
+    assert browser.save_screenshot(str(tmp_path / "attention.png"))
+
+
+def test_a_sweep_page_draws_without_errors(browser, tmp_path, capsys):
+    from selenium.webdriver.common.by import By
+
+    runs = _sweep_folder(tmp_path)
+    page = tmp_path / "sweep.html"
+    first = sorted(p.name for p in runs.iterdir() if p.is_dir())[0]
+    code, _, err = run_cli(["view", runs, "--no-heatmaps", "--run", first, "-o", page], capsys)
+    assert code == 0, err
+    assert _errors(_open(browser, page)) == []
+    titles = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "section h2")]
+    assert titles == [
+        "Headline",
+        "Accuracy vs d_model",
+        "Learning-rate sensitivity",
+        "Mechanisms (L1.block_in)",
+        "Selected runs",
+    ]
+    assert (
+        len(browser.find_elements(By.CSS_SELECTOR, "svg")) >= 1 + 2 + 2 + 3
+    )  # accuracy, lr panels, mechanisms, dynamics
+    assert browser.save_screenshot(str(tmp_path / "sweep.png"))
