@@ -8,7 +8,7 @@ The backbone only reads what each mixer class declares; it never names a mixer.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +24,10 @@ from .mixers import REGISTRY
 from .mixers.base import Mixer, take_window
 from .shapes import (
     Context,
+    Gradients,
     KeptWindow,
     Logits,
+    PositionEffects,
     QueryLogits,
     Resid,
     RowInts,
@@ -336,6 +338,63 @@ class HookedLM(HookedRootModule):
         if start_at_layer == self.cfg.n_layers:
             resid = take_window(resid, keep, 1)
         return self.unembed_resid(self.ln_final(resid)[:, 0])
+
+    # -- one position patched, through the next mixer exactly (AtP*) ----------------------
+    def patch_to_next_mixer(
+        self, hook_name: str, values: Tensor, base: Callable[[str], Tensor]
+    ) -> tuple[int, RunResid, RunResid | None] | None:
+        """Follow a patch of `hook_name` to the input of the next mixer, every position at once.
+
+        `values` ``[N, T, ...]`` is what the hook takes at each position, `base(hook)` the base
+        run's activation of any hook ``[N, T, ...]``. Everything from a block-level hook to the
+        next mixer is position-wise (norms, the MLP, residual adds), so patching every position
+        at once gives, at each position s, what patching s alone gives there. Returns
+        ``(L, resid, mixer_in)``: the next mixer's block L, the residual entering block L and
+        that mixer's input ``[N, T, d_model]`` at every position under its own patch; after the
+        last block's mixer ``(n_layers, resid, None)``, the residual entering the final norm;
+        None for hooks that are not block-level (embeddings, inside a mixer, the final norm).
+        """
+        parts = hook_name.split(".")
+        if len(parts) != 3 or parts[0] != "blocks" or not parts[2].startswith("hook_"):
+            return None
+        layer, name = int(parts[1]), parts[2]
+        block = self.blocks[layer]
+        if name == "hook_resid_pre":
+            return layer, values, block.ln1(values)
+        if name == "hook_mixer_in":
+            return layer, base(f"blocks.{layer}.hook_resid_pre"), values
+        resid = base(f"blocks.{layer}.hook_resid_pre")
+        if name == "hook_mixer_out":
+            out = block._after_mixer(resid, values)
+        else:  # resid_mid, mlp_in, mlp_out, resid_post: the rest of the block, with the hook replaced
+            with self.hooks(fwd_hooks=[(hook_name, lambda activation, hook=None: values)]):
+                out = block._after_mixer(resid, base(f"blocks.{layer}.hook_mixer_out"))
+        if layer + 1 == self.cfg.n_layers:
+            return layer + 1, out, None
+        return layer + 1, out, self.blocks[layer + 1].ln1(out)
+
+    def mixer_patch_effects(
+        self,
+        layer: int,
+        grad_mixer_out: Gradients,
+        patched: Tensor,
+        base: Callable[[str], Tensor],
+        hook_name: str | None = None,
+    ) -> PositionEffects | None:
+        """Return block `layer`'s `Mixer.position_patch_effects` ``[..., N, T]`` on the base run (its
+        mixer input read with `base`, as in `patch_to_next_mixer`): the exact change of the
+        mixer's output along `grad_mixer_out` ``[..., N, T, d_model]`` when one position's input becomes `patched`
+        (`hook_name` None) or one position of `hook_name`, a hook inside that mixer
+        (``blocks.{layer}.mixer.hook_k``), does. None where the mixer has none, or `hook_name`
+        is not inside that mixer."""
+        local = None
+        if hook_name is not None:
+            prefix = f"blocks.{layer}.mixer."
+            if not hook_name.startswith(prefix) or "." in hook_name[len(prefix) :]:
+                return None
+            local = hook_name[len(prefix) :]
+        mixer_in = base(f"blocks.{layer}.hook_mixer_in")
+        return self.blocks[layer].mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local)
 
     def resume_layer(self, hook_name: str) -> int | None:
         """Return the block whose resumed run fires `hook_name` (`resume`), `n_layers` for

@@ -17,7 +17,9 @@ from ..hooks import AxisHookPoint, declare_sizes
 from ..shapes import (
     Context,
     EffectiveAttention,
+    Gradients,
     KeptWindow,
+    PositionEffects,
     Resid,
     RowInts,
     RunResid,
@@ -107,6 +109,70 @@ class Attention(Mixer):
         q, k = (projected[c].view(batch, n_pos, self.n_heads, self.d_head) for c in "qk")
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
         return scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")).softmax(dim=-1).float()
+
+    # -- one position patched, through the softmax exactly (AtP*, see `Mixer.position_patch_effects`)
+    def position_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+    ) -> PositionEffects | None:
+        """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
+        alone is patched, with the softmax recomputed, not linearised (Kramár et al. 2024,
+        "AtP*", §3.1.1: a saturated pattern has no gradient to move along). `patched` is the new
+        input (`hook` None: new q, k and v at s), or the new ``hook_q`` / ``hook_k`` / ``hook_v`` /
+        ``hook_attn_scores`` there. Each query t > s sees key s's score and value change
+        (softmax with one column moved, in closed form); query s gets a new row. Computed in
+        float64; None with a short convolution on q/k/v (it spreads one position's change over
+        the next ones) and for the other hooks (downstream of the softmax, where the linear
+        estimate is already exact inside the mixer)."""
+        if self.convs or hook not in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"):
+            return None
+        batch, n_pos, _ = x.shape
+
+        def heads(t: Tensor) -> Tensor:
+            return t.reshape(*t.shape[:-1], self.n_heads, self.d_head).double()
+
+        q, k, v = (heads(t) for t in self.Wqkv(x).chunk(3, dim=-1))
+        new = {"q": q, "k": k, "v": v}
+        if hook is None:
+            new = dict(zip("qkv", (heads(t) for t in self.Wqkv(patched).chunk(3, dim=-1)), strict=True))
+        elif hook != "hook_attn_scores":
+            new[hook[-1]] = patched.double()
+        grad_z = heads(grad_out @ self.out_proj.weight)  # y = z Wᵀ + b, so ∂m/∂z = ∂m/∂y · W
+        allowed = self._mask(n_pos, x.device)  # [t, j]
+        eye = torch.eye(n_pos, dtype=torch.bool, device=x.device)
+        scale = 1 / math.sqrt(self.d_head)
+        scores = (torch.einsum("bthd,bjhd->bhtj", q, k) * scale).masked_fill(~allowed, float("-inf"))
+        log_total = scores.logsumexp(-1)  # [b, h, t]
+        pattern = torch.exp(scores - log_total[..., None])
+        seen = torch.einsum("bjhd,...bthd->...bhtj", v, grad_z)  # value j read along query t's gradient
+        read = (pattern * seen).sum(-1)  # z_t · ∂m/∂z_t  [..., b, h, t]
+        # Query t != s: key s's score and value change, the other keys keep theirs. In log space
+        # the new normaliser is log(Σ_{j≠s} e^{S_tj} + e^{S'_ts}) = logaddexp(L_t + log(1 − P_ts), S'_ts)
+        # (a saturated P_ts = 1 leaves only the new term).
+        if hook == "hook_attn_scores":  # row s's scores only: no key or value moves
+            column = torch.zeros_like(read)
+        else:
+            new_score = torch.einsum("bthd,bshd->bhts", q, new["k"]) * scale
+            new_seen = torch.einsum("bshd,...bthd->...bhts", new["v"], grad_z)
+            others = log_total[..., None] + torch.log1p(-pattern.clamp(max=1.0))
+            new_log_total = torch.logaddexp(others, new_score)
+            kept_mass = torch.exp(log_total[..., None] - new_log_total)  # Z_t / Z'_ts
+            column = (
+                (read[..., None] - pattern * seen) * kept_mass
+                + torch.exp(new_score - new_log_total) * new_seen
+                - read[..., None]
+            )
+            column = column.masked_fill(~(allowed & ~eye), 0.0).sum(dim=-2)  # over queries t: [..., b, h, s]
+        # Query s: a new row, from its new query against the keys (its own key new too).
+        if hook == "hook_attn_scores":
+            row_scores = patched.double().masked_fill(~allowed, float("-inf"))
+        else:
+            row_scores = torch.einsum("bshd,bjhd->bhsj", new["q"], k) * scale
+            own = (new["q"] * new["k"]).sum(-1).transpose(1, 2) * scale  # [b, h, s]
+            row_scores = torch.where(eye, own[..., None], row_scores).masked_fill(~allowed, float("-inf"))
+        own_seen = (new["v"] * grad_z).sum(-1).transpose(-1, -2)  # [..., b, h, s]
+        row_seen = torch.where(eye, own_seen[..., None], seen)
+        row = (row_scores.softmax(-1) * row_seen).sum(-1) - read
+        return (column + row).sum(dim=-2)
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
     def prefix_context(self, x: RunResid) -> Context:

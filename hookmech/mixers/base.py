@@ -12,7 +12,9 @@ from ..errors import HookmechError, UsageError, suggest
 from ..shapes import (
     Context,
     EffectiveAttention,
+    Gradients,
     KeptWindow,
+    PositionEffects,
     Resid,
     RowInts,
     RunResid,
@@ -92,6 +94,28 @@ class Mixer(nn.Module):
         """
         full = splice(context["x"], rows, x, start)
         return kept(take_window(self.forward(full), start, x.shape[1]), keep)
+
+    # -- one position patched, its effect through the mixer exactly (AtP*) -----------------
+    # Attribution patching linearises the whole model around the corrupt run. Where the mixer
+    # itself is strongly nonlinear in one position's input (attention's softmax saturates:
+    # Kramár et al. 2024, "AtP*", §3.1.1), the engine asks the mixer for the exact change of its
+    # outputs when one position is patched, and linearises only what comes after the mixer.
+    def position_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+    ) -> PositionEffects | None:
+        """Return ``[..., N, T]`` (float64): at ``[..., n, s]``, Σ_t (y'_t − y_t) · grad_out[..., n, t], where y is
+        the mixer's output on `x` ``[N, T, d_model]`` and y' its output when position s alone is
+        patched: its input becomes ``patched[n, s]`` (`hook` None: `patched` is ``[N, T, d_model]``),
+        or the activation of its own inside hook named `hook` (``"hook_k"``) becomes
+        ``patched[n, s]`` (`patched`: that hook's activation shape). `grad_out` ``[..., N, T,
+        d_model]`` is the gradient of a metric with respect to the mixer's output (leading axes:
+        several gradients at once), so the result is the metric's change with the mixer computed
+        exactly and the rest of the model linearised.
+
+        Returns None where the mixer has no such computation for that patch (the default): the
+        engine then keeps the first-order estimate (plain AtP) there.
+        """
+        return None
 
     # -- effective attention (`hookmech.attention_maps`) ------------------------------------
     # Every mixer here mixes positions by an operator that is linear in some "value" once its

@@ -272,4 +272,7 @@ def propagate_additive(updates: Tensor, hook: AxisHookPoint) -> Tensor:
     def rescan(initial: Tensor, start: int, end: int) -> Tensor:
         return initial.unsqueeze(1) + updates[:, start:end].cumsum(dim=1)
 
-    return hook_state_with_propagation(hook, updates.cumsum(dim=1), rescan)
+    def carry(edit: Tensor) -> Tensor:  # the homogeneous recurrence h_t = h_{t-1} (gradients of edits)
+        return edit.cumsum(dim=1)
+
+    return hook_state_with_propagation(hook, updates.cumsum(dim=1), rescan, carry)

@@ -287,7 +287,10 @@ class Mamba(Mixer):
             first = drive[:, start] + decay[:, start] * h_before
             return linear_scan(decay[:, start:end], torch.cat([first[:, None], drive[:, start + 1 : end]], 1))
 
-        states = hook_state_with_propagation(self.hook_ssm_state, linear_scan(decay, drive), rescan)
+        def carry(edit: Tensor) -> Tensor:  # the homogeneous recurrence (gradients of edits)
+            return linear_scan(decay, edit)
+
+        states = hook_state_with_propagation(self.hook_ssm_state, linear_scan(decay, drive), rescan, carry)
         return (states @ C[..., None])[..., 0] + u * self.D
 
     def _causal_conv(self, x: Tensor) -> Tensor:

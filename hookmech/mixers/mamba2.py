@@ -38,6 +38,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, state_before
 from .operators import causal_decay
+from .selective_scan import linear_scan
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -338,5 +339,9 @@ class Mamba2(Mixer):
                 return_all_states=True,
             )[1]
 
-        states = hook_state_with_propagation(self.hook_ssm_state, states, rescan)
+        def carry(edit: Tensor) -> Tensor:  # the homogeneous recurrence h_t = a_t h_{t-1} (gradients of edits)
+            decay = torch.exp(dt * A)[..., None, None].expand_as(edit)  # a_t per head
+            return linear_scan(decay, edit)
+
+        states = hook_state_with_propagation(self.hook_ssm_state, states, rescan, carry)
         return torch.einsum("blhpn,blhn->blhp", states, _expand_groups(C, self.n_heads))

@@ -38,6 +38,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, state_before
 from .operators import causal_decay
+from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
 
 
@@ -314,7 +315,10 @@ class RWKV6(Mixer):
                 return_all_states=True,
             )[1]
 
-        states = hook_state_with_propagation(self.hook_state, states, rescan)
+        def carry(edit: Tensor) -> Tensor:  # the homogeneous recurrence S_t = diag(w_t) S_{t-1} (gradients of edits)
+            return linear_scan(torch.exp(log_decay)[..., None].expand_as(edit), edit)
+
+        states = hook_state_with_propagation(self.hook_state, states, rescan, carry)
         before = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)  # S_{t-1}
         bonus = torch.einsum("blhk,hk,blhk->blh", r, u, k)[..., None] * v
         return torch.einsum("blhk,blhkv->blhv", r, before) + bonus

@@ -10,6 +10,17 @@ the recurrence must then continue from the edited state. Row by row:
 The mixer supplies `rescan(initial_state, start, end)`, its own (chunked) recurrence run
 over positions ``start .. end-1`` from the state after ``start-1``; this file only finds
 the edited positions and stitches the segments together.
+
+Gradients (attribution patching, `hookmech.hooks.gradients_follow_edits`): every recurrence here
+is affine in the state, h_t = A_t h_{t-1} + b_t, with A_t fixed by the inputs. So an edit e_s
+at position s moves every later state by A_t ··· A_{s+1} e_s, linearly. A mixer that also
+supplies `carry(e)`, the homogeneous recurrence c_t = A_t c_{t-1} + e_t (c_{-1} = 0), lets the
+gradient at the state hook follow that: the states it returns are then
+
+    hooked + carry(hooked − states) − (hooked − states)
+
+equal to `hooked` in value (no edit: hooked == states), whose derivative with respect to the
+hook's output at s is I at s and A_t ··· A_{s+1} at every t > s.
 """
 
 from __future__ import annotations
@@ -22,14 +33,20 @@ from torch import Tensor
 from ..hooks import AxisHookPoint
 
 Rescan = Callable[[Tensor, int, int], Tensor]
+Carry = Callable[[Tensor], Tensor]
 
 
-def hook_state_with_propagation(hook: AxisHookPoint, states: Tensor, rescan: Rescan) -> Tensor:
+def hook_state_with_propagation(
+    hook: AxisHookPoint, states: Tensor, rescan: Rescan, carry: Carry | None = None
+) -> Tensor:
     """Apply `hook` to `states` ``[batch, pos, ...]`` and return the states the mixer uses.
 
     Returns the hook's output itself when it changed nothing; otherwise a tensor of the
     same shape in which every state after an edit follows the recurrence from the edited
     states (`rescan(h [batch, ...], start, end)` returns ``[batch, end - start, ...]``).
+    With `carry` (the homogeneous recurrence, ``[batch, pos, ...]`` -> same) and the hook's
+    `edit_gradients` on, an unedited output is returned with gradients that follow the
+    recurrence (module docstring).
     """
     # Hooks may edit in place (TransformerLens examples often do `act[:, p] = ...`), so
     # compare against a copy; this costs one state tensor, and only while the hook is active.
@@ -38,6 +55,10 @@ def hook_state_with_propagation(hook: AxisHookPoint, states: Tensor, rescan: Res
     changed = (hooked != reference).flatten(2).any(dim=2)  # [batch, pos]
     edited = torch.nonzero(changed.any(dim=0)).flatten().tolist()
     if not edited:
+        if carry is not None and getattr(hook, "edit_gradients", False) and hooked.requires_grad:
+            # zero in value; its gradient carries an edit at s on to every later state
+            edit = hooked - states
+            return hooked + carry(edit) - edit
         return hooked
     n_pos = hooked.shape[1]
     segments = [hooked[:, : edited[0] + 1]]
