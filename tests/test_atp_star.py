@@ -82,11 +82,52 @@ def test_attention_position_effects_equal_patched_forwards(window, hook):
     torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
 
 
+@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
+@pytest.mark.parametrize("hook", [None, "hook_in_x"])
+def test_mamba_position_effects_equal_patched_forwards(options, hook):
+    """Mamba: Δ, B, C and the state recomputed over the convolution's reach, the adjoint state
+    after it, against a forward of the mixer with position s patched (float64)."""
+    from hookmech.mixers.mamba import Mamba
+
+    torch.manual_seed(1)
+    mixer = Mamba(16, d_state=4, **options).double()
+    n, t = 3, 8
+    x = torch.randn(n, t, 16, dtype=torch.float64)
+    grads = torch.randn(2, n, t, 16, dtype=torch.float64)
+    with torch.no_grad():
+        if hook is None:
+            patched = 3 * torch.randn(n, t, 16, dtype=torch.float64)
+        else:
+            base = mixer._split(mixer.in_proj(x))[0]
+            patched = base + 3 * torch.randn_like(base)
+        y = mixer(x)
+        reference = torch.zeros(2, n, t, dtype=torch.float64)
+        for s in range(t):
+            if hook is None:
+                spliced = x.clone()
+                spliced[:, s] = patched[:, s]
+                y_patched = mixer(spliced)
+            else:
+
+                def replace(act, hook=None, s=s):
+                    act = act.clone()
+                    act[:, s] = patched[:, s]
+                    return act
+
+                mixer.hook_in_x.add_hook(replace)
+                y_patched = mixer(x)
+                mixer.hook_in_x.remove_hooks()
+            reference[:, :, s] = torch.einsum("vntd,ntd->vn", grads, y_patched - y)
+        effects = mixer.position_patch_effects(x, grads, patched, hook)
+    assert reference.abs().max() > 0.1
+    torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
+
+
 def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
     x, grads = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     assert Attention(32, qkv_conv="k").position_patch_effects(x, grads, x) is None  # a conv spreads the patch
     assert Attention(32).position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_z") is None
-    model = make_model(ar_task, mixers="mamba")
+    model = make_model(ar_task, mixers="rwkv")
     assert model.blocks[0].mixer.position_patch_effects(x, grads, x) is None  # the base class's default
 
 

@@ -35,7 +35,9 @@ from ..hooks import AxisHookPoint
 from ..shapes import (
     Context,
     EffectiveAttention,
+    Gradients,
     KeptWindow,
+    PositionEffects,
     Resid,
     RowInts,
     RunResid,
@@ -260,6 +262,69 @@ class Mamba(Mixer):
         if z is not None:  # the gate
             y = y * F.silu(z)
         return self.out_proj(kept(y, keep))
+
+    # -- one position patched, through the mixer exactly (AtP*, see `Mixer.position_patch_effects`)
+    def position_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+    ) -> PositionEffects | None:
+        """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
+        alone is patched (`hook` None: the input; ``"hook_in_x"``: the SSM branch of in_proj).
+        A patch at s reaches the d_conv positions s .. s + d_conv − 1 through the convolution,
+        where Δ, B, C and the state are recomputed exactly (the selection is what makes Mamba
+        nonlinear); after them the state's change moves on through fixed decays, so its effect is
+        the change of the state times the adjoint state of the later read-outs (exact as well)."""
+        if hook not in (None, "hook_in_x"):
+            return None
+        in_x, z = self._split(self.in_proj(x))
+        if hook is None:
+            new_in_x, new_z = self._split(self.in_proj(patched))
+        else:
+            new_in_x, new_z = patched, z
+        conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
+        u, delta, B, C = self._ssm_inputs(conv, convolved=True)
+        A = self._A()
+        decay = torch.exp(delta[..., None] * A)  # [N, T, d_inner, d_state]
+        states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :])
+        y = (states @ C[..., None])[..., 0] + u * self.D
+        gate = torch.ones_like(y) if z is None else F.silu(z)
+        grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
+        reach = max(self.d_conv, 1)
+        n_pos = x.shape[1]
+
+        def ahead(t: Tensor, j: int, axis: int = 1) -> Tensor:
+            """t at position s + j for every s (zeros past the end), along `axis`."""
+            pad = [0, 0] * (t.dim() - axis - 1) + [0, j]
+            return F.pad(t, pad).narrow(axis, j, n_pos)
+
+        valid = torch.arange(n_pos, device=x.device)
+        change = new_in_x - in_x
+        h = state_before(
+            states, torch.arange(x.shape[0], device=x.device).repeat_interleave(n_pos), valid.repeat(x.shape[0])
+        ).view_as(states)  # h_{s-1}
+        effect = grad_out.new_zeros(grad_out.shape[:-1], dtype=torch.float64)
+        for j in range(reach):
+            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
+                conv_j = ahead(conv, j) + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
+            else:
+                conv_j = new_in_x
+            u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
+            h = torch.exp(delta_j[..., None] * A) * h + (delta_j * u_j)[..., None] * B_j[:, :, None, :]
+            y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
+            gate_j = (torch.ones_like(y_j) if new_z is None else F.silu(new_z)) if j == 0 else ahead(gate, j)
+            moved = y_j * gate_j - ahead(y * gate, j)
+            inside = (valid + j < n_pos).to(moved.dtype)[:, None]
+            effect += ((ahead(grad_gated, j, grad_gated.dim() - 2) * moved).sum(-1) * inside[:, 0]).double()
+        # After r = s + reach - 1 the state's change decays through the base run's fixed decays:
+        # Σ_{t > r} ĝ_t · C_t (Π decay) Δh_r = Δh_r · μ_r with the adjoint state
+        # μ_{r-1} = decay_r ⊙ (μ_r + ĝ_r ⊗ C_r), μ_{T-1} = 0, swept backwards once (ĝ: ∂m/∂y).
+        last = reach - 1
+        moved_state = h - ahead(states, last)  # Δh at s + reach - 1, for every s
+        read = grad_gated * gate  # ĝ: [..., N, T, d_inner]
+        adjoint = read.new_zeros(*read.shape[:-2], *states.shape[-2:])  # μ_r: [..., N, d_inner, d_state]
+        for r in range(n_pos - 1, last - 1, -1):
+            effect[..., r - last] += (moved_state[:, r - last] * adjoint).sum((-1, -2)).double()
+            adjoint = decay[:, r] * (adjoint + read[..., r, :, None] * C[:, r, None, :])
+        return effect
 
     def _split(self, projected: Tensor) -> tuple[Tensor, Tensor | None]:
         """(in_x, z) of in_proj's output; z is None without the gate."""
