@@ -8,13 +8,13 @@ clean and corrupt runs). Scores compared: p_patched - p_corrupt per cell, at a r
 
 * Spearman's rho over all cells (ties get average ranks);
 * top-10 error: the largest |estimate - exact| among the 10 strongest exact cells;
-* top-10 recall at a budget of B exact checks (`--verify-top B`): the share of the 10 strongest
-  exact cells (cells tied with the 10th count) among the B cells `verify_top` would check
-  (`verify_priority`: |estimate|, and AtP*'s GradDrop score);
+* top-10 recall at a budget of B exact checks (`--verify-top B`, B in `--budgets`): the share of
+  the 10 strongest exact cells (cells tied with the 10th count) among the B cells `verify_top`
+  would check (`verify_priority`: |estimate|, and AtP*'s GradDrop score);
 * cost in forward-equivalents: the method's time over the time of one forward (`model(tokens)`,
   no hooks) of the same rows; times are the best of `--reps`, methods interleaved.
 
-    python bench/atp.py [CKPT ...] [--n 320] [--reps 3] [--threads 1] [--budget 20]
+    python bench/atp.py [CKPT ...] [--n 320] [--reps 3] [--threads 1] [--budgets 10,20]
 
 Default checkpoints: the bundled fixtures/attention_ar_cpu.safetensors, mamba_ar_cpu.safetensors
 and attention_ar_paper.safetensors.
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import hookmech
-from hookmech.patching import patch
+from hookmech.patching import atp_star_patch, patch
 from hookmech.patching.atp import verify_priority
 
 DEFAULTS = [
@@ -37,7 +37,8 @@ DEFAULTS = [
     "fixtures/attention_ar_paper.safetensors",
 ]
 RESOLUTION = 1e-6
-METHODS = ("atp", "atp-star")
+#: the estimators compared; "atp-star, no GradDrop" is AtP* without its extra backward passes
+METHODS = ("atp", "atp-star", "atp-star, no GradDrop")
 
 
 def average_ranks(values: torch.Tensor) -> torch.Tensor:
@@ -68,21 +69,21 @@ def changes(records) -> torch.Tensor:
     return torch.round(values / RESOLUTION) * RESOLUTION
 
 
-def scores(exact: torch.Tensor, records, budget: int) -> dict[str, float]:
-    """Spearman, top-10 error and top-10 recall at `budget` checks of one method's records."""
+def scores(exact: torch.Tensor, records, budgets: list[int]) -> dict[str, float]:
+    """Spearman, top-10 error and top-10 recall at each of `budgets` checks of one method's records."""
     estimate = changes(records)
     top = torch.argsort(-exact.abs(), stable=True)[:10]
     threshold = exact.abs()[top[-1]] - RESOLUTION  # cells tied with the 10th strongest count as found
     priority = torch.tensor([verify_priority(r) for r in records], dtype=torch.float64)
-    checked = torch.argsort(-priority, stable=True)[:budget]
+    order = torch.argsort(-priority, stable=True)
     return {
         "spearman": spearman(exact, estimate),
         "top10_error": (estimate[top] - exact[top]).abs().max().item(),
-        "recall": min(1.0, (exact.abs()[checked] >= threshold).sum().item() / 10),
+        **{f"recall@{b}": min(1.0, (exact.abs()[order[:b]] >= threshold).sum().item() / 10) for b in budgets},
     }
 
 
-def bench(path: str, n: int, reps: int, budget: int) -> None:
+def bench(path: str, n: int, reps: int, budgets: list[int]) -> None:
     model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
     batch = task.sample(n, seed=1)
     best = {name: float("inf") for name in ("exact", "forward", *METHODS)}
@@ -95,6 +96,8 @@ def bench(path: str, n: int, reps: int, budget: int) -> None:
                     model(batch.corrupt_tokens)
             elif name == "exact" and "exact" in results:
                 continue  # once is enough: its time is only reported
+            elif name == METHODS[2]:
+                results[name] = atp_star_patch(model, batch, ["all"], ["all"], graddrop=False)
             else:
                 results[name] = patch(model, batch, ["all"], ["all"], method=name)
             best[name] = min(best[name], time.perf_counter() - start)
@@ -109,10 +112,12 @@ def bench(path: str, n: int, reps: int, budget: int) -> None:
           f"p_clean {records[0]['p_clean']:.3f}, p_corrupt {records[0]['p_corrupt']:.3f}")
     print(f"  one forward {best['forward'] * 1e3:.1f} ms, exact engine {best['exact']:.3f} s "
           f"({best['exact'] / best['forward']:.0f} forward-equivalents)")
-    print(f"  {'method':<9} {'Spearman':>8} {'top-10 err':>10} {f'recall@{budget}':>10} {'time s':>7} {'fwd-eq':>7}")
+    recalls = "".join(f" {f'recall@{b}':>10}" for b in budgets)
+    print(f"  {'method':<22} {'Spearman':>8} {'top-10 err':>10}{recalls} {'time s':>7} {'fwd-eq':>7}")
     for name in METHODS:
-        got = scores(exact, results[name], budget)
-        print(f"  {name:<9} {got['spearman']:8.3f} {got['top10_error']:10.3f} {got['recall']:10.2f} "
+        got = scores(exact, results[name], budgets)
+        recalls = "".join(f" {got[f'recall@{b}']:10.2f}" for b in budgets)
+        print(f"  {name:<22} {got['spearman']:8.3f} {got['top10_error']:10.3f}{recalls} "
               f"{best[name]:7.3f} {best[name] / best['forward']:7.1f}", flush=True)
 
 
@@ -121,13 +126,13 @@ def main() -> None:
     parser.add_argument("ckpts", nargs="*")
     parser.add_argument("--n", type=int, default=320)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--budget", type=int, default=20, help="exact checks (--verify-top) of the recall")
+    parser.add_argument("--budgets", default="10,20", help="exact checks (--verify-top) of the recalls, comma list")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     for path in args.ckpts or DEFAULTS:
-        bench(path, args.n, args.reps, args.budget)
+        bench(path, args.n, args.reps, [int(b) for b in args.budgets.split(",")])
 
 
 if __name__ == "__main__":

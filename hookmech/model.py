@@ -69,6 +69,10 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+#: the key under which a block's context keeps its mixer's input (`Block.mixer_context`)
+MIXER_INPUT = "mixer_in"
+
+
 class Block(nn.Module):
     """One pre-norm residual block with hooks at every sublayer boundary (docs/sites.md)."""
 
@@ -105,8 +109,18 @@ class Block(nn.Module):
             mixer_out = self.mixer(mixer_in)
         else:  # HookedLM.collecting_contexts: the mixer's context of this run, from the same pass
             mixer_out, context = self.mixer.forward_with_context(mixer_in)
-            self.contexts.append(context)
+            self.contexts.append(self._with_input(context, mixer_in))
         return self._after_mixer(resid, self.hook_mixer_out(mixer_out))
+
+    def mixer_context(self, mixer_in: RunResid) -> Context:
+        """Return the context `forward_from` resumes the mixer from (`Mixer.prefix_context`),
+        with the mixer's input itself where the mixer fires no inside hook on a window."""
+        return self._with_input(self.mixer.prefix_context(mixer_in), mixer_in)
+
+    def _with_input(self, context: Context, mixer_in: Tensor) -> Context:
+        if type(self.mixer).window_hooks:
+            return context
+        return {**context, MIXER_INPUT: mixer_in}
 
     def forward_from(
         self, resid: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
@@ -117,7 +131,12 @@ class Block(nn.Module):
         positions go on after the mixer, and the output is ``[B, 1, d_model]``."""
         resid = self.hook_resid_pre(resid)
         mixer_in = self.hook_mixer_in(self.ln1(resid))
-        mixer_out = self.hook_mixer_out(self.mixer.forward_from(mixer_in, context, rows, start, keep))
+        if self.mixer.inside_hooks_in_use() and not type(self.mixer).window_hooks:
+            # an inside hook is patched, and this mixer fires its hooks on whole runs only
+            mixed = self.mixer.forward_spliced(mixer_in, context[MIXER_INPUT], rows, start, keep)
+        else:
+            mixed = self.mixer.forward_from(mixer_in, context, rows, start, keep)
+        mixer_out = self.hook_mixer_out(mixed)
         if keep is not None:
             resid = take_window(resid, keep, 1)
         return self._after_mixer(resid, mixer_out)
@@ -294,7 +313,7 @@ class HookedLM(HookedRootModule):
     def prefix_context(self, layer: int, mixer_in: RunResid) -> Context:
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in`
         ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`."""
-        return self.blocks[layer].mixer.prefix_context(mixer_in)
+        return self.blocks[layer].mixer_context(mixer_in)
 
     @contextmanager
     def collecting_contexts(self) -> Iterator[dict[int, list[Context]]]:
@@ -328,7 +347,8 @@ class HookedLM(HookedRootModule):
         ``start[i]`` are the base run's in every layer (e.g. after a patch at start[i] or
         later) and ``start[i] <= query[i] < start[i] + W``. Block hooks and the final norm's
         hook fire on the window (``[B, W, ...]``), or, after the last mixer, on the query
-        only (``[B, 1, ...]``); no hook inside a mixer fires.
+        only (``[B, 1, ...]``); hooks inside a mixer fire on the window too
+        (`Mixer.window_hooks`), or, for a mixer without, on the whole run's T positions.
         """
         keep = query - start
         last = self.cfg.n_layers - 1
@@ -398,12 +418,14 @@ class HookedLM(HookedRootModule):
 
     def resume_layer(self, hook_name: str) -> int | None:
         """Return the block whose resumed run fires `hook_name` (`resume`), `n_layers` for
-        the final norm, None for hooks a resumed run does not fire (embeddings, inside mixers)."""
+        the final norm, None for hooks a resumed run does not fire (the embeddings)."""
         if hook_name == "ln_final.hook_normalized":
             return self.cfg.n_layers
         parts = hook_name.split(".")
         if len(parts) == 3 and parts[0] == "blocks" and parts[2].startswith("hook_"):
             return int(parts[1])
+        if len(parts) == 4 and parts[0] == "blocks" and parts[2] == "mixer" and parts[3].startswith("hook_"):
+            return int(parts[1])  # inside the mixer: Block.forward_from fires it
         return None
 
     def equivalent_hook(self, hook_name: str) -> str:

@@ -10,6 +10,7 @@ from helpers import ATTENTION_FIXTURE, CACHE_TOL, ENGINE_TOL, make_model, unit_v
 from hookmech.cache import write_cache
 from hookmech.errors import UsageError
 from hookmech.hooks import gradients_follow_edits
+from hookmech.mixers import REGISTRY
 from hookmech.mixers.attention import Attention
 from hookmech.patching import atp_star_patch, attribution_patch, patch, verify_top
 from hookmech.patching.atp_star import answer_log_odds
@@ -345,6 +346,25 @@ def test_atp_star_fixes_the_saturated_cells_of_the_trained_fixture():
         scores[method] = ((estimate[top] - exact[top]).abs().max().item(), found)
     (atp_error, atp_found), (star_error, star_found) = scores["atp"], scores["atp-star"]
     assert star_error < atp_error - 0.05 and star_found > atp_found, scores
+
+
+@pytest.mark.parametrize("mixer", sorted(REGISTRY))
+def test_every_mixer_and_site_kind_gets_a_finite_estimate(ar_task, mixer):
+    """Block sites, the embeddings and every inside hook with a position axis, for every mixer:
+    estimates are finite probabilities, and the last block's output is exact (only position-wise
+    computation follows it)."""
+    model = unit_variance(make_model(ar_task, mixers=mixer, d_model=16))
+    batch = ar_task.sample(4, seed=11)
+    inside = [name for name, point in model.hook_dict.items() if ".mixer." in name and point.pos_axis is not None]
+    records = atp_star_patch(model, batch, ["all", "embed", *inside], ["key", "query"], per_example=True)
+    assert len(records) == 2 * (15 + len(inside)) - 2 * (not model.blocks[0].has_mlp) * 6
+    for record in records:
+        rows = torch.tensor(record["p_patched_rows"])
+        assert torch.isfinite(rows).all() and (rows >= 0).all() and (rows <= 1).all(), record["site"]
+    last = [r for r in records if r["site"] == "L1.block_out"]
+    exact = patch(model, batch, ["L1.block_out"], ["key", "query"])
+    for a, e in zip(last, exact, strict=True):
+        assert a["p_patched"] == pytest.approx(e["p_patched"], abs=ENGINE_TOL)  # both exact: ENGINE_TOL
 
 
 # -- records and arguments --------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import HookmechError, UsageError, suggest
+from ..hooks import AxisHookPoint
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -92,8 +93,30 @@ class Mixer(nn.Module):
         `rows`, `start`: ``[B]`` long; ``start[i] + W <= T``. Must equal ``forward`` on the
         spliced full input at those positions (tests/mixers/test_resume.py checks every mixer).
         """
-        full = splice(context["x"], rows, x, start)
+        return self.forward_spliced(x, context["x"], rows, start, keep)
+
+    #: whether `forward_from` fires the mixer's own (inside) hooks on the window, as `forward`
+    #: fires them on the whole run: ``[B, W, ...]`` along their position axis (``[B, 1, ...]``
+    #: where only `keep` is computed), a recurrent state hook's edits carried on from the
+    #: window's start. Without it, a resumed run with an inside hook in use runs
+    #: `forward_spliced` instead (the backbone keeps the mixer's input in its context for that).
+    window_hooks: ClassVar[bool] = False
+
+    def forward_spliced(
+        self, x: Window, run_input: RunResid, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
+        """Return `forward_from`'s output from the base run's whole input `run_input` ``[N, T,
+        d_model]``: the mixer's own forward on it with the window `x` spliced in, so that every
+        inside hook fires on the run's T positions (exact for any causal mixer; saves nothing
+        inside the mixer)."""
+        full = splice(run_input, rows, x, start)
         return kept(take_window(self.forward(full), start, x.shape[1]), keep)
+
+    def inside_hooks_in_use(self) -> bool:
+        """Return True when a forward or backward hook is attached to one of the mixer's own hooks."""
+        return any(
+            bool(point.fwd_hooks or point.bwd_hooks) for point in self.modules() if isinstance(point, AxisHookPoint)
+        )
 
     # -- one position patched, its effect through the mixer exactly (AtP*) -----------------
     # Attribution patching linearises the whole model around the corrupt run. Where the mixer

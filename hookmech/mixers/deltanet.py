@@ -238,14 +238,18 @@ def delta_rule_step(state: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> Tensor
     return state - beta[..., None, None] * error.unsqueeze(-1) * k.unsqueeze(-2)
 
 
-def delta_rule_carry(k: Tensor, beta: Tensor, edit: Tensor) -> Tensor:
-    """The delta rule's homogeneous recurrence c_t = c_{t-1} (I − β_t k_t k_tᵀ) + e_t from c_{-1} = 0:
-    how an edit e_s ``[batch, pos, head, d_v, d_k]`` of the state moves later states (the
-    gradients of `state_patch`); k ``[batch, pos, head, d_k]``, beta ``[batch, pos, head]``."""
+def delta_rule_carry(k: Tensor, beta: Tensor, edit: Tensor, keep: Tensor | None = None) -> Tensor:
+    """The delta rule's homogeneous recurrence c_t = keep_t c_{t-1} (I − β_t k_t k_tᵀ) + e_t from
+    c_{-1} = 0: how edits e ``[batch, pos, head, d_v, d_k]`` of the state move later states
+    (`state_patch`; `keep` ``[batch, pos]``, None: everywhere); k ``[batch, pos, head, d_k]``,
+    beta ``[batch, pos, head]``."""
     carried, state = [], torch.zeros_like(edit[:, 0])
     for t in range(edit.shape[1]):
         kept = torch.einsum("bhvk,bhk->bhv", state, k[:, t])
-        state = state - beta[:, t, :, None, None] * kept[..., None] * k[:, t, :, None, :] + edit[:, t]
+        state = state - beta[:, t, :, None, None] * kept[..., None] * k[:, t, :, None, :]
+        if keep is not None:
+            state = state * keep[:, t, None, None, None]
+        state = state + edit[:, t]
         carried.append(state)
     return torch.stack(carried, dim=1)
 

@@ -315,8 +315,11 @@ class RWKV6(Mixer):
                 return_all_states=True,
             )[1]
 
-        def carry(edit: Tensor) -> Tensor:  # the homogeneous recurrence S_t = diag(w_t) S_{t-1} (gradients of edits)
-            return linear_scan(torch.exp(log_decay)[..., None].expand_as(edit), edit)
+        def carry(edit: Tensor, keep: Tensor | None) -> Tensor:  # S_t = diag(w_t) S_{t-1} (state_patch)
+            decay = torch.exp(log_decay)  # [batch, pos, head, d_k]
+            if keep is not None:
+                decay = decay * keep[:, :, None, None]
+            return linear_scan(decay[..., None].expand_as(edit), edit)
 
         states = hook_state_with_propagation(self.hook_state, states, rescan, carry)
         before = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)  # S_{t-1}
