@@ -1,17 +1,23 @@
-"""Attribution patching (AtP) against the exact engine: time and rank agreement.
+"""Attribution patching (AtP) and AtP* against the exact engine: accuracy, ranking and cost.
 
-For each checkpoint: every block-level site × every position (`--pos all`) on `--n` examples
-(seed 1), once with the exact engine (`hookmech.patching.patch`) and once with AtP
-(`hookmech.patching.attribution_patch`), both from the same `Batch` in the same process (each
-computes its own clean and corrupt runs). Prints both times (best of `--reps`, interleaved),
-the ratio exact / AtP, and the rank agreement of the two scores (p_patched − p_corrupt per
-site × position, at a resolution of 1e-6: smaller differences are float noise, the exact
-engine is exact to 1e-5): Spearman's rho over all cells (ties get average ranks) and
-the exact effect of AtP's 10 strongest cells relative to the 10 strongest exact cells.
+For each checkpoint: every block-level site x every position (`--pos all`) on `--n` examples
+(seed 1), with the exact engine (`hookmech.patching.patch`), plain AtP (`method="atp"`) and AtP*
+(`method="atp-star"`), all from the same `Batch` in the same process (each computes its own
+clean and corrupt runs). Scores compared: p_patched - p_corrupt per cell, at a resolution of 1e-6
+(smaller differences are float noise; the exact engine is exact to 1e-5). Per method:
 
-    python bench/atp.py [CKPT ...] [--n 320] [--reps 2] [--threads 1]
+* Spearman's rho over all cells (ties get average ranks);
+* top-10 error: the largest |estimate - exact| among the 10 strongest exact cells;
+* top-10 recall at a budget of B exact checks (`--verify-top B`, B in `--budgets`): the share of
+  the 10 strongest exact cells (cells tied with the 10th count) among the B cells `verify_top`
+  would check (`verify_priority`: |estimate|, and AtP*'s GradDrop score);
+* cost in forward-equivalents: the method's time over the time of one forward (`model(tokens)`,
+  no hooks) of the same rows; times are the best of `--reps`, methods interleaved.
 
-Default checkpoints: the bundled fixtures/attention_ar_cpu.safetensors and fixtures/mamba_ar_cpu.safetensors.
+    python bench/atp.py [CKPT ...] [--n 320] [--reps 3] [--threads 1] [--budgets 10,20]
+
+Default checkpoints: the bundled fixtures/attention_ar_cpu.safetensors, mamba_ar_cpu.safetensors
+and attention_ar_paper.safetensors.
 """
 from __future__ import annotations
 
@@ -22,11 +28,17 @@ from pathlib import Path
 import torch
 
 import hookmech
-from hookmech.patching import attribution_patch
-from hookmech.patching import patch
+from hookmech.patching import atp_star_patch, patch
+from hookmech.patching.atp import verify_priority
 
-DEFAULTS = [("fixtures/attention_ar_cpu.safetensors",), ("fixtures/mamba_ar_cpu.safetensors",)]
+DEFAULTS = [
+    "fixtures/attention_ar_cpu.safetensors",
+    "fixtures/mamba_ar_cpu.safetensors",
+    "fixtures/attention_ar_paper.safetensors",
+]
 RESOLUTION = 1e-6
+#: the estimators compared; "atp-star, no GradDrop" is AtP* without its extra backward passes
+METHODS = ("atp", "atp-star", "atp-star, no GradDrop")
 
 
 def average_ranks(values: torch.Tensor) -> torch.Tensor:
@@ -51,54 +63,76 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((ra @ rb) / (ra.norm() * rb.norm()))
 
 
-def bench(path: str, n: int, reps: int) -> None:
+def changes(records) -> torch.Tensor:
+    """p_patched - p_corrupt of each record, rounded to RESOLUTION."""
+    values = torch.tensor([r["p_patched"] - r["p_corrupt"] for r in records], dtype=torch.float64)
+    return torch.round(values / RESOLUTION) * RESOLUTION
+
+
+def scores(exact: torch.Tensor, records, budgets: list[int]) -> dict[str, float]:
+    """Spearman, top-10 error and top-10 recall at each of `budgets` checks of one method's records."""
+    estimate = changes(records)
+    top = torch.argsort(-exact.abs(), stable=True)[:10]
+    threshold = exact.abs()[top[-1]] - RESOLUTION  # cells tied with the 10th strongest count as found
+    priority = torch.tensor([verify_priority(r) for r in records], dtype=torch.float64)
+    order = torch.argsort(-priority, stable=True)
+    return {
+        "spearman": spearman(exact, estimate),
+        "top10_error": (estimate[top] - exact[top]).abs().max().item(),
+        **{f"recall@{b}": min(1.0, (exact.abs()[order[:b]] >= threshold).sum().item() / 10) for b in budgets},
+    }
+
+
+def bench(path: str, n: int, reps: int, budgets: list[int]) -> None:
     model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
     batch = task.sample(n, seed=1)
-    runs = {
-        "exact": lambda: patch(model, batch, ["all"], ["all"]),
-        "atp": lambda: attribution_patch(model, batch, ["all"], ["all"]),
-    }
-    best = {name: float("inf") for name in runs}
+    best = {name: float("inf") for name in ("exact", "forward", *METHODS)}
     results = {}
     for _ in range(reps):
-        for name, run in runs.items():
+        for name in best:
             start = time.perf_counter()
-            results[name] = run()
+            if name == "forward":
+                with torch.no_grad():
+                    model(batch.corrupt_tokens)
+            elif name == "exact" and "exact" in results:
+                continue  # once is enough: its time is only reported
+            elif name == METHODS[2]:
+                results[name] = atp_star_patch(model, batch, ["all"], ["all"], graddrop=False)
+            else:
+                results[name] = patch(model, batch, ["all"], ["all"], method=name)
             best[name] = min(best[name], time.perf_counter() - start)
-    exact, atp = results["exact"], results["atp"]
-    assert [(r["hook"], r["pos"]) for r in exact] == [(r["hook"], r["pos"]) for r in atp]
-    exact_change, atp_change = (
-        torch.round(torch.tensor([r["p_patched"] - r["p_corrupt"] for r in records], dtype=torch.float64) / RESOLUTION)
-        * RESOLUTION for records in (exact, atp))
-    # Many exact cells tie (attribution 1.0 along the whole path): compare effect mass, not identities.
-    top_exact = torch.argsort(-exact_change.abs())[:10]
-    top_atp = torch.argsort(-atp_change.abs())[:10]
-    top_mass = exact_change[top_atp].abs().sum() / exact_change[top_exact].abs().sum()
+    exact = changes(results["exact"])
+    for name in METHODS:
+        assert [(r["hook"], r["pos"]) for r in results[name]] == [(r["hook"], r["pos"]) for r in results["exact"]]
     mixers = ",".join(dict.fromkeys(model.cfg.mixers))
-    print(f"{Path(path).name} ({mixers}, {model.cfg.n_layers} layers, d_model {model.cfg.d_model}): "
-          f"{len({r['hook'] for r in exact})} sites x {len({r['pos'] for r in exact})} positions = {len(exact)} cells, "
-          f"N={n}, p_clean {exact[0]['p_clean']:.3f}, p_corrupt {exact[0]['p_corrupt']:.3f}")
-    print(f"  exact engine {best['exact']:.3f} s   AtP {best['atp']:.3f} s   ratio exact/AtP {best['exact'] / best['atp']:.1f}x")
-    print(f"  Spearman rho (all cells) {spearman(exact_change, atp_change):.3f}   "
-          f"exact effect of AtP's top 10 / of exact's top 10 {top_mass:.2f}   "
-          f"max |AtP - exact| (p) {(atp_change - exact_change).abs().max():.3f}")
+    records = results["exact"]
+    print(f"{Path(path).name} ({mixers}, {model.cfg.n_layers} layers, d_model {model.cfg.d_model}, "
+          f"{batch.tokens.shape[1]} positions): {len({r['hook'] for r in records})} sites x "
+          f"{len({r['pos'] for r in records})} positions = {len(records)} cells, N={n}, "
+          f"p_clean {records[0]['p_clean']:.3f}, p_corrupt {records[0]['p_corrupt']:.3f}")
+    print(f"  one forward {best['forward'] * 1e3:.1f} ms, exact engine {best['exact']:.3f} s "
+          f"({best['exact'] / best['forward']:.0f} forward-equivalents)")
+    recalls = "".join(f" {f'recall@{b}':>10}" for b in budgets)
+    print(f"  {'method':<22} {'Spearman':>8} {'top-10 err':>10}{recalls} {'time s':>7} {'fwd-eq':>7}")
+    for name in METHODS:
+        got = scores(exact, results[name], budgets)
+        recalls = "".join(f" {got[f'recall@{b}']:10.2f}" for b in budgets)
+        print(f"  {name:<22} {got['spearman']:8.3f} {got['top10_error']:10.3f}{recalls} "
+              f"{best[name]:7.3f} {best[name] / best['forward']:7.1f}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ckpts", nargs="*")
     parser.add_argument("--n", type=int, default=320)
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--budgets", default="10,20", help="exact checks (--verify-top) of the recalls, comma list")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    ckpts = args.ckpts or [next((p for p in options if Path(p).exists()), None) for options in DEFAULTS]
-    for path in ckpts:
-        if path is None:
-            print("(a default checkpoint is missing: see the module docstring)")
-            continue
-        bench(path, args.n, args.reps)
+    for path in args.ckpts or DEFAULTS:
+        bench(path, args.n, args.reps, [int(b) for b in args.budgets.split(",")])
 
 
 if __name__ == "__main__":

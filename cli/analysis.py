@@ -117,13 +117,18 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples, without --cache")
 @click.option(
     "--method",
-    type=click.Choice(["exact", "atp"]),
+    type=click.Choice(["exact", "atp", "atp-star"]),
     default="exact",
     show_default=True,
-    help="exact interchange, or atp: the first-order (gradient) estimate of every cell at once",
+    help="exact interchange; atp: the first-order (gradient) estimate of every cell at once; "
+    "atp-star: AtP* (softmax recomputed at the patched position, saturation-free metric, GradDrop)",
 )
 @click.option(
-    "--verify-top", type=int, default=0, metavar="K", help="with --method atp: re-run the top K cells exactly"
+    "--verify-top",
+    type=int,
+    default=0,
+    metavar="K",
+    help="with --method atp or atp-star: re-run the top K cells exactly",
 )
 @click.option(
     "--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it"
@@ -219,8 +224,8 @@ def patch(
         raise UsageError(f"--n must be >= 1, got {n}")
     if context_memory < 0:
         raise UsageError(f"--context-memory must be >= 0 MiB, got {context_memory}")
-    if verify_top < 0 or (verify_top and method != "atp"):
-        raise UsageError("--verify-top K needs --method atp and K >= 0")
+    if verify_top < 0 or (verify_top and method not in ("atp", "atp-star")):
+        raise UsageError("--verify-top K needs --method atp or atp-star and K >= 0")
     if corrupt is not None and cache_path is not None:
         raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
     refuse_overwriting_inputs(

@@ -7,6 +7,9 @@ patching engine can patch "position p" of any hook without knowing the architect
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
 from transformer_lens.hook_points import HookPoint
 
 
@@ -27,6 +30,9 @@ class AxisHookPoint(HookPoint):
         self.sizes: dict[str, int] = dict(sizes or {})
         # TransformerLens (>= 4) reads `pos_dim` for `pos_slice`; keep the two in step.
         self.pos_dim = pos_axis
+        #: see `gradients_follow_edits`: while True, the gradient with respect to this hook's
+        #: output follows what an edit there does (a recurrent state: the re-propagated recurrence)
+        self.edit_gradients = False
 
     @property
     def is_active(self) -> bool:
@@ -59,3 +65,22 @@ def declare_sizes(module, **sizes: int) -> None:
         if isinstance(point, AxisHookPoint):
             names = point.axes.split()
             point.sizes.update({axis: int(size) for axis, size in sizes.items() if axis in names})
+
+
+@contextmanager
+def gradients_follow_edits(hook_points: Iterable[HookPoint]) -> Iterator[None]:
+    """Within the `with` block, the gradient with respect to the output of each `AxisHookPoint`
+    among `hook_points` is that of an *edit* there: where a mixer re-propagates an edited
+    recurrent state through its recurrence (`hookmech.mixers.state_patch`), the gradient at the
+    state hook includes every later position the re-propagated state reaches, not only the
+    direct read-out at the edited position. Hooks whose edits change only their own activation
+    are unaffected. Attribution patching (AtP*) reads these gradients. Yields None."""
+    points = [point for point in hook_points if isinstance(point, AxisHookPoint)]
+    before = [point.edit_gradients for point in points]
+    for point in points:
+        point.edit_gradients = True
+    try:
+        yield
+    finally:
+        for point, value in zip(points, before, strict=True):
+            point.edit_gradients = value

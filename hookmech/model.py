@@ -8,7 +8,7 @@ The backbone only reads what each mixer class declares; it never names a mixer.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +25,10 @@ from .mixers.base import Mixer, take_window
 from .paths import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
     Context,
+    Gradients,
     KeptWindow,
     Logits,
+    PositionEffects,
     QueryLogits,
     Resid,
     RowInts,
@@ -70,6 +72,10 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+#: the key under which a block's context keeps its mixer's input (`Block.mixer_context`)
+MIXER_INPUT = "mixer_in"
+
+
 class Block(nn.Module):
     """One pre-norm residual block with hooks at every sublayer boundary (docs/sites.md)."""
 
@@ -106,8 +112,18 @@ class Block(nn.Module):
             mixer_out = self.mixer(mixer_in)
         else:  # HookedLM.collecting_contexts: the mixer's context of this run, from the same pass
             mixer_out, context = self.mixer.forward_with_context(mixer_in)
-            self.contexts.append(context)
+            self.contexts.append(self._with_input(context, mixer_in))
         return self._after_mixer(resid, self.hook_mixer_out(mixer_out))
+
+    def mixer_context(self, mixer_in: RunResid) -> Context:
+        """Return the context `forward_from` resumes the mixer from (`Mixer.prefix_context`),
+        with the mixer's input itself where the mixer fires no inside hook on a window."""
+        return self._with_input(self.mixer.prefix_context(mixer_in), mixer_in)
+
+    def _with_input(self, context: Context, mixer_in: Tensor) -> Context:
+        if type(self.mixer).window_hooks:
+            return context
+        return {**context, MIXER_INPUT: mixer_in}
 
     def forward_from(
         self, resid: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
@@ -118,7 +134,12 @@ class Block(nn.Module):
         positions go on after the mixer, and the output is ``[B, 1, d_model]``."""
         resid = self.hook_resid_pre(resid)
         mixer_in = self.hook_mixer_in(self.ln1(resid))
-        mixer_out = self.hook_mixer_out(self.mixer.forward_from(mixer_in, context, rows, start, keep))
+        if self.mixer.inside_hooks_in_use() and not type(self.mixer).window_hooks:
+            # an inside hook is patched, and this mixer fires its hooks on whole runs only
+            mixed = self.mixer.forward_spliced(mixer_in, context[MIXER_INPUT], rows, start, keep)
+        else:
+            mixed = self.mixer.forward_from(mixer_in, context, rows, start, keep)
+        mixer_out = self.hook_mixer_out(mixed)
         if keep is not None:
             resid = take_window(resid, keep, 1)
         return self._after_mixer(resid, mixer_out)
@@ -295,7 +316,7 @@ class HookedLM(HookedRootModule):
     def prefix_context(self, layer: int, mixer_in: RunResid) -> Context:
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in`
         ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`."""
-        return self.blocks[layer].mixer.prefix_context(mixer_in)
+        return self.blocks[layer].mixer_context(mixer_in)
 
     @contextmanager
     def collecting_contexts(self) -> Iterator[dict[int, list[Context]]]:
@@ -329,7 +350,8 @@ class HookedLM(HookedRootModule):
         ``start[i]`` are the base run's in every layer (e.g. after a patch at start[i] or
         later) and ``start[i] <= query[i] < start[i] + W``. Block hooks and the final norm's
         hook fire on the window (``[B, W, ...]``), or, after the last mixer, on the query
-        only (``[B, 1, ...]``); no hook inside a mixer fires.
+        only (``[B, 1, ...]``); hooks inside a mixer fire on the window too
+        (`Mixer.window_hooks`), or, for a mixer without, on the whole run's T positions.
         """
         keep = query - start
         last = self.cfg.n_layers - 1
@@ -340,14 +362,73 @@ class HookedLM(HookedRootModule):
             resid = take_window(resid, keep, 1)
         return self.unembed_resid(self.ln_final(resid)[:, 0])
 
+    # -- one position patched, through the next mixer exactly (AtP*) ----------------------
+    def patch_to_next_mixer(
+        self, hook_name: str, values: Tensor, base: Callable[[str], Tensor]
+    ) -> tuple[int, RunResid, RunResid | None] | None:
+        """Follow a patch of `hook_name` to the input of the next mixer, every position at once.
+
+        `values` ``[N, T, ...]`` is what the hook takes at each position, `base(hook)` the base
+        run's activation of any hook ``[N, T, ...]``. Everything from a block-level hook to the
+        next mixer is position-wise (norms, the MLP, residual adds), so patching every position
+        at once gives, at each position s, what patching s alone gives there. Returns
+        ``(L, resid, mixer_in)``: the next mixer's block L, the residual entering block L and
+        that mixer's input ``[N, T, d_model]`` at every position under its own patch; after the
+        last block's mixer ``(n_layers, resid, None)``, the residual entering the final norm;
+        None for hooks that are not block-level (embeddings, inside a mixer, the final norm).
+        """
+        parts = hook_name.split(".")
+        if len(parts) != 3 or parts[0] != "blocks" or not parts[2].startswith("hook_"):
+            return None
+        layer, name = int(parts[1]), parts[2]
+        block = self.blocks[layer]
+        if name == "hook_resid_pre":
+            return layer, values, block.ln1(values)
+        if name == "hook_mixer_in":
+            return layer, base(f"blocks.{layer}.hook_resid_pre"), values
+        resid = base(f"blocks.{layer}.hook_resid_pre")
+        if name == "hook_mixer_out":
+            out = block._after_mixer(resid, values)
+        else:  # resid_mid, mlp_in, mlp_out, resid_post: the rest of the block, with the hook replaced
+            with self.hooks(fwd_hooks=[(hook_name, lambda activation, hook=None: values)]):
+                out = block._after_mixer(resid, base(f"blocks.{layer}.hook_mixer_out"))
+        if layer + 1 == self.cfg.n_layers:
+            return layer + 1, out, None
+        return layer + 1, out, self.blocks[layer + 1].ln1(out)
+
+    def mixer_patch_effects(
+        self,
+        layer: int,
+        grad_mixer_out: Gradients,
+        patched: Tensor,
+        base: Callable[[str], Tensor],
+        hook_name: str | None = None,
+    ) -> PositionEffects | None:
+        """Return block `layer`'s `Mixer.position_patch_effects` ``[..., N, T]`` on the base run (its
+        mixer input read with `base`, as in `patch_to_next_mixer`): the exact change of the
+        mixer's output along `grad_mixer_out` ``[..., N, T, d_model]`` when one position's input becomes `patched`
+        (`hook_name` None) or one position of `hook_name`, a hook inside that mixer
+        (``blocks.{layer}.mixer.hook_k``), does. None where the mixer has none, or `hook_name`
+        is not inside that mixer."""
+        local = None
+        if hook_name is not None:
+            prefix = f"blocks.{layer}.mixer."
+            if not hook_name.startswith(prefix) or "." in hook_name[len(prefix) :]:
+                return None
+            local = hook_name[len(prefix) :]
+        mixer_in = base(f"blocks.{layer}.hook_mixer_in")
+        return self.blocks[layer].mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local)
+
     def resume_layer(self, hook_name: str) -> int | None:
         """Return the block whose resumed run fires `hook_name` (`resume`), `n_layers` for
-        the final norm, None for hooks a resumed run does not fire (embeddings, inside mixers)."""
+        the final norm, None for hooks a resumed run does not fire (the embeddings)."""
         if hook_name == "ln_final.hook_normalized":
             return self.cfg.n_layers
         parts = hook_name.split(".")
         if len(parts) == 3 and parts[0] == "blocks" and parts[2].startswith("hook_"):
             return int(parts[1])
+        if len(parts) == 4 and parts[0] == "blocks" and parts[2] == "mixer" and parts[3].startswith("hook_"):
+            return int(parts[1])  # inside the mixer: Block.forward_from fires it
         return None
 
     def equivalent_hook(self, hook_name: str) -> str:

@@ -20,7 +20,7 @@ floating one (float16/bfloat16/float32/float64).
 
 from __future__ import annotations
 
-from jaxtyping import Bool, Float, Float32, Int, Shaped
+from jaxtyping import Bool, Float, Float32, Float64, Int, Shaped
 from torch import Tensor
 
 #: token ids ``[batch, pos]`` (a `Batch`'s tokens and corrupt tokens, a model's input)
@@ -45,6 +45,11 @@ Window = Float[Tensor, "batch window d_model"]
 #: the output of a resumed window at one kept position per row ``[batch, 1, d_model]``
 KeptWindow = Float[Tensor, "batch 1 d_model"]
 
+#: gradients of a metric with respect to a mixer's output over a base run, several at once ``[..., run, pos, d_model]``
+Gradients = Float[Tensor, "*variant run pos d_model"]
+#: one float64 value per (gradient,) row and position ``[..., run, pos]``: a patch's effect at each position
+PositionEffects = Float64[Tensor, "*variant run pos"]
+
 #: a mixer's sequence operation as a matrix over (query, key) positions ``[batch, head_or_channel, pos, pos]``
 EffectiveAttention = Float32[Tensor, "batch head_or_channel pos pos"]
 
@@ -63,8 +68,10 @@ __all__ = [
     "ActsAt",
     "Context",
     "EffectiveAttention",
+    "Gradients",
     "KeptWindow",
     "Logits",
+    "PositionEffects",
     "QueryLogits",
     "Resid",
     "RowFloats",

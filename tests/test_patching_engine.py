@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hookmech
-
+import hookmech.patching.exact
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.patching import attribution_score, corrupt_answers, parse_sites, patch, resample_order
@@ -226,6 +226,34 @@ def test_resumed_runs_recompute_only_from_the_patch_to_the_query(ar_task, monkey
     assert max(width for _, width in windows) == widest
     assert sum(rows for rows, _ in windows) <= len(batch)
     assert sum(full_rows) < 3 * len(batch)  # clean + corrupt runs (+ a few probe rows)
+
+
+@pytest.mark.parametrize("mixer", sorted(REGISTRY))
+def test_inside_hooks_resume_from_the_patched_position(ar_task, mixer, monkeypatch):
+    """Every inside hook with a position axis (q / k / v, recurrent states, convolutions …) is
+    patched in runs resumed at its block on the window from the patch to the query, never from
+    the tokens, with the plain loop's numbers; a mixer that fires its hooks on the window
+    (`Mixer.window_hooks`) never re-runs the whole sequence for it."""
+    model = unit_variance(make_model(ar_task, mixers=mixer, d_model=16))
+    batch = ar_task.sample(5, seed=15)
+    sites = positional_inside_sites(model)
+    windows, starts = [], []
+    resume = model.resume
+    monkeypatch.setattr(model, "resume",
+                        lambda resid, layer, *a: windows.append(resid.shape[1]) or starts.append(layer)
+                        or resume(resid, layer, *a))
+    mixer_class = type(model.blocks[0].mixer)
+    if mixer_class.window_hooks:
+        def refuse(*args, **kwargs):
+            raise AssertionError("a mixer with window hooks re-ran the whole sequence")
+
+        monkeypatch.setattr(mixer_class, "forward_spliced", refuse)
+    monkeypatch.setattr(hookmech.patching.exact, "full_pairs",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran on every position")))
+    assert_matches_reference(model, batch, sites, ["key", "query"], sensitive=True)
+    # (a patch the probe finds cannot reach the query, e.g. a short convolution's at the key, runs nothing)
+    assert 1 in starts and set(starts) <= {0, 1}
+    assert max(windows) < batch.tokens.shape[1] and min(windows) == 1
 
 
 def test_block_output_is_patched_once_as_the_next_block_input(ar_task, monkeypatch):

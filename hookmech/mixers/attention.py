@@ -17,7 +17,9 @@ from ..hooks import AxisHookPoint, declare_sizes
 from ..shapes import (
     Context,
     EffectiveAttention,
+    Gradients,
     KeptWindow,
+    PositionEffects,
     Resid,
     RowInts,
     RunActs,
@@ -25,7 +27,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, splice, window_index
+from .base import Mixer, splice, take_window, window_index
 from .short_conv import ShortConv
 
 
@@ -130,33 +132,121 @@ class Attention(Mixer):
         assert isinstance(conv, ShortConv)  # for mypy: a ModuleDict holds Modules
         return conv.taps(change).unflatten(-1, (self.n_heads, self.d_head))
 
+    # -- one position patched, through the softmax exactly (AtP*, see `Mixer.position_patch_effects`)
+    def position_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+    ) -> PositionEffects | None:
+        """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
+        alone is patched, with the softmax recomputed, not linearised (Kramár et al. 2024,
+        "AtP*", §3.1.1: a saturated pattern has no gradient to move along). `patched` is the new
+        input (`hook` None: new q, k and v at s), or the new ``hook_q`` / ``hook_k`` / ``hook_v`` /
+        ``hook_attn_scores`` there. Each query t > s sees key s's score and value change
+        (softmax with one column moved, in closed form); query s gets a new row. Computed in
+        float64; None with a short convolution on q/k/v (it spreads one position's change over
+        the next ones) and for the other hooks (downstream of the softmax, where the linear
+        estimate is already exact inside the mixer)."""
+        if self.convs or hook not in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"):
+            return None
+        batch, n_pos, _ = x.shape
+
+        def heads(t: Tensor) -> Tensor:
+            return t.reshape(*t.shape[:-1], self.n_heads, self.d_head).double()
+
+        q, k, v = (heads(t) for t in self.Wqkv(x).chunk(3, dim=-1))
+        new = {"q": q, "k": k, "v": v}
+        if hook is None:
+            new = dict(zip("qkv", (heads(t) for t in self.Wqkv(patched).chunk(3, dim=-1)), strict=True))
+        elif hook != "hook_attn_scores":
+            new[hook[-1]] = patched.double()
+        grad_z = heads(grad_out @ self.out_proj.weight)  # y = z Wᵀ + b, so ∂m/∂z = ∂m/∂y · W
+        allowed = self._mask(n_pos, x.device)  # [t, j]
+        eye = torch.eye(n_pos, dtype=torch.bool, device=x.device)
+        scale = 1 / math.sqrt(self.d_head)
+        scores = (torch.einsum("bthd,bjhd->bhtj", q, k) * scale).masked_fill(~allowed, float("-inf"))
+        log_total = scores.logsumexp(-1)  # [b, h, t]
+        pattern = torch.exp(scores - log_total[..., None])
+        seen = torch.einsum("bjhd,...bthd->...bhtj", v, grad_z)  # value j read along query t's gradient
+        read = (pattern * seen).sum(-1)  # z_t · ∂m/∂z_t  [..., b, h, t]
+        # Query t != s: key s's score and value change, the other keys keep theirs. In log space
+        # the new normaliser is log(Σ_{j≠s} e^{S_tj} + e^{S'_ts}) = logaddexp(L_t + log(1 − P_ts), S'_ts)
+        # (a saturated P_ts = 1 leaves only the new term).
+        if hook == "hook_attn_scores":  # row s's scores only: no key or value moves
+            column = torch.zeros_like(read)
+        else:
+            new_score = torch.einsum("bthd,bshd->bhts", q, new["k"]) * scale
+            new_seen = torch.einsum("bshd,...bthd->...bhts", new["v"], grad_z)
+            others = log_total[..., None] + torch.log1p(-pattern.clamp(max=1.0))
+            new_log_total = torch.logaddexp(others, new_score)
+            kept_mass = torch.exp(log_total[..., None] - new_log_total)  # Z_t / Z'_ts
+            column = (
+                (read[..., None] - pattern * seen) * kept_mass
+                + torch.exp(new_score - new_log_total) * new_seen
+                - read[..., None]
+            )
+            column = column.masked_fill(~(allowed & ~eye), 0.0).sum(dim=-2)  # over queries t: [..., b, h, s]
+        # Query s: a new row, from its new query against the keys (its own key new too).
+        if hook == "hook_attn_scores":
+            row_scores = patched.double().masked_fill(~allowed, float("-inf"))
+        else:
+            row_scores = torch.einsum("bshd,bjhd->bhsj", new["q"], k) * scale
+            own = (new["q"] * new["k"]).sum(-1).transpose(1, 2) * scale  # [b, h, s]
+            row_scores = torch.where(eye, own[..., None], row_scores).masked_fill(~allowed, float("-inf"))
+        own_seen = (new["v"] * grad_z).sum(-1).transpose(-1, -2)  # [..., b, h, s]
+        row_seen = torch.where(eye, own_seen[..., None], seen)
+        row = (row_scores.softmax(-1) * row_seen).sum(-1) - read
+        return (column + row).sum(dim=-2)
+
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
     def prefix_context(self, x: RunResid) -> Context:
         """Return ``{"qkv": Wqkv(x)}`` ``[N, T, 3 d_model]``: the projections of every position
         (before the optional short convolutions, which re-run on the spliced buffer)."""
         return {"qkv": self.Wqkv(x)}
 
+    window_hooks = True
+
     def forward_from(
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (``[B, 1, d_model]`` at `keep`):
         only the window's tokens are projected; they attend to the earlier keys and values of
-        the context's run, and only the kept queries are read out."""
+        the context's run, and only the kept queries are read out. The inside hooks fire on the
+        window: q, k, v ``[B, W, head, d_head]``; scores, pattern ``[B, head, Q, T]`` and z
+        ``[B, Q, head, d_head]`` for the Q = W (or 1, at `keep`) queries computed."""
         batch, width, _ = x.shape
-        projected = splice(context["qkv"], rows, self.Wqkv(x), start)  # [B, T, 3 d_model]
-        parts = dict(zip("qkv", projected.chunk(3, dim=-1), strict=True))
-        for name, conv in self.convs.items():
-            parts[name] = conv(parts[name])
-        n_keys = projected.shape[1]
+        window = self.Wqkv(x)  # [B, W, 3 d_model]
+        if self.convs:  # the convolutions read earlier positions: run them on the spliced buffer
+            spliced = splice(context["qkv"], rows, window, start)
+            full = dict(zip("qkv", spliced.chunk(3, dim=-1), strict=True))
+            for name, conv in self.convs.items():
+                full[name] = conv(full[name])
+            parts = {c: take_window(full[c], start, width) for c in "qkv"}
+        else:
+            parts = dict(zip("qkv", window.chunk(3, dim=-1), strict=True))
+            full = dict(zip("qkv", context["qkv"].chunk(3, dim=-1), strict=True))
+        hooked = {
+            c: getattr(self, f"hook_{c}")(parts[c].reshape(batch, width, self.n_heads, self.d_head)) for c in "qkv"
+        }
+        # keys and values at every position: the context run's, with the window's spliced in
+        k, v = (self._spliced(full[c], hooked[c], rows, start, bool(self.convs)) for c in "kv")
+        n_keys = k.shape[1]
+        q = hooked["q"] if keep is None else take_window(hooked["q"], keep, 1)
         queries = window_index(start, width) if keep is None else (start + keep)[:, None]  # [B, Q] positions
-        q = parts["q"].gather(1, queries[..., None].expand(-1, -1, parts["q"].shape[-1]))
-        q = q.view(batch, queries.shape[1], self.n_heads, self.d_head)
-        k, v = (parts[c].view(batch, n_keys, self.n_heads, self.d_head) for c in "kv")
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
         allowed = self._allowed(queries[:, :, None], torch.arange(n_keys, device=x.device))
-        pattern = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(dim=-1)
-        z = torch.einsum("bhqk,bkhd->bqhd", pattern, v)
+        scores = self.hook_attn_scores(scores.masked_fill(~allowed[:, None], float("-inf")))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.out_proj(z.reshape(batch, queries.shape[1], -1))
+
+    def _spliced(self, run: Tensor, window: Tensor, rows: Tensor, start: Tensor, selected: bool) -> Tensor:
+        """Return ``[B, T, head, d_head]``: `run` (the context run's ``[N, T, d_model]``, or, when
+        `selected`, the chunk's own ``[B, T, d_model]``, written into) with `window`
+        ``[B, W, head, d_head]`` at each row's window."""
+        # index_select, not run[rows]: several times faster on CPU, and a new tensor to write into
+        chosen = run if selected else run.index_select(0, rows)
+        full = chosen.reshape(*chosen.shape[:2], self.n_heads, self.d_head)
+        full[torch.arange(len(rows), device=rows.device)[:, None], window_index(start, window.shape[1])] = window
+        return full
 
     def _allowed(self, query: Tensor, key: Tensor) -> Tensor:
         """True where a query at position `query` may attend a key at `key` (broadcast):

@@ -9,10 +9,13 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import HookmechError, UsageError, suggest
+from ..hooks import AxisHookPoint
 from ..shapes import (
     Context,
     EffectiveAttention,
+    Gradients,
     KeptWindow,
+    PositionEffects,
     Resid,
     RowInts,
     RunActs,
@@ -92,8 +95,52 @@ class Mixer(nn.Module):
         `rows`, `start`: ``[B]`` long; ``start[i] + W <= T``. Must equal ``forward`` on the
         spliced full input at those positions (tests/mixers/test_resume.py checks every mixer).
         """
-        full = splice(context["x"], rows, x, start)
+        return self.forward_spliced(x, context["x"], rows, start, keep)
+
+    #: whether `forward_from` fires the mixer's own (inside) hooks on the window, as `forward`
+    #: fires them on the whole run: ``[B, W, ...]`` along their position axis (``[B, 1, ...]``
+    #: where only `keep` is computed), a recurrent state hook's edits carried on from the
+    #: window's start. Without it, a resumed run with an inside hook in use runs
+    #: `forward_spliced` instead (the backbone keeps the mixer's input in its context for that).
+    window_hooks: ClassVar[bool] = False
+
+    def forward_spliced(
+        self, x: Window, run_input: RunResid, rows: RowInts, start: RowInts, keep: RowInts | None = None
+    ) -> Window | KeptWindow:
+        """Return `forward_from`'s output from the base run's whole input `run_input` ``[N, T,
+        d_model]``: the mixer's own forward on it with the window `x` spliced in, so that every
+        inside hook fires on the run's T positions (exact for any causal mixer; saves nothing
+        inside the mixer)."""
+        full = splice(run_input, rows, x, start)
         return kept(take_window(self.forward(full), start, x.shape[1]), keep)
+
+    def inside_hooks_in_use(self) -> bool:
+        """Return True when a forward or backward hook is attached to one of the mixer's own hooks."""
+        return any(
+            bool(point.fwd_hooks or point.bwd_hooks) for point in self.modules() if isinstance(point, AxisHookPoint)
+        )
+
+    # -- one position patched, its effect through the mixer exactly (AtP*) -----------------
+    # Attribution patching linearises the whole model around the corrupt run. Where the mixer
+    # itself is strongly nonlinear in one position's input (attention's softmax saturates:
+    # Kramár et al. 2024, "AtP*", §3.1.1), the engine asks the mixer for the exact change of its
+    # outputs when one position is patched, and linearises only what comes after the mixer.
+    def position_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+    ) -> PositionEffects | None:
+        """Return ``[..., N, T]`` (float64): at ``[..., n, s]``, Σ_t (y'_t − y_t) · grad_out[..., n, t], where y is
+        the mixer's output on `x` ``[N, T, d_model]`` and y' its output when position s alone is
+        patched: its input becomes ``patched[n, s]`` (`hook` None: `patched` is ``[N, T, d_model]``),
+        or the activation of its own inside hook named `hook` (``"hook_k"``) becomes
+        ``patched[n, s]`` (`patched`: that hook's activation shape). `grad_out` ``[..., N, T,
+        d_model]`` is the gradient of a metric with respect to the mixer's output (leading axes:
+        several gradients at once), so the result is the metric's change with the mixer computed
+        exactly and the rest of the model linearised.
+
+        Returns None where the mixer has no such computation for that patch (the default): the
+        engine then keeps the first-order estimate (plain AtP) there.
+        """
+        return None
 
     # -- effective attention (`hookmech.attention_maps`) ------------------------------------
     # Every mixer here mixes positions by an operator that is linear in some "value" once its

@@ -37,6 +37,7 @@ from ..shapes import (
     Window,
 )
 from .base import Mixer, kept, splice, state_before, window_index
+from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
 
 TRAIN_VIEWS = ("quadratic", "linear")
@@ -306,4 +307,9 @@ def propagate_additive(updates: Tensor, hook: AxisHookPoint) -> Tensor:
     def rescan(initial: Tensor, start: int, end: int) -> Tensor:
         return initial.unsqueeze(1) + updates[:, start:end].cumsum(dim=1)
 
-    return hook_state_with_propagation(hook, updates.cumsum(dim=1), rescan)
+    def carry(edit: Tensor, keep: Tensor | None) -> Tensor:  # h_t = h_{t-1} (state_patch)
+        if keep is None:
+            return edit.cumsum(dim=1)
+        return linear_scan(keep.to(edit.dtype).view(*keep.shape, *(1,) * (edit.dim() - 2)).expand_as(edit), edit)
+
+    return hook_state_with_propagation(hook, updates.cumsum(dim=1), rescan, carry)

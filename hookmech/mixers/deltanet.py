@@ -123,7 +123,10 @@ class DeltaNet(Mixer):
         beta = self.hook_beta(self._beta(x))
         if self.hook_state.is_active:
             states = hook_state_with_propagation(
-                self.hook_state, self._states(q, k, v, beta, None, 0, n_pos), partial(self._states, q, k, v, beta)
+                self.hook_state,
+                self._states(q, k, v, beta, None, 0, n_pos),
+                partial(self._states, q, k, v, beta),
+                partial(delta_rule_carry, k, beta),
             )
             y = torch.einsum("bthvk,bthk->bthv", states, q)
         elif self.mode == "chunk":
@@ -290,6 +293,22 @@ def delta_rule_step(state: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> Tensor
     v ``[batch, head, d_v]``, beta ``[batch, head]``; returns the next state."""
     error = torch.einsum("bhvk,bhk->bhv", state, k) - v
     return state - beta[..., None, None] * error.unsqueeze(-1) * k.unsqueeze(-2)
+
+
+def delta_rule_carry(k: Tensor, beta: Tensor, edit: Tensor, keep: Tensor | None = None) -> Tensor:
+    """The delta rule's homogeneous recurrence c_t = keep_t c_{t-1} (I − β_t k_t k_tᵀ) + e_t from
+    c_{-1} = 0: how edits e ``[batch, pos, head, d_v, d_k]`` of the state move later states
+    (`state_patch`; `keep` ``[batch, pos]``, None: everywhere); k ``[batch, pos, head, d_k]``,
+    beta ``[batch, pos, head]``."""
+    carried, state = [], torch.zeros_like(edit[:, 0])
+    for t in range(edit.shape[1]):
+        kept = torch.einsum("bhvk,bhk->bhv", state, k[:, t])
+        state = state - beta[:, t, :, None, None] * kept[..., None] * k[:, t, :, None, :]
+        if keep is not None:
+            state = state * keep[:, t, None, None, None]
+        state = state + edit[:, t]
+        carried.append(state)
+    return torch.stack(carried, dim=1)
 
 
 def delta_rule_recurrent(

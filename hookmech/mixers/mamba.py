@@ -35,7 +35,9 @@ from ..hooks import AxisHookPoint
 from ..shapes import (
     Context,
     EffectiveAttention,
+    Gradients,
     KeptWindow,
+    PositionEffects,
     Resid,
     RowInts,
     RunActs,
@@ -279,22 +281,97 @@ class Mamba(Mixer):
             context["in_x"] = in_x
         return context, u, z, C
 
+    window_hooks = True
+
     def forward_from(
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]``: the window is projected and
         scanned from each row's state at start - 1; the convolution reads the d_conv - 1
-        earlier inputs from the context."""
+        earlier inputs from the context. The inside hooks fire on the window (``[B, W, ...]``);
+        an edit of ``hook_ssm_state`` is carried on through the window's recurrence."""
         in_x, z = self._split(self.in_proj(x))
+        if z is not None:
+            z = self.hook_gate(z)
+        in_x = self.hook_in_x(in_x)
         if self.d_conv > 0:
             earlier = splice(context["in_x"], rows, in_x, start)
-            in_x = take_window(self._causal_conv(earlier), start, x.shape[1])
-        u, delta, B, C = self._ssm_inputs(in_x, convolved=True)
+            in_x = self.hook_conv(take_window(self._causal_conv(earlier), start, x.shape[1]))
+        u = self.hook_conv_act(F.silu(in_x))
+        dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        delta = self.hook_delta(F.softplus(self.dt_proj(dt)))
+        B, C = self.hook_B(B), self.hook_C(C)
         h0 = state_before(context["state"], rows, start)
-        y = selective_scan(u, delta, self._A(), B, C, self.D, h0=h0)
+        y = self.hook_y(self._ssm(u, delta, self._A(), B, C, h0))
         if z is not None:  # the gate
             y = y * F.silu(z)
         return self.out_proj(kept(y, keep))
+
+    # -- one position patched, through the mixer exactly (AtP*, see `Mixer.position_patch_effects`)
+    def position_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+    ) -> PositionEffects | None:
+        """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
+        alone is patched (`hook` None: the input; ``"hook_in_x"``: the SSM branch of in_proj).
+        A patch at s reaches the d_conv positions s .. s + d_conv − 1 through the convolution,
+        where Δ, B, C and the state are recomputed exactly (the selection is what makes Mamba
+        nonlinear); after them the state's change moves on through fixed decays, so its effect is
+        the change of the state times the adjoint state of the later read-outs (exact as well)."""
+        if hook not in (None, "hook_in_x"):
+            return None
+        in_x, z = self._split(self.in_proj(x))
+        if hook is None:
+            new_in_x, new_z = self._split(self.in_proj(patched))
+        else:
+            new_in_x, new_z = patched, z
+        effect = grad_out.new_zeros(grad_out.shape[:-1], dtype=torch.float64)
+        # only the (row, position) pairs whose input the patch changes can move anything
+        changed = (new_in_x != in_x).any(-1)
+        if z is not None and new_z is not None:
+            changed |= (new_z != z).any(-1)
+        rows, positions = changed.nonzero(as_tuple=True)  # [P] each
+        if len(rows) == 0:
+            return effect
+        conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
+        u, delta, B, C = self._ssm_inputs(conv, convolved=True)
+        A = self._A()
+        decay = torch.exp(delta[..., None] * A)  # [N, T, d_inner, d_state]
+        states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :])
+        y = (states @ C[..., None])[..., 0] + u * self.D
+        gate = torch.ones_like(y) if z is None else F.silu(z)
+        gated = y * gate
+        grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
+        n_pos, reach = x.shape[1], max(self.d_conv, 1)
+        change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
+        h = state_before(states, rows, positions)  # h_{s-1}: [P, d_inner, d_state]
+        moved = grad_out.new_zeros(*grad_out.shape[:-3], len(rows), dtype=torch.float64)  # per pair
+        for j in range(reach):
+            at = positions + j
+            inside = (at < n_pos).double()
+            at = at.clamp(max=n_pos - 1)
+            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
+                conv_j = conv[rows, at] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
+            else:
+                conv_j = new_in_x[rows, positions]
+            u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
+            h = torch.exp(delta_j[..., None] * A) * h + (delta_j * u_j)[..., None] * B_j[:, None, :]
+            y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
+            gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
+            moved += (grad_gated[..., rows, at, :] * (y_j * gate_j - gated[rows, at])).sum(-1).double() * inside
+        # After r = s + reach - 1 the state's change decays through the base run's fixed decays:
+        # Σ_{t > r} ĝ_t · C_t (Π decay) Δh_r = Δh_r · μ_r with the adjoint state
+        # μ_{r-1} = decay_r ⊙ (μ_r + ĝ_r ⊗ C_r), μ_{T-1} = 0, swept backwards once (ĝ: ∂m/∂y).
+        last = positions + reach - 1
+        moved_state = h - states[rows, last.clamp(max=n_pos - 1)]  # Δh at s + reach - 1
+        read = grad_gated * gate  # ĝ: [..., N, T, d_inner]
+        adjoint = read.new_zeros(*read.shape[:-2], *states.shape[-2:])  # μ_r: [..., N, d_inner, d_state]
+        for r in range(n_pos - 1, reach - 2, -1):
+            here = (last == r).nonzero(as_tuple=True)[0]
+            if len(here):
+                moved[..., here] += (moved_state[here] * adjoint[..., rows[here], :, :]).sum((-1, -2)).double()
+            adjoint = decay[:, r] * (adjoint + read[..., r, :, None] * C[:, r, None, :])
+        effect[..., rows, positions] = moved
+        return effect
 
     def _split(self, projected: Tensor) -> tuple[Tensor, Tensor | None]:
         """(in_x, z) of in_proj's output; z is None without the gate."""
@@ -311,18 +388,24 @@ class Mamba(Mixer):
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         return u, F.softplus(self.dt_proj(dt)), B, C
 
-    def _ssm(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
-        """y ``[batch, pos, d_inner]``; states materialised only while hook_ssm_state is used."""
+    def _ssm(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None = None) -> Tensor:
+        """y ``[batch, pos, d_inner]`` from the state `h0` before the first position (zeros when
+        None); states materialised only while hook_ssm_state is used."""
         if not _in_use(self.hook_ssm_state):
-            return selective_scan(u, delta, A, B, C, self.D)
+            return selective_scan(u, delta, A, B, C, self.D, h0=h0)
         decay = torch.exp(delta[..., None] * A)  # [batch, pos, d_inner, d_state]
         drive = (delta * u)[..., None] * B[:, :, None, :]
+        if h0 is not None:  # the state carried in enters the first position's update
+            drive = torch.cat([(drive[:, 0] + decay[:, 0] * h0)[:, None], drive[:, 1:]], dim=1)
 
         def rescan(h_before: Tensor, start: int, end: int) -> Tensor:
             first = drive[:, start] + decay[:, start] * h_before
             return linear_scan(decay[:, start:end], torch.cat([first[:, None], drive[:, start + 1 : end]], 1))
 
-        states = hook_state_with_propagation(self.hook_ssm_state, linear_scan(decay, drive), rescan)
+        def carry(edit: Tensor, keep: Tensor | None) -> Tensor:  # the homogeneous recurrence (state_patch)
+            return linear_scan(decay if keep is None else decay * keep[:, :, None, None], edit)
+
+        states = hook_state_with_propagation(self.hook_ssm_state, linear_scan(decay, drive), rescan, carry)
         return (states @ C[..., None])[..., 0] + u * self.D
 
     def _causal_conv(self, x: Tensor) -> Tensor:

@@ -377,5 +377,11 @@ class Mamba2(Mixer):
                 return_all_states=True,
             )[1]
 
-        states = hook_state_with_propagation(self.hook_ssm_state, states, rescan)
+        def carry(edit: Tensor, keep: Tensor | None) -> Tensor:  # h_t = a_t h_{t-1} (state_patch)
+            decay = torch.exp(dt * A)  # a_t per head: [batch, pos, head]
+            if keep is not None:
+                decay = decay * keep[:, :, None]
+            return linear_scan(decay[..., None, None].expand_as(edit), edit)
+
+        states = hook_state_with_propagation(self.hook_ssm_state, states, rescan, carry)
         return torch.einsum("blhpn,blhn->blhp", states, _expand_groups(C, self.n_heads))

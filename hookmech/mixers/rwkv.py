@@ -40,6 +40,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, state_before
 from .operators import causal_decay
+from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
 
 
@@ -343,7 +344,13 @@ class RWKV6(Mixer):
                 return_all_states=True,
             )[1]
 
-        states = hook_state_with_propagation(self.hook_state, states, rescan)
+        def carry(edit: Tensor, keep: Tensor | None) -> Tensor:  # S_t = diag(w_t) S_{t-1} (state_patch)
+            decay = torch.exp(log_decay)  # [batch, pos, head, d_k]
+            if keep is not None:
+                decay = decay * keep[:, :, None, None]
+            return linear_scan(decay[..., None].expand_as(edit), edit)
+
+        states = hook_state_with_propagation(self.hook_state, states, rescan, carry)
         before = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)  # S_{t-1}
         bonus = torch.einsum("blhk,hk,blhk->blh", r, u, k)[..., None] * v
         return torch.einsum("blhk,blhkv->blhv", r, before) + bonus

@@ -10,6 +10,25 @@ the recurrence must then continue from the edited state. Row by row:
 The mixer supplies `rescan(initial_state, start, end)`, its own (chunked) recurrence run
 over positions ``start .. end-1`` from the state after ``start-1``; this file only finds
 the edited positions and stitches the segments together.
+
+Every recurrence here is affine in the state, h_t = A_t h_{t-1} + b_t, with A_t fixed by the
+inputs, so an edit moves later states linearly: the edited run's states are h + δ with
+
+    δ_t = hooked_t − h_t      where row's state was edited at t,
+    δ_t = A_t δ_{t-1}         elsewhere (δ_{-1} = 0),
+
+one pass of the homogeneous recurrence with the transition dropped at edited positions. A mixer
+that supplies `carry(e, keep)`, computing c_t = keep_t A_t c_{t-1} + e_t (c_{-1} = 0; `keep`
+``[batch, pos]`` bool, None: everywhere), gets that pass; otherwise the segments after each edited
+position are re-run with `rescan` (a pass per edited position).
+
+Gradients (attribution patching, `hookmech.hooks.gradients_follow_edits`): with `carry` and the
+hook's `edit_gradients` on, an unedited output is returned as
+
+    hooked + carry(hooked − states) − (hooked − states)
+
+equal to `hooked` in value (no edit: hooked == states), whose derivative with respect to the
+hook's output at s is I at s and A_t ··· A_{s+1} at every t > s: an edit's own effect.
 """
 
 from __future__ import annotations
@@ -22,14 +41,20 @@ from torch import Tensor
 from ..hooks import AxisHookPoint
 
 Rescan = Callable[[Tensor, int, int], Tensor]
+Carry = Callable[[Tensor, Tensor | None], Tensor]
 
 
-def hook_state_with_propagation(hook: AxisHookPoint, states: Tensor, rescan: Rescan) -> Tensor:
+def hook_state_with_propagation(
+    hook: AxisHookPoint, states: Tensor, rescan: Rescan, carry: Carry | None = None
+) -> Tensor:
     """Apply `hook` to `states` ``[batch, pos, ...]`` and return the states the mixer uses.
 
     Returns the hook's output itself when it changed nothing; otherwise a tensor of the
     same shape in which every state after an edit follows the recurrence from the edited
-    states (`rescan(h [batch, ...], start, end)` returns ``[batch, end - start, ...]``).
+    states (`rescan(h [batch, ...], start, end)` returns ``[batch, end - start, ...]``; with
+    `carry`, the homogeneous recurrence ``(edit [batch, pos, ...], keep [batch, pos] | None) ->
+    [batch, pos, ...]``, one pass instead). With `carry` and the hook's `edit_gradients` on, an
+    unedited output is returned with gradients that follow the recurrence (module docstring).
     """
     # Hooks may edit in place (TransformerLens examples often do `act[:, p] = ...`), so
     # compare against a copy; this costs one state tensor, and only while the hook is active.
@@ -38,7 +63,15 @@ def hook_state_with_propagation(hook: AxisHookPoint, states: Tensor, rescan: Res
     changed = (hooked != reference).flatten(2).any(dim=2)  # [batch, pos]
     edited = torch.nonzero(changed.any(dim=0)).flatten().tolist()
     if not edited:
+        if carry is not None and getattr(hook, "edit_gradients", False) and hooked.requires_grad:
+            # zero in value; its gradient carries an edit at s on to every later state
+            edit = hooked - states
+            return hooked + carry(edit, None) - edit
         return hooked
+    if carry is not None:
+        at_edits = changed.view(*changed.shape, *(1,) * (hooked.dim() - 2))
+        edits = torch.where(at_edits, hooked - reference, torch.zeros((), dtype=hooked.dtype, device=hooked.device))
+        return reference + carry(edits, ~changed)
     n_pos = hooked.shape[1]
     segments = [hooked[:, : edited[0] + 1]]
     for index, pos in enumerate(edited):

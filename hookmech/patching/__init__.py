@@ -1,4 +1,4 @@
-"""Activation patching: exact interchange interventions and attribution patching (AtP).
+"""Activation patching: exact interchange interventions and attribution patching (AtP, AtP*).
 
 ``hookmech.patching.patch(model, source, sites=..., positions=..., method=..., ...)`` is the
 entry point. The package's files, in the order a patch flows through them
@@ -16,6 +16,7 @@ entry point. The package's files, in the order a patch flows through them
     exact.py         the exact engine: plans, probes and forwards into records
     atp.py           attribution patching (first-order estimates) and `verify_top`
     paths.py         `path_patch`: a sender's effect on a receiver along one route (resid, head, state, conv)
+    atp_star.py      AtP*: attribution patching with the saturation, state and GradDrop fixes
     records.py       the record of one (site, position), shared by both methods
     plain_loop.py    the plain `run_with_hooks` loop the engine is tested and timed against
 """
@@ -23,6 +24,7 @@ entry point. The package's files, in the order a patch flows through them
 from __future__ import annotations
 
 from .atp import attribution_patch, first_order_effects, verify_top
+from .atp_star import atp_star_patch
 from .dispatch import patch
 from .metrics import METRICS, Metric, attribution_score, corrupt_answers
 from .options import ABLATIONS, CONTEXT_MEMORY, DIRECTIONS, METHODS, PatchOptions, check_threshold
@@ -47,6 +49,7 @@ __all__ = [
     "PatchableModel",
     "PathPatchableModel",
     "Target",
+    "atp_star_patch",
     "attribution_patch",
     "attribution_score",
     "check_threshold",

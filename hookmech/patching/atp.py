@@ -214,18 +214,18 @@ def verify_top(
     max_batch: int = 256,
     context_memory: int = CONTEXT_MEMORY,
 ) -> list[dict[str, Any]]:
-    """Re-run the `k` records with the largest |AtP estimate| exactly (`hookmech.patching.patch`,
-    with `threshold`, `max_batch` and `context_memory` as there).
+    """Re-run the `k` records with the largest |AtP estimate| (`verify_priority`: with AtP*'s
+    GradDrop score) exactly (`hookmech.patching.patch`, with `threshold`, `max_batch` and
+    `context_memory` as there).
 
     `source` must be the one the records were computed from. Returns those `k` records, strongest
-    first, each the AtP record (``attribution``, ``p_patched`` still the estimate, ``method="atp"``)
+    first, each the AtP record (``attribution``, ``p_patched`` still the estimate, ``method`` "atp" or "atp-star")
     plus ``attribution_exact`` and ``p_patched_exact`` from the exact engine.
     """
     if k < 1:
         raise UsageError(f"--verify-top must be >= 1, got {k}")
     options = PatchOptions(threshold=threshold, max_batch=max_batch, context_memory=context_memory)
-    # |p_patched − p_corrupt| orders like |attribution| (one denominator) and exists when it is null.
-    top = sorted(atp_records, key=lambda r: -abs(r["p_patched"] - r["p_corrupt"]))[:k]
+    top = sorted(atp_records, key=lambda r: -verify_priority(r))[:k]
     by_hook: dict[str, list[str]] = {}
     for record in top:
         by_hook.setdefault(record["hook"], []).append(record["pos"])
@@ -246,6 +246,13 @@ def verify_top(
         match = exact[record["hook"], record["pos"]]
         verified.append({**record, "attribution_exact": match["attribution"], "p_patched_exact": match["p_patched"]})
     return verified
+
+
+def verify_priority(record: dict[str, Any]) -> float:
+    """Return how strongly `verify_top` wants to check an estimated record: |p_patched − p_corrupt|
+    (it orders like |attribution|, one denominator, and exists when that is null), or AtP*'s
+    GradDrop score where that is larger."""
+    return max(abs(record["p_patched"] - record["p_corrupt"]), record.get("graddrop") or 0.0)
 
 
 def _needs_all(label: str, lengths: Tensor) -> bool:

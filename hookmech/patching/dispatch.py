@@ -12,6 +12,7 @@ from ..errors import UsageError
 from ..sites import as_specs
 from ..tasks.batch import Batch
 from .atp import attribution_patch
+from .atp_star import atp_star_patch
 from .exact import run_exact
 from .options import CONTEXT_MEMORY, PatchOptions
 from .protocol import PatchableModel
@@ -46,8 +47,9 @@ def patch(
     is one spec. `threshold` must be finite. `metric` in
     METRICS; `direction` "denoise" (default) or "noise" ("noise" with `ablate`); `ablate` None
     (interchange) or "zero" / "mean" / "resample" (resample: row i takes row
-    `resample_order(N, ablate_seed)[i]`'s clean activation). `method` "exact" or "atp" (the
-    first-order estimate, `attribution_patch`: interchange denoising of p_answer at plain sites).
+    `resample_order(N, ablate_seed)[i]`'s clean activation). `method` "exact", "atp" (the
+    first-order estimate, `attribution_patch`: interchange denoising of p_answer at plain sites) or
+    "atp-star" (AtP*, `atp_star_patch`: the same cells, estimated with the fixes of Kramár et al. 2024).
     Returns one record per (site, position): ``site, hook, pos, attribution, p_clean, p_corrupt,
     p_patched, n, passes_filter, method, metric, direction, metric_clean, metric_corrupt,
     metric_patched`` (p_* are mean p(answer), metric_* the metric's means, attribution is
@@ -75,16 +77,24 @@ def patch(
         return attribution_patch(
             model, source, sites, positions, threshold=threshold, max_batch=max_batch, per_example=per_example
         )
+    if options.method == "atp-star":
+        _check_atp_options(options, sites)
+        return atp_star_patch(
+            model, source, sites, positions, threshold=threshold, max_batch=max_batch, per_example=per_example
+        )
     return run_exact(model, source, sites, positions, options)
 
 
 def _check_atp_options(options: PatchOptions, sites: list[str]) -> None:
     """Raise a UsageError unless AtP covers `options` and `sites` (interchange denoising of
     p(answer) at plain sites; other options need the exact engine); return None."""
+    method = options.method
     if options.metric != "p_answer" or options.direction != "denoise" or options.ablate is not None:
         raise UsageError(
-            "method 'atp' estimates interchange denoising of p_answer only; "
+            f"method {method!r} estimates interchange denoising of p_answer only; "
             "use method 'exact' for other metrics, directions and ablations"
         )
     if any("+" in spec or "[" in spec for spec in sites):
-        raise UsageError("method 'atp' takes plain sites (no joint 'a+b' or per-head '[h]' sites); use method 'exact'")
+        raise UsageError(
+            f"method {method!r} takes plain sites (no joint 'a+b' or per-head '[h]' sites); use method 'exact'"
+        )

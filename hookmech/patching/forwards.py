@@ -103,6 +103,7 @@ def resumed_pairs(
     order = torch.sort(widths, stable=True).indices
     resid = runs.acts(model.resid_hook(layer), base)
     patchers = [WindowPatch(plan) for plan in plans]
+    n_pos = masks.shape[-1]
     # hooks are installed once and pointed at each chunk: adding and removing them per chunk
     # walks every hook point of the model each time
     with model.hooks(fwd_hooks=[(patcher.plan.target.hook, patcher) for patcher in patchers]):
@@ -111,8 +112,9 @@ def resumed_pairs(
             which_patch, rows = patch_index[pairs], row_index[pairs]
             width = int(widths[pairs].max())
             start = (query[rows] - width + 1).clamp(min=0)
+            every = torch.arange(n_pos, device=rows.device).expand(len(rows), n_pos)  # a mixer firing on the whole run
             for patcher in patchers:
-                patcher.point_at(rows, masks[which_patch, rows], (window_index(start, width), query[rows, None]))
+                patcher.point_at(rows, masks[which_patch, rows], (window_index(start, width), query[rows, None], every))
             resid_window = take_window(resid.index_select(0, rows), start, width)
             logits = model.resume(resid_window, layer, contexts, rows, start, query[rows])
             yield which_patch, rows, logits
@@ -123,7 +125,8 @@ class WindowPatch:
 
     `point_at` sets the chunk: its rows, their patch masks ``[rows, T]`` and the absolute
     positions ``[rows, W]`` an activation may hold, told apart by their length (the window,
-    or the query alone after the last mixer).
+    the query alone after the last mixer, or every position, where a mixer without window
+    hooks fires its inside hooks on the whole run).
     """
 
     def __init__(self, plan: TargetPlan):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..errors import UsageError, suggest
 from .metrics import METRICS
 
-METHODS = ("exact", "atp")
+METHODS = ("exact", "atp", "atp-star")
 DIRECTIONS = ("denoise", "noise")
 ABLATIONS = ("zero", "mean", "resample")
 #: bytes of mixer contexts the engine keeps for resumed patches by default

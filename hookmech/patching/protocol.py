@@ -8,7 +8,7 @@ it cannot resume at); patches it cannot resume run on every position, with the s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -129,6 +129,29 @@ class PatchableModel(Protocol):
         query: Tensor,
     ) -> Tensor:
         """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window of positions."""
+        ...
+
+    def patch_to_next_mixer(
+        self, hook_name: str, values: Tensor, base: Callable[[str], Tensor]
+    ) -> tuple[int, Tensor, Tensor | None] | None:
+        """Return ``(L, resid, mixer_in)`` ``[N, T, d_model]``: block L of the next mixer after
+        `hook_name`, and the residual entering it and that mixer's input at every position when
+        that position alone of `hook_name` takes `values` ``[N, T, ...]`` (the base run's
+        activations read with `base(hook)`); ``(n_layers, resid entering the final norm, None)``
+        after the last mixer; None when the hook is not a block-level hook (AtP*)."""
+        ...
+
+    def mixer_patch_effects(
+        self,
+        layer: int,
+        grad_mixer_out: Tensor,
+        patched: Tensor,
+        base: Callable[[str], Tensor],
+        hook_name: str | None = None,
+    ) -> Tensor | None:
+        """Return ``[N, T]``: the exact change of block `layer`'s mixer output along
+        `grad_mixer_out` when one position of its input (`hook_name` None) or of its inside hook
+        `hook_name` takes `patched` (AtP*); None where the mixer has no such computation."""
         ...
 
 

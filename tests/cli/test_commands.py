@@ -163,6 +163,15 @@ def test_atp_with_verify_top_reports_both_scores(trained, capsys):
     assert len(records) == 3 and all(r["method"] == "atp" and "attribution_exact" in r for r in records)
 
 
+def test_atp_star_with_verify_top_reports_both_scores(trained, capsys):
+    code, out, err = run(["patch", "--ckpt", str(trained), "--site", "all", "--pos", "key,value", "--n", "16",
+                          "--method", "atp-star", "--verify-top", "3", "--json"], capsys)
+    assert code == 0, err
+    records = json.loads(out)
+    assert len(records) == 3
+    assert all(r["method"] == "atp-star" and "attribution_exact" in r and r["graddrop"] >= 0 for r in records)
+
+
 def test_a_refused_config_does_not_claim_the_run_folder(tmp_path, capsys):
     base = [a for a in TRAIN if a not in ("--mixer", "attention", "--mixer-opt", "L0.window=2")]
     code, _, _ = run([*base, "--mixer", "mamba", "--mixer-opt", "d_conv=7", "-o", str(tmp_path / "r")], capsys)

@@ -248,6 +248,17 @@ ROWS_MESSAGES = [
      "threshold must be a finite number, got nan"),
     ("threshold-inf-atp", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value", "--method", "atp",
                                    "--threshold", "inf"], 2, "threshold must be a finite number, got inf"),
+    ("atp-star-with-another-metric", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value",
+                                              "--method", "atp-star", "--metric", "kl"], 2,
+     "method 'atp-star' estimates interchange denoising of p_answer only"),
+    ("atp-star-with-a-joint-site", "none", [*PATCH, "--site", "L0.block_out+L1.mixer_in", "--pos", "value",
+                                            "--method", "atp-star"], 2, "method 'atp-star' takes plain sites"),
+    ("atp-star-with-an-ablation", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value",
+                                           "--method", "atp-star", "--ablate", "zero"], 2,
+     "method 'atp-star' estimates interchange denoising of p_answer only"),
+    ("verify-top-with-the-exact-method", "none", [*PATCH, "--site", "L0.block_out", "--pos", "value",
+                                                  "--verify-top", "2"], 2,
+     "--verify-top K needs --method atp or atp-star and K >= 0"),
     ("sweep-with-an-empty-grid", "sweep_empty_grid", ["sweep", "{tmp}/s.toml", "--dry-run"], 2, "[grid] is empty"),
 ]
 

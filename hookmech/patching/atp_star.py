@@ -1,0 +1,368 @@
+"""AtP*: attribution patching with the fixes of Kramár et al. 2024 ("AtP*: An efficient and
+scalable method for localizing LLM behaviour to components"), and the one these models need most.
+
+Plain AtP (`atp.py`) linearises the whole model around the corrupt run. On the recall models
+here it ranks cells fairly well, but its values fail where they matter most, for four reasons,
+each with its fix (one corrupt forward, then backward passes, per row chunk, as AtP):
+
+1. **The metric saturates.** p(answer) ≈ 0 on the corrupt run, so ∂p/∂activation ≈ 0 even
+   where a patch takes p to 1. AtP* estimates the change of the answer's log-odds,
+   λ = log p − log(1 − p) = logit(answer) − logsumexp(other logits), which is close to linear
+   in the logits while p is small, and maps it back: p_patched = σ(λ_corrupt + Δλ). (Kramár et
+   al. measure logit differences; this mapping is this package's.)
+2. **Attention saturates** (Kramár et al. §3.1.1). A query that does not attend to a key has
+   no gradient towards it. For each patched position, the first mixer the patch reaches is
+   computed exactly (`PatchableModel.mixer_patch_effects`, i.e. `Mixer.position_patch_effects`:
+   attention recomputes its softmax for the patched key, query and value), and only what comes
+   after that mixer is linearised. A block-level patch reaches that mixer's input
+   position-wise (`PatchableModel.patch_to_next_mixer`): the estimate at position s is
+
+       Δλ_s = (r'_s − r_s) · g_s + Σ_t (y'_t − y_t) · g_t
+
+   with r, r' the residual entering the mixer's block before and after the patch, y, y' the
+   mixer's outputs, and g = ∂λ/∂(mixer output) (the gradient of the residual after the mixer).
+   Patches of a mixer's own q / k / v / scores go to the same method. Mixers without it keep
+   the linear estimate.
+3. **Recurrent states** (``L*.mixer.ssm_state`` …): an edit there is carried on by the
+   recurrence; the gradient at the state hook follows it (`hooks.gradients_follow_edits`).
+4. **Cancellation: GradDrop** (Kramár et al. §3.1.2). For each layer ℓ, one more backward pass
+   with the gradient flowing from ℓ's sublayers back into the residual stream dropped; a cell's
+   ``graddrop`` score is the mean over ℓ of |estimated change of p| under each. A cell whose
+   paths cancel in the full gradient shows up there. `verify_top` checks cells in order of
+   max(|estimate|, graddrop).
+
+Records are those of `hookmech.patching.patch` with ``method="atp-star"``, ``p_patched`` the
+mean over rows of p_corrupt + σ(λ_corrupt + Δλ) − σ(λ_corrupt), and ``graddrop``. A patch of
+several positions sums their Δλ (the estimate stays first order across positions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..cache import CacheFile, run_chunks
+from ..errors import HookmechError, UsageError
+from ..hooks import gradients_follow_edits, pos_axis_of
+from ..shapes import RowFloats, RowInts
+from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
+from ..tasks.batch import Batch
+from .options import PatchOptions
+from .protocol import PatchableModel, check_patchable
+from .records import Means, patch_record
+from .runs import CleanCorruptRuns, evaluating, open_source
+
+
+def answer_log_odds(logits: Tensor, answers: RowInts) -> RowFloats:
+    """Return the log-odds of the answer ``[n]``, log p − log(1 − p) = logit(answer) − logsumexp of
+    the other logits, of query logits ``[n, d_vocab]`` (float32 or better, differentiable)."""
+    log_p = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
+    index = answers.to(logits.device)[:, None]
+    answer = log_p.gather(-1, index)[:, 0]
+    others = log_p.scatter(-1, index, float("-inf")).logsumexp(-1)
+    return answer - others
+
+
+def atp_star_patch(
+    model: PatchableModel,
+    source: Batch | CacheFile | str | Path,
+    sites: str | Iterable[str],
+    positions: str | Iterable[str],
+    threshold: float = 0.01,
+    max_batch: int = 256,
+    per_example: bool = False,
+    graddrop: bool = True,
+) -> list[dict[str, Any]]:
+    """Estimate every (site, position) interchange intervention with AtP* (module docstring).
+
+    Arguments as `attribution_patch` (plain sites; position specs). With `graddrop` (default)
+    one more backward pass per layer gives each record its ``graddrop`` score.
+    Returns one record per (site, position) with patch's fields (``method="atp-star"``,
+    metric p_answer, direction denoise), ``p_patched`` the estimate (always within [0, 1]),
+    plus ``graddrop`` (mean over layers of |estimated change of mean p| with that layer's
+    gradient dropped; None without `graddrop`) and ``p_patched_rows`` ``[N]`` when `per_example`.
+    """
+    check_patchable(model)
+    options = PatchOptions(method="atp-star", threshold=threshold, max_batch=max_batch, per_example=per_example)
+    hooks = resolve_sites(as_specs(sites), model.hook_dict)
+    flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
+    if flat:
+        raise UsageError(
+            f"{', '.join(map(hook_to_site, flat))}: no position axis, so no patch at a position "
+            "(attribution patching needs one; leave these sites out)"
+        )
+    layers = [model.layer_of_hook(hook) for hook in hooks]
+    start = None if None in layers else min(layer for layer in layers if layer is not None)
+    first = 0 if start is None else start
+    blocks = range(first, model.cfg.n_layers)
+    # what the estimates read of the corrupt run: each block's input, mixer input and output
+    context = [
+        f"blocks.{layer}.{name}" for layer in blocks for name in ("hook_resid_pre", "hook_mixer_in", "hook_mixer_out")
+    ]
+    context.append(model.resid_hook(model.cfg.n_layers))  # the final norm's input
+    with evaluating(model), open_source(source) as (batch, cache):
+        runs = CleanCorruptRuns(
+            model, batch, list(dict.fromkeys(hooks + context)), cache, need_logits=False, max_batch=max_batch
+        )
+        patches = position_patches(as_specs(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
+        masks = torch.stack([p.mask for p in patches]).double()  # [P, N, T]
+        estimator = _Estimator(model, runs, hooks, start, blocks, graddrop)
+        shifts = {hook: torch.empty(len(patches), len(batch), dtype=torch.float64) for hook in hooks}
+        dropped_shifts = {
+            hook: torch.empty(len(estimator.dropped), len(patches), len(batch), dtype=torch.float64) for hook in hooks
+        }
+        for rows in run_chunks(len(batch), max_batch):
+            log_odds, variants = estimator.chunk(rows)
+            for hook in hooks:
+                shifts[hook][:, rows] = _p_shift(log_odds, masks[:, rows], variants[None][hook])
+                for index, layer in enumerate(estimator.dropped):
+                    dropped_shifts[hook][index, :, rows] = _p_shift(log_odds, masks[:, rows], variants[layer][hook])
+    p_corrupt_rows = runs.p_answer["corrupt"].double().cpu()
+    p_clean, p_corrupt = runs.p_answer["clean"].double().mean().item(), p_corrupt_rows.mean().item()
+    records = []
+    for hook in hooks:
+        for index, patch_spec in enumerate(patches):
+            shift = shifts[hook][index]
+            p_answer = Means(p_clean, p_corrupt, p_corrupt + shift.mean().item())
+            record = patch_record(
+                hook_to_site(hook),
+                hook,
+                patch_spec.label,
+                len(batch),
+                p_answer,
+                p_answer,
+                method="atp-star",
+                metric_name="p_answer",
+                direction="denoise",
+                passes_filter=bool(p_clean - p_corrupt > options.threshold),
+            )
+            record["graddrop"] = (
+                dropped_shifts[hook][:, index].mean(dim=1).abs().mean().item() if estimator.dropped else None
+            )
+            if per_example:
+                record["p_patched_rows"] = (p_corrupt_rows + shift).tolist()
+            records.append(record)
+    return records
+
+
+def _p_shift(log_odds: Tensor, masks: Tensor, per_position: Tensor) -> Tensor:
+    """Return ``[P, n]``: σ(λ + Δλ) − σ(λ) per patch (`masks` ``[P, n, T]``) and row, where Δλ sums
+    the estimates `per_position` ``[n, T]`` over the patch's positions."""
+    change = torch.einsum("pnt,nt->pn", masks, per_position.double().cpu())
+    base = log_odds.double().cpu()
+    return torch.sigmoid(base + change) - torch.sigmoid(base)
+
+
+class _GradGate:
+    """Backward-pass switches of GradDrop: ``open[layer]`` False zeroes the gradient that flows
+    from that layer's sublayers back into the residual stream (a tensor hook on their inputs)."""
+
+    def __init__(self, layers: Iterable[int]):
+        self.open = dict.fromkeys(layers, True)
+
+    def forward_hook(self, layer: int):
+        def gate(activation: Tensor, hook=None) -> Tensor:
+            if activation.requires_grad:
+                activation.register_hook(lambda grad: grad if self.open[layer] else torch.zeros_like(grad))
+            return activation
+
+        return gate
+
+
+class _Estimator:
+    """Per row chunk: the corrupt forward, the backward passes and the per-position estimates
+    Δλ ``[n, T]`` of every hook (module docstring)."""
+
+    def __init__(
+        self,
+        model: PatchableModel,
+        runs: CleanCorruptRuns,
+        hooks: list[str],
+        start: int | None,
+        blocks: range,
+        graddrop: bool,
+    ):
+        self.model, self.runs, self.hooks, self.start, self.blocks = model, runs, hooks, start, blocks
+        self.gradient_hooks = [f"blocks.{layer}.hook_mixer_out" for layer in blocks]
+        self.leaves = list(dict.fromkeys(hooks + self.gradient_hooks))
+        #: the layers whose gradient a GradDrop pass drops (layers the forward runs)
+        self.dropped = list(blocks) if graddrop else []
+        self.gate = _GradGate(self.dropped)
+        self.gates = [
+            (f"blocks.{layer}.{name}", self.gate.forward_hook(layer))
+            for layer in self.dropped
+            for name in ("hook_mixer_in", "hook_mlp_in")
+            if f"blocks.{layer}.{name}" in model.hook_dict
+        ]
+
+    def chunk(self, rows: slice) -> tuple[Tensor, dict[int | None, dict[str, Tensor]]]:
+        """Return (λ on the corrupt run ``[n]``, {None: full estimates, ℓ: estimates with layer ℓ's
+        gradient dropped}, each ``{hook: [n, T]}`` float64) for the rows `rows`."""
+        runs, model, batch = self.runs, self.model, self.runs.batch
+        chunk_acts: dict[tuple[str, str], Tensor] = {}
+
+        def acts(hook: str, which: str) -> Tensor:
+            if (hook, which) not in chunk_acts:
+                chunk_acts[hook, which] = runs.acts(hook, which)[rows]
+            return chunk_acts[hook, which]
+
+        def base(hook: str) -> Tensor:
+            return acts(hook, "corrupt")
+
+        corrupt_input = (
+            batch.corrupt_tokens[rows].to(runs.device)
+            if self.start is None
+            else base(f"blocks.{self.start}.hook_resid_pre")
+        )
+        log_odds, grads = self._backward(corrupt_input, batch.query_pos[rows], batch.answers[rows])
+        variants = [None, *self.dropped]
+        with torch.no_grad():
+            # every backward pass's gradient of each mixer's output, stacked: [V, n, T, d_model]
+            stacked = {
+                hook: torch.stack([grads[variant][hook] for variant in variants]) for hook in self.gradient_hooks
+            }
+            query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
+            exact = self._exact_terms(stacked, acts, base, query, answers, log_odds)
+            estimates: dict[int | None, dict[str, Tensor]] = {variant: {} for variant in variants}
+            for hook in self.hooks:
+                for index, variant in enumerate(variants):
+                    if hook not in exact:  # the first-order estimate (plain AtP's, state gradients propagating)
+                        estimate = _linear(model, hook, acts(hook, "clean"), base(hook), grads[variant][hook])
+                    else:
+                        layer, effect, skip = exact[hook]
+                        # GradDrop: a pass that drops this layer drops the path through its mixer
+                        estimate = skip[index] + (0 if variant == layer else effect[index])
+                    estimates[variant][hook] = estimate
+        return log_odds, estimates
+
+    def _query_log_odds(self, hook: str | None, resid: Tensor, clean: Tensor, query: Tensor, answers: Tensor) -> Tensor:
+        """Return λ ``[n]`` of the logits at the query when only position-wise computation is left:
+        from `resid` ``[n, T, d_model]``, the residual entering the final norm, at the query; with
+        `hook` (the final norm's output), the base run's residual there with `hook` set to `clean`."""
+        rows = torch.arange(len(query), device=query.device)
+        start = resid[rows, query][:, None]  # [n, 1, d_model]
+        fwd_hooks = []
+        if hook is not None:
+            pos_axis = pos_axis_of(self.model.hook_dict[hook])
+            assert pos_axis is not None
+            value = _at(clean, pos_axis, query)
+            fwd_hooks = [(hook, lambda activation, hook=None: value)]
+        logits = self.model.run_with_hooks(
+            start,
+            start_at_layer=self.model.cfg.n_layers,
+            positions=torch.zeros_like(query),
+            fwd_hooks=fwd_hooks,
+        )
+        return answer_log_odds(logits, answers)
+
+    def _backward(
+        self, corrupt_input: Tensor, query: Tensor, answers: Tensor
+    ) -> tuple[Tensor, dict[int | None, dict[str, Tensor]]]:
+        """One corrupt forward; backward passes of λ: all paths, then each GradDrop layer's."""
+        model, device = self.model, self.runs.device
+        zeros: dict[str, Tensor] = {}
+
+        def leaf(name: str):
+            def add_zero(activation: Tensor, hook=None) -> Tensor:
+                # a zero leaf leaves the forward unchanged; its gradient is ∂λ/∂activation
+                zeros[name] = torch.zeros_like(activation, requires_grad=True)
+                return activation + zeros[name]
+
+            return add_zero
+
+        points = [model.hook_dict[hook] for hook in self.hooks]
+        with torch.enable_grad(), gradients_follow_edits(points):
+            logits = model.run_with_hooks(
+                corrupt_input,
+                start_at_layer=self.start,
+                positions=query.to(device),
+                # gates first: a leaf on the same hook sees the gradient before the gate drops it
+                fwd_hooks=[*self.gates, *((hook, leaf(hook)) for hook in self.leaves)],
+            )
+            log_odds = answer_log_odds(logits, answers)
+            missing = [hook for hook in self.leaves if hook not in zeros]
+            if missing:
+                raise HookmechError(f"hook {missing[0]} did not fire in the forward pass")
+            inputs = [zeros[hook] for hook in self.leaves]
+            grads: dict[int | None, dict[str, Tensor]] = {}
+            variants = [None, *self.dropped]
+            for index, dropped in enumerate(variants):
+                for layer in self.dropped:
+                    self.gate.open[layer] = layer != dropped
+                last = index == len(variants) - 1
+                found = torch.autograd.grad(log_odds.sum(), inputs, retain_graph=not last, allow_unused=True)
+                grads[dropped] = {
+                    hook: torch.zeros_like(zeros[hook]) if grad is None else grad
+                    for hook, grad in zip(self.leaves, found, strict=True)
+                }
+            for layer in self.dropped:
+                self.gate.open[layer] = True
+        return log_odds.detach(), grads
+
+    def _exact_terms(
+        self, stacked: dict[str, Tensor], acts, base, query: Tensor, answers: Tensor, log_odds: Tensor
+    ) -> dict[str, tuple[int, Tensor, Tensor]]:
+        """Return ``{hook: (L, effect, skip)}`` for the hooks whose next mixer (block L) computes
+        the patch exactly: ``effect`` ``[V, n, T]`` the mixer's part, ``skip`` ``[V, n, T]`` the
+        residual's own change past it (zeros for a patch inside the mixer), per gradient in
+        `stacked`. Hooks sharing a mixer input (a block's input and its mixer's input) share one
+        computation. After the last mixer (L = n_layers) only position-wise computation is left:
+        ``effect`` is the exact change of λ at each row's query (0 elsewhere)."""
+        model = self.model
+        n_layers = model.cfg.n_layers
+        terms: dict[str, tuple[int, Tensor, Tensor]] = {}
+        done: list[tuple[int, Tensor, Tensor]] = []  # (layer, mixer input, effect) computed so far
+        variants = next(iter(stacked.values())).shape[0] if stacked else 1
+        for hook in self.hooks:
+            clean = acts(hook, "clean")
+            route = model.patch_to_next_mixer(hook, clean, base)
+            if route is None and model.resume_layer(hook) == n_layers:  # the final norm itself
+                patched = self._query_log_odds(hook, base(model.resid_hook(n_layers)), clean, query, answers)
+            elif route is not None and route[2] is None:  # after the last mixer
+                patched = self._query_log_odds(None, route[1], clean, query, answers)
+            else:
+                patched = None
+            if patched is not None:
+                effect = torch.zeros(query.shape[0], clean.shape[1], dtype=torch.float64, device=query.device)
+                effect[torch.arange(len(query), device=query.device), query] = (patched - log_odds).double()
+                effect = effect.expand(variants, -1, -1)
+                terms[hook] = (n_layers, effect, torch.zeros_like(effect))
+            elif route is not None and route[2] is not None:  # a block-level patch: exact through the next mixer
+                layer, resid, mixer_in = route[0], route[1], route[2]
+                gradient = stacked[f"blocks.{layer}.hook_mixer_out"]
+                found = next((e for at, x, e in done if at == layer and torch.equal(x, mixer_in)), None)
+                if found is None:
+                    found = model.mixer_patch_effects(layer, gradient, mixer_in, base)
+                    if found is None:
+                        continue
+                    done.append((layer, mixer_in, found))
+                skip = torch.einsum("vntd,ntd->vnt", gradient, resid - base(f"blocks.{layer}.hook_resid_pre"))
+                terms[hook] = (layer, found, skip.double())
+            elif (inside := model.layer_of_hook(hook)) is not None and inside in self.blocks:  # a mixer's q / k ...
+                gradient = stacked[f"blocks.{inside}.hook_mixer_out"]
+                found = model.mixer_patch_effects(inside, gradient, clean, base, hook)
+                if found is not None:
+                    terms[hook] = (inside, found, torch.zeros_like(found))
+        return terms
+
+
+def _at(values: Tensor, pos_axis: int, positions: Tensor) -> Tensor:
+    """Return `values` ``[n, ..., T, ...]`` at one position per row, keeping the position axis
+    (length 1)."""
+    moved = values.movedim(pos_axis, 1)
+    index = positions.view(-1, 1, *([1] * (moved.dim() - 2))).expand(-1, 1, *moved.shape[2:])
+    return moved.gather(1, index).movedim(1, pos_axis)
+
+
+def _linear(model: PatchableModel, hook: str, clean: Tensor, corrupt: Tensor, grad: Tensor) -> Tensor:
+    """Return ``[n, T]`` float64: Σ over the hook's other axes of (clean − corrupt) · gradient."""
+    # equal entries (masked attention scores are -inf in both runs) contribute nothing
+    difference = torch.where(clean == corrupt, torch.zeros_like(clean), clean - corrupt)
+    pos_axis = pos_axis_of(model.hook_dict[hook])
+    assert pos_axis is not None  # refused by atp_star_patch
+    product = (difference * grad).movedim(pos_axis, 1)
+    return (product.flatten(2).sum(-1) if product.dim() > 2 else product).double()

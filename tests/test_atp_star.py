@@ -1,0 +1,431 @@
+"""AtP*: each of its parts against an independent computation (patched forwards, finite differences
+of real state edits, detached backward passes, the exact engine), and the records' contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import ATTENTION_FIXTURE, CACHE_TOL, ENGINE_TOL, make_model, unit_variance
+
+from hookmech.cache import write_cache
+from hookmech.errors import UsageError
+from hookmech.hooks import gradients_follow_edits
+from hookmech.mixers import REGISTRY
+from hookmech.mixers.attention import Attention
+from hookmech.patching import atp_star_patch, attribution_patch, patch, verify_top
+from hookmech.patching.atp_star import answer_log_odds
+from hookmech.sites import resolve_sites
+
+#: float64 computations of the same quantity along two routes (closed form vs forwards): round-off
+FLOAT64_TOL = 1e-10
+
+
+def _activations(model, tokens, hooks):
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=hooks, return_cache_object=False)
+    return cache
+
+
+def test_answer_log_odds_is_log_p_over_one_minus_p():
+    logits = torch.randn(5, 9, dtype=torch.float64) * 4
+    answers = torch.tensor([0, 3, 8, 2, 2])
+    p = logits.softmax(-1)[torch.arange(5), answers]
+    torch.testing.assert_close(answer_log_odds(logits, answers), (p / (1 - p)).log())
+
+
+# -- attention: the softmax recomputed for one patched position -----------------------------------
+@pytest.mark.parametrize("window", [None, 2])
+@pytest.mark.parametrize("hook", [None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"])
+def test_attention_position_effects_equal_patched_forwards(window, hook):
+    """Σ_t (y'_t − y_t)·g_t for each patched position s, against a forward of the mixer with
+    position s patched (float64, one forward per position)."""
+    torch.manual_seed(0)
+    mixer = Attention(16, n_heads=2, window=window).double()
+    n, t = 3, 7
+    x = torch.randn(n, t, 16, dtype=torch.float64)
+    grads = torch.randn(2, n, t, 16, dtype=torch.float64)  # two gradients at once (a leading axis)
+    point = None if hook is None else getattr(mixer, hook)
+    with torch.no_grad():
+        if point is None:
+            patched = 3 * torch.randn(n, t, 16, dtype=torch.float64)
+        else:
+            seen = {}
+            point.add_hook(lambda act, hook: seen.setdefault("base", act.clone()))
+            mixer(x)
+            point.remove_hooks()
+            # large moves: a saturated softmax is what the closed form must get right
+            patched = seen["base"] + 3 * torch.randn_like(seen["base"])
+        y = mixer(x)
+        reference = torch.zeros(2, n, t, dtype=torch.float64)
+        for s in range(t):
+            if point is None:
+                spliced = x.clone()
+                spliced[:, s] = patched[:, s]
+                y_patched = mixer(spliced)
+            else:
+                axis = point.pos_axis
+
+                def replace(act, hook=None, s=s, axis=axis):
+                    index = [slice(None)] * act.dim()
+                    index[axis] = s
+                    act = act.clone()
+                    act[tuple(index)] = patched[tuple(index)]
+                    return act
+
+                point.add_hook(replace)
+                y_patched = mixer(x)
+                point.remove_hooks()
+            reference[:, :, s] = torch.einsum("vntd,ntd->vn", grads, y_patched - y)
+        if hook == "hook_attn_scores":  # masked scores stay -inf, as a run's own scores do
+            patched = torch.where(torch.isinf(seen["base"]), seen["base"], patched)
+        effects = mixer.position_patch_effects(x, grads, patched, hook)
+    assert reference.abs().max() > 0.1
+    torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
+
+
+@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
+@pytest.mark.parametrize("hook", [None, "hook_in_x"])
+def test_mamba_position_effects_equal_patched_forwards(options, hook):
+    """Mamba: Δ, B, C and the state recomputed over the convolution's reach, the adjoint state
+    after it, against a forward of the mixer with position s patched (float64)."""
+    from hookmech.mixers.mamba import Mamba
+
+    torch.manual_seed(1)
+    mixer = Mamba(16, d_state=4, **options).double()
+    n, t = 3, 8
+    x = torch.randn(n, t, 16, dtype=torch.float64)
+    grads = torch.randn(2, n, t, 16, dtype=torch.float64)
+    with torch.no_grad():
+        if hook is None:
+            patched = 3 * torch.randn(n, t, 16, dtype=torch.float64)
+        else:
+            base = mixer._split(mixer.in_proj(x))[0]
+            patched = base + 3 * torch.randn_like(base)
+        y = mixer(x)
+        reference = torch.zeros(2, n, t, dtype=torch.float64)
+        for s in range(t):
+            if hook is None:
+                spliced = x.clone()
+                spliced[:, s] = patched[:, s]
+                y_patched = mixer(spliced)
+            else:
+
+                def replace(act, hook=None, s=s):
+                    act = act.clone()
+                    act[:, s] = patched[:, s]
+                    return act
+
+                mixer.hook_in_x.add_hook(replace)
+                y_patched = mixer(x)
+                mixer.hook_in_x.remove_hooks()
+            reference[:, :, s] = torch.einsum("vntd,ntd->vn", grads, y_patched - y)
+        effects = mixer.position_patch_effects(x, grads, patched, hook)
+    assert reference.abs().max() > 0.1
+    torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
+
+
+def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
+    x, grads = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    assert Attention(32, qkv_conv="k").position_patch_effects(x, grads, x) is None  # a conv spreads the patch
+    assert Attention(32).position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_z") is None
+    model = make_model(ar_task, mixers="rwkv")
+    assert model.blocks[0].mixer.position_patch_effects(x, grads, x) is None  # the base class's default
+
+
+# -- the route from a block-level hook to the next mixer ------------------------------------------
+@pytest.mark.parametrize("mixer, mlp", [("attention", True), ("mamba", False)])
+def test_patch_to_next_mixer_is_a_patched_forward_at_each_position(ar_task, mixer, mlp):
+    """For every block-level hook and position s: the residual entering the next mixer's block
+    and that mixer's input at s, against a forward with the hook patched at s alone."""
+    model = unit_variance(make_model(ar_task, mixers=mixer, n_layers=3, mlp=mlp)).double()
+    batch = ar_task.sample(4, seed=2)
+    block_hooks = [h for h in resolve_sites(["all"], model.hook_dict)]
+    wanted = block_hooks + [f"blocks.{layer}.hook_mixer_in" for layer in range(3)]
+    clean = _activations(model, batch.tokens, block_hooks)
+    corrupt = _activations(model, batch.corrupt_tokens, wanted)
+    n_pos = batch.tokens.shape[1]
+    for hook in block_hooks:
+        with torch.no_grad():
+            layer, resid, mixer_in = model.patch_to_next_mixer(hook, clean[hook], corrupt.__getitem__)
+        expected_layer = model.layer_of_hook(hook) + (0 if hook.endswith(("resid_pre", "mixer_in")) else 1)
+        assert layer == expected_layer, hook
+        resid_hook = model.resid_hook(layer)
+        for s in (0, 3, n_pos - 1):
+
+            def replace(act, hook=None, s=s, values=clean[hook]):
+                act = act.clone()
+                act[:, s] = values[:, s]
+                return act
+
+            watched = [resid_hook] + ([] if mixer_in is None else [f"blocks.{layer}.hook_mixer_in"])
+            with model.hooks(fwd_hooks=[(hook, replace)]):
+                patched = _activations(model, batch.corrupt_tokens, watched)
+            if hook.endswith("mixer_in") and model.layer_of_hook(hook) == layer:
+                # a mixer-only patch: the residual entering the block is the base run's
+                torch.testing.assert_close(resid[:, s], corrupt[resid_hook][:, s], atol=FLOAT64_TOL, rtol=0)
+            else:
+                torch.testing.assert_close(resid[:, s], patched[resid_hook][:, s], atol=FLOAT64_TOL, rtol=0)
+            if mixer_in is not None:
+                mixer_hook = f"blocks.{layer}.hook_mixer_in"
+                torch.testing.assert_close(mixer_in[:, s], patched[mixer_hook][:, s], atol=FLOAT64_TOL, rtol=0)
+    assert model.patch_to_next_mixer("hook_embed", clean["blocks.0.hook_resid_pre"], corrupt.__getitem__) is None
+
+
+# -- recurrent states: gradients that follow the re-propagated recurrence --------------------------
+@pytest.mark.parametrize(
+    "mixer, state_hook",
+    [
+        ("mamba", "hook_ssm_state"),
+        ("mamba2", "hook_ssm_state"),
+        ("rwkv", "hook_state"),
+        ("deltanet", "hook_state"),
+        ("based", "hook_kv_state"),
+    ],
+)
+def test_state_gradients_follow_the_recurrence_of_a_real_edit(ar_task, mixer, state_hook):
+    """Under `gradients_follow_edits`, ∂f/∂state at position s (f: a fixed linear read-out of the
+    block's output) equals the central finite difference of real edits there, which the mixer
+    re-propagates through its recurrence; without it, the gradient is the direct read-out's only."""
+    layers = ("baseconv", "based") if mixer == "based" else (mixer,)
+    model = unit_variance(make_model(ar_task, mixers=list(layers), n_layers=len(layers))).double()
+    layer = len(layers) - 1
+    hook, out_hook = f"blocks.{layer}.mixer.{state_hook}", f"blocks.{layer}.hook_mixer_out"
+    tokens = ar_task.sample(3, seed=4).corrupt_tokens
+    generator = torch.Generator().manual_seed(1)
+    base_state = _activations(model, tokens, [hook])[hook]
+    weight = torch.randn(
+        *_activations(model, tokens, [out_hook])[out_hook].shape, generator=generator, dtype=torch.float64
+    )
+    direction = torch.randn(base_state.shape, generator=generator, dtype=torch.float64)
+    s = 2
+
+    def read_out(edit_scale: float) -> float:
+        def edit(act, hook=None):
+            act = act.clone()
+            act[:, s] = act[:, s] + edit_scale * direction[:, s]
+            return act
+
+        with torch.no_grad(), model.hooks(fwd_hooks=[(hook, edit)]):
+            out = _activations(model, tokens, [out_hook])[out_hook]
+        return float((out * weight).sum())
+
+    def gradient(follow: bool) -> float:
+        leaf = {}
+
+        def add_leaf(act, hook=None):
+            leaf["zero"] = torch.zeros_like(act, requires_grad=True)
+            return act + leaf["zero"]
+
+        seen = {}
+        with torch.enable_grad(), gradients_follow_edits([model.hook_dict[hook]] if follow else []):
+            model.run_with_hooks(
+                tokens, fwd_hooks=[(hook, add_leaf), (out_hook, lambda a, hook: seen.setdefault("out", a))]
+            )
+            (grad,) = torch.autograd.grad((seen["out"] * weight).sum(), leaf["zero"])
+        return float((grad[:, s] * direction[:, s]).sum())
+
+    eps = 1e-6
+    finite = (read_out(eps) - read_out(-eps)) / (2 * eps)
+    # central differences in float64: truncation O(eps²) (the norms after some states curve: 2e-4
+    # relative at eps 1e-4 for deltanet, 2e-6 at 1e-5) plus round-off ~1e-16 / eps relative
+    assert gradient(True) == pytest.approx(finite, rel=1e-6, abs=1e-9)
+    assert abs(gradient(False) - finite) > 1e-3 * abs(finite)  # the direct read-out alone misses the rest
+
+
+# -- the estimates ----------------------------------------------------------------------------------
+def test_cells_after_the_last_mixer_are_exact(ar_task):
+    """After the last mixer only position-wise computation is left, which AtP* runs exactly:
+    its per-row estimates are the exact engine's numbers."""
+    model = unit_variance(make_model(ar_task, n_layers=2))
+    batch = ar_task.sample(12, seed=5)
+    sites = ["L1.mixer_out", "L1.resid_mid", "L1.mlp_in", "L1.mlp_out", "L1.block_out", "final_norm"]
+    star = atp_star_patch(model, batch, sites, ["query", "value", "all"], per_example=True)
+    exact = patch(model, batch, sites, ["query", "value", "all"], per_example=True)
+    with torch.no_grad():
+        p_corrupt = model(batch.corrupt_tokens, positions=batch.query_pos).softmax(-1)[torch.arange(12), batch.answers]
+    assert max((torch.tensor(e["p_patched_rows"]) - p_corrupt).abs().max().item() for e in exact) > 1e-3
+    for a, e in zip(star, exact, strict=True):
+        assert (a["site"], a["pos"]) == (e["site"], e["pos"])
+        # the same numbers, from the engine's resumed runs and from AtP*'s position-wise run: ENGINE_TOL
+        torch.testing.assert_close(
+            torch.tensor(a["p_patched_rows"]), torch.tensor(e["p_patched_rows"]), atol=ENGINE_TOL, rtol=0
+        )
+
+
+def test_block_patch_is_exact_through_the_next_mixer_and_linear_after(ar_task):
+    """One cell by brute force: λ_corrupt + g_s·Δr_s + Σ_t g_t·(y'_t − y_t), with g = ∂λ/∂(mixer
+    output) by autograd and y' a forward of the mixer on the spliced input, mapped to p."""
+    model = unit_variance(make_model(ar_task, n_layers=2)).double()
+    batch = ar_task.sample(6, seed=6)
+    s = int(batch.roles["key"][0])
+    rows = torch.arange(6)
+    resid_hook, in_hook, out_hook = "blocks.0.hook_resid_pre", "blocks.0.hook_mixer_in", "blocks.0.hook_mixer_out"
+    clean = _activations(model, batch.tokens, [resid_hook])
+    corrupt = _activations(model, batch.corrupt_tokens, [resid_hook, in_hook])
+    leaf = {}
+
+    def add_leaf(act, hook=None):
+        leaf["zero"] = torch.zeros_like(act, requires_grad=True)
+        return act + leaf["zero"]
+
+    with torch.enable_grad():
+        logits = model.run_with_hooks(batch.corrupt_tokens, positions=batch.query_pos, fwd_hooks=[(out_hook, add_leaf)])
+        log_odds = answer_log_odds(logits, batch.answers)
+        (grad,) = torch.autograd.grad(log_odds.sum(), leaf["zero"])
+    with torch.no_grad():
+        mixer, norm = model.blocks[0].mixer, model.blocks[0].ln1
+        spliced = corrupt[resid_hook].clone()
+        spliced[:, s] = clean[resid_hook][:, s]
+        change = ((mixer(norm(spliced)) - mixer(corrupt[in_hook])) * grad).sum((1, 2))
+        change += (grad[:, s] * (clean[resid_hook][:, s] - corrupt[resid_hook][:, s])).sum(-1)
+        p_corrupt = logits.softmax(-1)[rows, batch.answers]
+        expected = p_corrupt + torch.sigmoid(log_odds + change) - torch.sigmoid(log_odds)
+    (record,) = atp_star_patch(model, batch, ["L0.block_in"], [str(s)], per_example=True)
+    assert (expected - p_corrupt).abs().max() > 1e-3
+    # the records' base p is a float32 softmax (hookmech.cache.answer_probs): float32 round-off
+    torch.testing.assert_close(torch.tensor(record["p_patched_rows"], dtype=torch.float64), expected, atol=1e-6, rtol=0)
+
+
+def test_graddrop_equals_backward_passes_through_detached_sublayers(ar_task):
+    """GradDrop's pass for layer ℓ against a backward pass with ℓ's sublayer inputs detached (a
+    separate route: `detach` in the forward instead of AtP*'s backward gate). For the embedding
+    (a linear estimate) the score is the mean over ℓ of |mean change of p| under those gradients;
+    for the final norm, after every layer, it is the estimate itself."""
+    model = unit_variance(make_model(ar_task, n_layers=2)).double()
+    batch = ar_task.sample(8, seed=7)
+    hook = "hook_embed"
+    clean, corrupt = (_activations(model, tokens, [hook])[hook] for tokens in (batch.tokens, batch.corrupt_tokens))
+    shifts = []
+    for layer in range(2):
+        leaf = {}
+
+        def add_leaf(act, hook=None, leaf=leaf):
+            leaf["zero"] = torch.zeros_like(act, requires_grad=True)
+            return act + leaf["zero"]
+
+        detach = [
+            (f"blocks.{layer}.{name}", lambda act, hook: act.detach()) for name in ("hook_mixer_in", "hook_mlp_in")
+        ]
+        with torch.enable_grad():
+            logits = model.run_with_hooks(
+                batch.corrupt_tokens, positions=batch.query_pos, fwd_hooks=[(hook, add_leaf), *detach]
+            )
+            log_odds = answer_log_odds(logits, batch.answers)
+            (grad,) = torch.autograd.grad(log_odds.sum(), leaf["zero"])
+        per_position = ((clean - corrupt) * grad).sum(-1)  # [N, T]
+        shifts.append(torch.sigmoid(log_odds[:, None] + per_position) - torch.sigmoid(log_odds[:, None]))
+    expected = torch.stack(shifts).mean(1).abs().mean(0)  # mean over layers of |mean over rows|: [T]
+    records = atp_star_patch(model, batch, ["embed", "final_norm"], ["all"])
+    by = {(r["site"], r["pos"]): r for r in records}
+    assert expected.max() > 1e-4  # the corrupted key's embedding moves p along either route
+    for position in range(batch.tokens.shape[1]):
+        # float64 model; the two routes sum the same products in other orders
+        assert by["embed", str(position)]["graddrop"] == pytest.approx(expected[position].item(), abs=1e-9)
+        final = by["final_norm", str(position)]
+        assert final["graddrop"] == pytest.approx(abs(final["p_patched"] - final["p_corrupt"]), abs=1e-9)
+
+
+@pytest.mark.slow
+def test_atp_star_fixes_the_saturated_cells_of_the_trained_fixture():
+    """The trained attention fixture (induction through a saturated layer-1 softmax): against the
+    exact engine, AtP*'s error on the 10 strongest cells and the share of them among its 20
+    strongest both beat plain AtP's (docs/performance.md has the full table)."""
+    import hookmech
+
+    model, task = hookmech.load(ATTENTION_FIXTURE), hookmech.tasks.from_checkpoint(ATTENTION_FIXTURE)
+    batch = task.sample(64, seed=1)
+    exact = torch.tensor([r["p_patched"] - r["p_corrupt"] for r in patch(model, batch, ["all"], ["all"])])
+    top = torch.argsort(-exact.abs())[:10]
+    threshold = exact.abs()[top[-1]] - 1e-6  # ties with the 10th count as found
+    scores = {}
+    for method in ("atp", "atp-star"):
+        records = patch(model, batch, ["all"], ["all"], method=method)
+        estimate = torch.tensor([r["p_patched"] - r["p_corrupt"] for r in records])
+        priority = torch.tensor([max(abs(r["p_patched"] - r["p_corrupt"]), r.get("graddrop") or 0) for r in records])
+        found = (exact.abs()[torch.argsort(-priority)[:20]] >= threshold).sum().item()
+        scores[method] = ((estimate[top] - exact[top]).abs().max().item(), found)
+    (atp_error, atp_found), (star_error, star_found) = scores["atp"], scores["atp-star"]
+    assert star_error < atp_error - 0.05 and star_found > atp_found, scores
+
+
+@pytest.mark.parametrize("mixer", sorted(REGISTRY))
+def test_every_mixer_and_site_kind_gets_a_finite_estimate(ar_task, mixer):
+    """Block sites, the embeddings and every inside hook with a position axis, for every mixer:
+    estimates are finite probabilities, and the last block's output is exact (only position-wise
+    computation follows it)."""
+    model = unit_variance(make_model(ar_task, mixers=mixer, d_model=16))
+    batch = ar_task.sample(4, seed=11)
+    inside = [name for name, point in model.hook_dict.items() if ".mixer." in name and point.pos_axis is not None]
+    records = atp_star_patch(model, batch, ["all", "embed", *inside], ["key", "query"], per_example=True)
+    assert len(records) == 2 * (15 + len(inside)) - 2 * (not model.blocks[0].has_mlp) * 6
+    for record in records:
+        rows = torch.tensor(record["p_patched_rows"])
+        assert torch.isfinite(rows).all() and (rows >= 0).all() and (rows <= 1).all(), record["site"]
+    last = [r for r in records if r["site"] == "L1.block_out"]
+    exact = patch(model, batch, ["L1.block_out"], ["key", "query"])
+    for a, e in zip(last, exact, strict=True):
+        assert a["p_patched"] == pytest.approx(e["p_patched"], abs=ENGINE_TOL)  # both exact: ENGINE_TOL
+
+
+# -- records and arguments --------------------------------------------------------------------------
+def test_records_have_the_contract_fields(ar_model, ar_task):
+    batch = ar_task.sample(10, seed=8)
+    star = patch(ar_model, batch, ["all"], ["key", "value", "key+value"], method="atp-star", per_example=True)
+    atp = attribution_patch(ar_model, batch, ["all"], ["key", "value", "key+value"])
+    assert len(star) == len(atp) == 7 * 2 * 3
+    for a, b in zip(star, atp, strict=True):
+        assert set(a) == set(b) | {"p_patched_rows", "graddrop"}
+        assert (a["site"], a["hook"], a["pos"], a["n"], a["passes_filter"]) == (
+            b["site"],
+            b["hook"],
+            b["pos"],
+            b["n"],
+            b["passes_filter"],
+        )
+        assert a["method"] == "atp-star" and 0 <= a["p_patched"] <= 1 and a["graddrop"] >= 0
+        assert a["p_corrupt"] == b["p_corrupt"] and a["p_clean"] == b["p_clean"]  # the same unpatched runs
+        # the mean of the rows, summed in another order: float64 round-off
+        assert sum(a["p_patched_rows"]) / 10 == pytest.approx(a["p_patched"], abs=1e-9)
+    no_graddrop = atp_star_patch(ar_model, batch, ["all"], ["key"], graddrop=False)
+    assert all(r["graddrop"] is None for r in no_graddrop)
+
+
+def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_model, ar_task):
+    batch = ar_task.sample(13, seed=9)
+    path = write_cache(ar_model, batch, tmp_path / "c.h5", resolve_sites(["all"], ar_model.hook_dict))
+    sites, positions = ["all", "embed", "L1.mixer.k", "L0.mixer.q"], ["key", "value", "query"]
+    one = atp_star_patch(ar_model, batch, sites, positions, max_batch=64)
+    chunked = atp_star_patch(ar_model, batch, sites, positions, max_batch=4)
+    cached = atp_star_patch(ar_model, path, sites, positions, max_batch=8)
+    assert len(one) == 17 * 3
+    for a, b, c in zip(one, chunked, cached, strict=True):
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)  # two batchings: ENGINE_TOL
+        assert a["p_patched"] == pytest.approx(c["p_patched"], abs=CACHE_TOL)  # contract: fp32 cache, CACHE_TOL
+
+
+def test_verify_top_checks_graddrop_flagged_cells_first(ar_model, ar_task):
+    batch = ar_task.sample(12, seed=10)
+    records = atp_star_patch(ar_model, batch, ["all"], ["key", "value", "query"])
+    flagged = dict(min(records, key=lambda r: abs(r["p_patched"] - r["p_corrupt"])), graddrop=1.0)
+    others = [r for r in records if (r["hook"], r["pos"]) != (flagged["hook"], flagged["pos"])]
+    verified = verify_top(ar_model, batch, [*others, flagged], 2)
+    assert (verified[0]["hook"], verified[0]["pos"]) == (flagged["hook"], flagged["pos"])
+    (reference,) = patch(ar_model, batch, [flagged["site"]], [flagged["pos"]])
+    assert verified[0]["p_patched_exact"] == pytest.approx(reference["p_patched"], abs=ENGINE_TOL)
+    assert verified[0]["method"] == "atp-star"
+
+
+def test_bad_arguments_are_usage_errors(ar_model, ar_task):
+    batch = ar_task.sample(4, seed=0)
+    for options, needle in (
+        ({"metric": "log_p"}, "method 'atp-star' estimates interchange denoising of p_answer only"),
+        ({"direction": "noise"}, "method 'atp-star' estimates interchange denoising of p_answer only"),
+        ({"sites": ["L0.block_out+L1.mixer_in"]}, "method 'atp-star' takes plain sites"),
+        ({"sites": ["L1.mixer.z[0]"]}, "method 'atp-star' takes plain sites"),
+        ({"max_batch": 0}, "max_batch must be >= 1"),
+    ):
+        arguments = {"sites": ["L1.block_in"], **options}
+        with pytest.raises(UsageError, match=needle):
+            patch(ar_model, batch, arguments.pop("sites"), ["value"], method="atp-star", **arguments)
+    with pytest.raises(UsageError, match="L0.mixer.filter.*no position axis"):
+        atp_star_patch(make_model(ar_task, mixers="hyena"), batch, ["L0.mixer.filter"], ["value"])
