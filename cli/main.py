@@ -11,6 +11,7 @@ import click
 
 from .analysis import cache, patch, sites
 from .common import CONTEXT
+from .das import das
 from .data import data
 from .demo import demo
 from .offline import inspect, probe
@@ -26,12 +27,13 @@ def cli() -> None:
 
     Make data (data), train models (train, sweep), list their hook sites (sites), cache
     activations (cache), measure where the answer's information flows with interchange
-    interventions (patch), analyse caches offline (inspect, probe), and plot (report).
+    interventions (patch) and in which subspace (das), analyse caches offline (inspect, probe),
+    and plot (report).
     `hookmech demo` runs it all on the bundled fixtures.
     """
 
 
-for _command in (data, train, sites, cache, patch, inspect, probe, demo, sweep, report):
+for _command in (data, train, sites, cache, patch, das, inspect, probe, demo, sweep, report):
     cli.add_command(_command)
 
 
