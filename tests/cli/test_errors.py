@@ -287,14 +287,15 @@ ROWS_DAS = [
      "unknown position 'nosuchrole'"),
     ("das-site-pattern", "cache", [*DAS[:5], "--site", "L*.block_in", "--pos", "value", "--dim", "1", "-o", "{tmp}/d"],
      2, "names 2 sites; DAS learns a subspace of one site at a time"),
-    ("das-site-not-cached", "cache", [*DAS[:5], "--site", "L0.block_in", "--pos", "value", "--dim", "1", "-o", "{tmp}/d"],
-     2, "no clean activations for site 'L0.block_in'"),
+    ("das-site-not-cached", "cache",
+     [*DAS[:5], "--site", "L0.block_in", "--pos", "value", "--dim", "1", "-o", "{tmp}/d"], 2,
+     "no clean activations for site 'L0.block_in'"),
     ("das-zero-steps", "cache", [*DAS[:-1], "0", "--dim", "1", "-o", "{tmp}/d"], 2, "steps must be >= 1, got 0"),
     ("das-negative-lr", "cache", [*DAS, "--dim", "1", "--lr", "-1", "-o", "{tmp}/d"], 2,
      "learning rate must be a positive number, got -1.0"),
     ("das-out-is-a-file", "cache", [*DAS, "--dim", "1", "-o", "{tmp}/c.h5"], 2, "is a file; das writes a folder"),
-    ("das-cache-of-another-model", "cache of mamba", [*DAS[:4], "{tmp}/mamba.h5", *DAS[5:], "--dim", "1", "-o", "{tmp}/d"],
-     1, "was made from another model than"),
+    ("das-cache-of-another-model", "cache of mamba",
+     [*DAS[:4], "{tmp}/mamba.h5", *DAS[5:], "--dim", "1", "-o", "{tmp}/d"], 1, "was made from another model than"),
 ]
 
 ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES + ROWS_RUNS + ROWS_FILES + ROWS_DAS
