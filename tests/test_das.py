@@ -147,6 +147,27 @@ def test_full_rank_equals_patch_at_that_cell(which, site, pos, attention_cache, 
     assert record["iia"] == record["iia_full"] == iia
 
 
+def test_training_reads_the_cache_in_chunks(attention_cache, monkeypatch):
+    """With chunks of 7 rows every read holds at most 7 rows, training visits every chunk, and the
+    scores that do not depend on training (the full interchange) are those of one big chunk."""
+    model, path = attention_cache
+    sizes = []
+    original = DasData.chunk
+
+    def spy(self, rows, keep):
+        chunk = original(self, rows, keep)
+        sizes.append((rows.start, rows.stop - rows.start, len(chunk)))
+        return chunk
+
+    monkeypatch.setattr(DasData, "chunk", spy)
+    small = train(model, path, "L1.block_in", "value", dims=[2], steps=12, batch_size=4, chunk_rows=7)
+    assert sizes and all(read <= 7 and kept <= read for _, read, kept in sizes)
+    assert {start for start, _, _ in sizes} == set(range(0, 40, 7))  # 12 steps of 4 rows: every chunk
+    big = train(model, path, "L1.block_in", "value", dims=[2], steps=1, batch_size=4)
+    for key in ("iia_full", "attribution_full", "n_dev", "p_clean", "p_corrupt"):
+        assert small.records[0][key] == pytest.approx(big.records[0][key], abs=1e-12), key
+
+
 # -- a planted subspace --------------------------------------------------------------------------
 D_MODEL, POSITIVE, NEGATIVE, YES, NO = 16, range(0, 4), range(4, 8), 8, 9
 STEPS, LR = 100, 2e-2

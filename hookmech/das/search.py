@@ -101,8 +101,8 @@ def train(
     `seed`. `chunk_rows` bounds the rows read from the cache at once. Boundless DAS anneals the
     mask's temperature linearly over `temperature` (start, end), trains the boundary at
     `boundary_lr` (None: 10 × `lr`) and adds `boundary_penalty` × b to the loss. The model's
-    parameters are not trained (nor left changed); it runs in eval mode. `progress(n)` is
-    called after every n training steps.
+    parameters are not trained (nor left changed); it runs in eval mode. `progress(1)` is
+    called after each training step.
     """
     options = DasOptions(steps, lr, batch_size, seed, dev_frac, temperature, boundary_lr, boundary_penalty)
     dimensions = _dimensions(dims, boundless)
