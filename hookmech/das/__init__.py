@@ -8,18 +8,20 @@ the clean answer; it reports interchange-intervention accuracy and attribution o
 documents, against a random basis of the same K. The package's files, in the order a search
 flows through them:
 
-    search.py    `train`: the options, the training loop per K (or Boundless DAS), the evaluation
+    search.py    `train`: the training loop per K (or Boundless DAS), the evaluation
+    options.py   `DasOptions`: steps, learning rate, batch size, seed, Boundless DAS's schedule
     basis.py     the interventions (`SubspaceIntervention`, `BoundlessIntervention`), random bases
     data.py      `DasData`: the cache's rows in chunks, split by document, with what forwards start from
     patched.py   the patched forwards: the engine's resumed (or full) runs with a subspace intervention
-    records.py   `DasResult`: one record per (site, position, K), the bases, the files written
+    records.py   `DasResult`: the scores, one record per (site, position, K), the bases, the files written
 """
 
 from __future__ import annotations
 
 from .basis import MAX_ROTATION, BoundlessIntervention, SubspaceIntervention, random_basis
+from .options import DasOptions
 from .records import BASES_FILE, RECORDS_FILE, DasResult
-from .search import DasOptions, train
+from .search import train
 
 __all__ = [
     "BASES_FILE",

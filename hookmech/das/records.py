@@ -27,12 +27,30 @@ from .. import __version__
 from ..checkpoint import write_safetensors
 from ..fileio import atomic_path, write_text_atomic
 
-if TYPE_CHECKING:  # the training module imports this one
+if TYPE_CHECKING:
     from .data import DasData
-    from .search import DasOptions, Scores
+    from .options import DasOptions
 
 RECORDS_FILE = "records.json"
 BASES_FILE = "bases.safetensors"
+
+
+@dataclass(frozen=True)
+class Scores:
+    """An intervention's scores on the dev rows: IIA and mean p(answer) patched, with the
+    unpatched runs' mean p(answer) of the same rows."""
+
+    iia: float
+    p_patched: float
+    p_clean: float
+    p_corrupt: float
+    n: int
+
+    @property
+    def attribution(self) -> float | None:
+        """(p_patched − p_corrupt) / (p_clean − p_corrupt), None when p_clean == p_corrupt."""
+        gap = self.p_clean - self.p_corrupt
+        return None if gap == 0 else (self.p_patched - self.p_corrupt) / gap
 
 
 def das_record(

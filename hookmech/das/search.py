@@ -17,10 +17,8 @@ p_corrupt), with p_clean and p_corrupt the cache's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,37 +33,14 @@ from ..patching.runs import evaluating
 from ..patching.targets import parse_sites
 from .basis import BoundlessIntervention, SubspaceIntervention, derived_seed, random_basis
 from .data import DasData
+from .options import DasOptions
 from .patched import Intervene, SubspacePatch, patched_logits
-from .records import DasResult, das_record
+from .records import DasResult, Scores, das_record
 
 #: random streams of one seed (`basis.derived_seed(seed, K, stream)`)
 _INITIAL, _COMPLETION, _CONTROL = 0, 1, 2
 #: the training losses averaged into a record's ``loss``: the last this many steps
 LOSS_WINDOW = 20
-
-
-@dataclass(frozen=True)
-class DasOptions:
-    """The training options of one search (each checked on construction)."""
-
-    steps: int = 200
-    lr: float = 1e-2
-    batch_size: int = 64
-    seed: int = 0
-    dev_frac: float = 0.2
-    temperature: tuple[float, float] = (50.0, 0.1)
-    boundary_lr: float | None = None
-    boundary_penalty: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise UsageError(f"steps must be >= 1, got {self.steps}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise UsageError(f"learning rate must be a positive number, got {self.lr}")
-        if self.batch_size < 1:
-            raise UsageError(f"batch size must be >= 1, got {self.batch_size}")
-        if not all(math.isfinite(t) and t > 0 for t in self.temperature):
-            raise UsageError(f"temperatures must be positive numbers, got {self.temperature}")
 
 
 def train(
@@ -269,24 +244,6 @@ def _train_boundless(
 def _mean_tail(losses: Sequence[float]) -> float:
     tail = losses[-LOSS_WINDOW:]
     return sum(tail) / len(tail)
-
-
-@dataclass(frozen=True)
-class Scores:
-    """An intervention's scores on the dev rows: IIA and mean p(answer) patched, with the
-    unpatched runs' mean p(answer) of the same rows."""
-
-    iia: float
-    p_patched: float
-    p_clean: float
-    p_corrupt: float
-    n: int
-
-    @property
-    def attribution(self) -> float | None:
-        """(p_patched − p_corrupt) / (p_clean − p_corrupt), None when p_clean == p_corrupt."""
-        gap = self.p_clean - self.p_corrupt
-        return None if gap == 0 else (self.p_patched - self.p_corrupt) / gap
 
 
 @torch.no_grad()
