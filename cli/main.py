@@ -11,6 +11,7 @@ import click
 
 from .analysis import cache, patch, sites
 from .common import CONTEXT
+from .das import das
 from .data import data
 from .demo import demo
 from .offline import inspect, probe
@@ -27,13 +28,13 @@ def cli() -> None:
 
     Make data (data), train models (train, sweep), list their hook sites (sites), cache
     activations (cache), measure where the answer's information flows with interchange
-    interventions (patch), analyse caches offline (inspect, probe), plot (report), and look at
-    results in a browser (view).
+    interventions (patch) and in which subspace (das), analyse caches offline (inspect, probe),
+    plot (report), and look at results in a browser (view).
     `hookmech demo` runs it all on the bundled fixtures.
     """
 
 
-for _command in (data, train, sites, cache, patch, inspect, probe, demo, sweep, report, view):
+for _command in (data, train, sites, cache, patch, das, inspect, probe, demo, sweep, report, view):
     cli.add_command(_command)
 
 

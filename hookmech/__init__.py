@@ -25,6 +25,7 @@ _LAZY = {
     "sites": ("hookmech.sites", None),
     "cache": ("hookmech.cache", None),
     "training": ("hookmech.training", None),
+    "das": ("hookmech.das", None),
     "attention_maps": ("hookmech.effective_attention", "attention_maps"),
     "induction_scores": ("hookmech.effective_attention", "induction_scores"),
 }

@@ -11,7 +11,6 @@ Everything is read from the cache (`hookmech.cache.CacheFile`); no model is load
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -21,6 +20,7 @@ from torch.nn import functional as F
 from .cache import CacheFile
 from .errors import UsageError, unknown
 from .sites import hook_to_site, row_positions
+from .splits import split_by_document
 
 TARGETS = ("key", "value", "answer")
 WHICH = ("clean", "corrupt")
@@ -73,20 +73,6 @@ def probe_data(
         tokens = batch.tokens if which == "clean" else batch.corrupt_tokens
         labels = tokens[torch.arange(len(batch)), batch.role(target)]
     return features, labels, batch.doc_index
-
-
-def split_by_document(doc_index: Tensor, heldout_frac: float, seed: int) -> tuple[Tensor, Tensor]:
-    """Return boolean masks ``(train [N], heldout [N])``: a seeded random `heldout_frac` of the
-    documents (at least one, never all) is held out with all its rows."""
-    if not 0 < heldout_frac < 1:
-        raise UsageError(f"heldout fraction must be in (0, 1), got {heldout_frac}")
-    documents = torch.unique(doc_index)
-    if len(documents) < 2:
-        raise UsageError("a probe needs rows of at least 2 documents to hold some out")
-    order = documents[torch.randperm(len(documents), generator=torch.Generator().manual_seed(seed))]
-    n_heldout = min(len(documents) - 1, max(1, math.ceil(heldout_frac * len(documents))))
-    heldout = torch.isin(doc_index, order[:n_heldout])
-    return ~heldout, heldout
 
 
 def fit_logistic(

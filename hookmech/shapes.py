@@ -12,6 +12,7 @@ Dimension names (one name is one size within a call):
   whose rows are ``batch``; ``run``: the rows of the run a mixer context was made from
   (`Mixer.prefix_context`), which a window's ``rows`` index.
 * ``head_or_channel``: axis 1 of an effective attention map (`Mixer.attention_axis`).
+* ``d``: the width of a flattened activation, ``k`` a subspace's dimension (`hookmech.das`).
 * ``...``: any further axes (a hook's own, e.g. ``head d_head``).
 
 `Int` is any integer dtype (the cache stores int32 tokens, runs use int64), `Float` any
@@ -63,11 +64,18 @@ Acts = Float[Tensor, "batch pos ..."]
 #: cached activations of a hook at one position per row ``[batch, ...]`` (`CacheFile.at`, `CacheFile.gather`)
 ActsAt = Float[Tensor, "batch ..."]
 
+#: activations at one position per row, flattened ``[batch, d]`` (`hookmech.das`)
+Flat = Float[Tensor, "batch d"]
+#: an orthonormal basis of a subspace of flattened activations ``[d, k]`` (`hookmech.das`)
+Basis = Float[Tensor, "d k"]
+
 __all__ = [
     "Acts",
     "ActsAt",
+    "Basis",
     "Context",
     "EffectiveAttention",
+    "Flat",
     "Gradients",
     "KeptWindow",
     "Logits",

@@ -92,14 +92,11 @@ def resumed_pairs(
     """Yield (patch index, row, query logits) of (patch, row) pairs, each re-run only on the
     positions from its first patched one to its query (`PatchableModel.resume`).
 
-    Pairs are sorted by that width so that a chunk's common window W wastes little; a row
-    whose window would start before position 0 gets the first W positions instead (the extra
-    positions before the patch recompute the base run's values, those after the query are
-    not read).
+    Pairs are sorted by that width so that a chunk's common window (`resume_window`) wastes little.
     """
     query = runs.batch.query_pos.to(runs.device)
     first = masks[patch_index, row_index].int().argmax(dim=-1)
-    widths = (query[row_index] - first + 1).clamp(min=1)
+    widths = window_widths(first, query[row_index])
     order = torch.sort(widths, stable=True).indices
     resid = runs.acts(model.resid_hook(layer), base)
     patchers = [WindowPatch(plan) for plan in plans]
@@ -110,14 +107,29 @@ def resumed_pairs(
         for chunk in run_chunks(len(order), max_batch):
             pairs = order[chunk]
             which_patch, rows = patch_index[pairs], row_index[pairs]
-            width = int(widths[pairs].max())
-            start = (query[rows] - width + 1).clamp(min=0)
+            width, start = resume_window(widths[pairs], query[rows])
             every = torch.arange(n_pos, device=rows.device).expand(len(rows), n_pos)  # a mixer firing on the whole run
             for patcher in patchers:
                 patcher.point_at(rows, masks[which_patch, rows], (window_index(start, width), query[rows, None], every))
             resid_window = take_window(resid.index_select(0, rows), start, width)
             logits = model.resume(resid_window, layer, contexts, rows, start, query[rows])
             yield which_patch, rows, logits
+
+
+def window_widths(first: Tensor, query: Tensor) -> Tensor:
+    """Return ``[B]``: the positions a resumed run of each row needs, from its first patched
+    position `first` ``[B]`` to its query `query` ``[B]`` (at least 1)."""
+    return (query - first + 1).clamp(min=1)
+
+
+def resume_window(widths: Tensor, query: Tensor) -> tuple[int, Tensor]:
+    """Return ``(W, start [B])``, the common window of rows resumed together: W is the widest
+    row's width (`window_widths`) and row i runs positions ``start[i] .. start[i] + W - 1``,
+    ending at its query; a row whose window would start before position 0 gets the first W
+    positions instead (the extra positions before the patch recompute the base run's values,
+    those after the query are not read)."""
+    width = int(widths.max())
+    return width, (query - width + 1).clamp(min=0)
 
 
 class WindowPatch:

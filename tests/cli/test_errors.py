@@ -336,7 +336,35 @@ ROWS_VIEW = [
     ("view-out-is-a-folder", "none", [*VIEW, "-o", "{tmp}"], 2, "is a folder; give the page's file name"),
 ]
 
-ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES + ROWS_PATHS + ROWS_RUNS + ROWS_FILES + ROWS_VIEW
+DAS = ["das", "--ckpt", "{ckpt}", "--cache", "{tmp}/c.h5", "--site", "L1.block_in", "--pos", "value", "--steps", "2"]
+
+#: distributed alignment search: refused before anything is trained
+ROWS_DAS = [
+    ("das-without-dim-or-boundless", "cache", [*DAS, "-o", "{tmp}/d"], 2, "give the subspace dimensions to learn"),
+    ("das-dim-and-boundless", "cache", [*DAS, "--dim", "1", "--boundless", "-o", "{tmp}/d"], 2, "not both"),
+    ("das-dim-not-an-integer", "cache", [*DAS, "--dim", "1,two", "-o", "{tmp}/d"], 2,
+     "--dim takes integers (subspace dimensions), got 'two'"),
+    ("das-dim-wider-than-the-site", "cache", [*DAS, "--dim", "65", "-o", "{tmp}/d"], 2,
+     "L1.block_in is 64-dimensional at a position, so 1 <= K <= 64"),
+    ("das-dim-zero", "cache", [*DAS, "--dim", "0", "-o", "{tmp}/d"], 2, "an integer >= 1, got 0"),
+    ("das-at-all-positions", "cache", [*DAS[:-4], "--pos", "all", "--dim", "1", "-o", "{tmp}/d"], 2,
+     "one position per row, not 'all'"),
+    ("das-unknown-position", "cache", [*DAS[:-4], "--pos", "nosuchrole", "--dim", "1", "-o", "{tmp}/d"], 2,
+     "unknown position 'nosuchrole'"),
+    ("das-site-pattern", "cache", [*DAS[:5], "--site", "L*.block_in", "--pos", "value", "--dim", "1", "-o", "{tmp}/d"],
+     2, "names 2 sites; DAS learns a subspace of one site at a time"),
+    ("das-site-not-cached", "cache",
+     [*DAS[:5], "--site", "L0.block_in", "--pos", "value", "--dim", "1", "-o", "{tmp}/d"], 2,
+     "no clean activations for site 'L0.block_in'"),
+    ("das-zero-steps", "cache", [*DAS[:-1], "0", "--dim", "1", "-o", "{tmp}/d"], 2, "steps must be >= 1, got 0"),
+    ("das-negative-lr", "cache", [*DAS, "--dim", "1", "--lr", "-1", "-o", "{tmp}/d"], 2,
+     "learning rate must be a positive number, got -1.0"),
+    ("das-out-is-a-file", "cache", [*DAS, "--dim", "1", "-o", "{tmp}/c.h5"], 2, "is a file; das writes a folder"),
+    ("das-cache-of-another-model", "cache of mamba",
+     [*DAS[:4], "{tmp}/mamba.h5", *DAS[5:], "--dim", "1", "-o", "{tmp}/d"], 1, "was made from another model than"),
+]
+
+ALL_ROWS = ROWS_USAGE + ROWS_MESSAGES + ROWS_PATHS + ROWS_RUNS + ROWS_FILES + ROWS_VIEW + ROWS_DAS
 
 
 def _expand(argv: list[str], tmp: Path) -> list[str]:

@@ -1,0 +1,120 @@
+"""`hookmech das`: distributed alignment search at one (site, position), from an activation cache."""
+
+from __future__ import annotations
+
+import click
+
+from .common import (
+    CONTEXT,
+    device_option,
+    load_model_and_task,
+    progress,
+    refuse_overwriting_inputs,
+    set_threads,
+    split_flag,
+    threads_option,
+    to_json,
+)
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--ckpt", required=True, type=click.Path(dir_okay=False), help="checkpoint (.safetensors)")
+@click.option(
+    "--cache",
+    "cache_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="activation cache of this checkpoint holding the site's clean activations",
+)
+@click.option("--site", required=True, help="one site with a position axis (L1.block_in, L0.mixer.ssm_state)")
+@click.option("--pos", required=True, help="one position per row: a role (key, value, query) or an integer")
+@click.option("--dim", "dim_specs", multiple=True, help="subspace dimensions K to learn (repeatable, comma lists)")
+@click.option("--boundless", is_flag=True, help="Boundless DAS: learn the dimension (a rotation and a boundary)")
+@click.option("--steps", type=int, default=200, show_default=True, help="Adam steps per dimension")
+@click.option("--lr", type=float, default=1e-2, show_default=True, help="Adam learning rate of the basis")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="training rows per step")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the split, bases and data order")
+@click.option("--json", "as_json", is_flag=True, help="print the records as one JSON array")
+@device_option
+@threads_option
+@click.option(
+    "-o", "--out", "out_dir", required=True, type=click.Path(), help="folder for records.json and bases.safetensors"
+)
+def das(
+    ckpt, cache_path, site, pos, dim_specs, boundless, steps, lr, batch_size, seed, as_json, device, threads, out_dir
+):
+    """Distributed alignment search: learn the subspace of an activation that carries the answer.
+
+    For each --dim K, an orthonormal basis Q [d, K] of the activation at SITE and POS is trained so
+    that the corrupt run with x -> x + Q Q^T (x_clean - x) predicts the clean answer; it is scored
+    on held-out documents (interchange-intervention accuracy, attribution) against a random basis
+    of the same K and the whole activation's interchange. Writes records.json and bases.safetensors
+    into -o.
+    """
+    import warnings
+    from pathlib import Path
+
+    from hookmech.cache import CacheFile, UnverifiedCacheWarning
+    from hookmech.das import BASES_FILE, RECORDS_FILE, DasOptions, train
+    from hookmech.errors import UsageError
+    from hookmech.tables import format_table
+
+    dims = _parse_dims(split_flag(dim_specs)) if dim_specs else None
+    if dims is not None and boundless:
+        raise UsageError("give the subspace dimensions (--dim) or --boundless, not both")
+    if dims is None and not boundless:
+        raise UsageError("give the subspace dimensions to learn (--dim K[,K...]) or --boundless")
+    DasOptions(steps=steps, lr=lr, batch_size=batch_size, seed=seed)  # checks them before anything is loaded
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out_dir} is a file; das writes a folder (records.json, bases.safetensors)")
+    refuse_overwriting_inputs(
+        [("-o", out_dir), ("-o", str(out / RECORDS_FILE)), ("-o", str(out / BASES_FILE))],
+        [("--ckpt", ckpt), ("--cache", cache_path)],
+    )
+    set_threads(threads)
+    model, _ = load_model_and_task(ckpt, device)
+    with CacheFile(cache_path) as cache:
+        from .analysis import _check_cache_model
+
+        _check_cache_model(cache, model, ckpt)
+        total = steps * (1 if boundless else len(dims or []))
+        with progress(total, "das") as advance, warnings.catch_warnings():
+            # an older cache without a model_hash was checked above, by the checkpoint file's hash
+            warnings.simplefilter("ignore", UnverifiedCacheWarning)
+            result = train(
+                model,
+                cache,
+                site,
+                pos,
+                dims,
+                boundless=boundless,
+                steps=steps,
+                lr=lr,
+                batch_size=batch_size,
+                seed=seed,
+                progress=advance,
+            )
+    result.save(out)
+    if as_json:
+        click.echo(to_json(result.records, indent=1))
+        return
+    columns = ["dim", "iia", "iia_random", "iia_full", "attribution", "attribution_random", "attribution_full"]
+    headers = ["K", "IIA", "IIA random", "IIA full", "attrib", "attrib random", "attrib full"]
+    first = result.records[0]
+    click.echo(f"{first['site']} at {first['pos']} (d = {first['d']}, {first['n_dev']} dev rows, {steps} steps)")
+    click.echo(format_table(headers, [[record[c] for c in columns] for record in result.records]))
+    click.echo(f"wrote {out / RECORDS_FILE} and {out / BASES_FILE}")
+
+
+def _parse_dims(specs: list[str]) -> list[int]:
+    """The integers of --dim values; a UsageError naming a value that is not one."""
+    from hookmech.errors import UsageError
+
+    dims = []
+    for spec in specs:
+        try:
+            dims.append(int(spec))
+        except ValueError:
+            raise UsageError(f"--dim takes integers (subspace dimensions), got {spec!r}") from None
+    return dims
