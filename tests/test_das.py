@@ -70,15 +70,15 @@ def plain_patched_probs(model, batch, hook, positions, basis):
     [
         ("attention", "L1.block_in", "value", "resumed"),
         ("attention", "L0.block_out", "value", "resumed"),
-        ("attention", "L1.mixer.k", "value", "full"),
+        ("attention", "L1.mixer.k", "value", "resumed"),
         ("mamba", "L1.block_in", "key", "resumed"),
-        ("mamba", "L0.mixer.ssm_state", "key", "full"),
+        ("mamba", "L0.mixer.ssm_state", "key", "resumed"),
     ],
 )
 @torch.no_grad()
 def test_patched_forwards_equal_plain_run_with_hooks(which, site, pos, route, attention_cache, mamba_cache):
-    """A fixed random basis: DAS's forwards (resumed from the patched block and position, or, inside
-    a mixer, every position from the patched block's input, with the state patch propagating) give
+    """A fixed random basis: DAS's forwards (resumed from the patched block and position, inside
+    hooks included since the engine resumes them, the state patch propagating) give
     the p(answer) of plain forwards from the tokens, to ENGINE_TOL (the engine's contract); a small
     chunk size changes nothing."""
     model, path = attention_cache if which == "attention" else mamba_cache

@@ -4,9 +4,10 @@ instead of a plain replacement at the patched position.
 A block-level site runs resumed, as the engine runs it (hookmech/patching/forwards.py): from the
 corrupt residual entering the patched block, on the window of positions from the patched one to
 the query (`resume_window`), the earlier positions known through the corrupt run's mixer contexts
-(`PatchableModel.resume`). A hook a resumed run does not fire (inside a mixer, an embedding) runs
-on every position from the patched block's input (or from the tokens); a recurrent state patched
-there propagates through the recurrence as in any run (`hookmech/mixers/state_patch.py`).
+(`PatchableModel.resume`); hooks inside a mixer resume the same way where the model says so
+(`resume_layer`). A hook a resumed run does not fire (an embedding) runs on every position from
+the patched block's input (or from the tokens); a recurrent state patched propagates through the
+recurrence as in any run (`hookmech/mixers/state_patch.py`).
 """
 
 from __future__ import annotations
