@@ -374,7 +374,7 @@ def test_records_have_the_contract_fields(ar_model, ar_task):
     atp = attribution_patch(ar_model, batch, ["all"], ["key", "value", "key+value"])
     assert len(star) == len(atp) == 7 * 2 * 3
     for a, b in zip(star, atp, strict=True):
-        assert set(a) == set(b) | {"p_patched_rows", "graddrop"}
+        assert set(a) == set(b) | {"p_patched_rows", "p_clean_rows", "p_corrupt_rows", "graddrop"}
         assert (a["site"], a["hook"], a["pos"], a["n"], a["passes_filter"]) == (
             b["site"],
             b["hook"],

@@ -35,7 +35,7 @@ from .exact import run_exact
 from .metrics import Metric
 from .options import CONTEXT_MEMORY, PatchOptions
 from .protocol import PatchableModel, check_patchable
-from .records import Means, patch_record
+from .records import estimate_record
 from .runs import CleanCorruptRuns, evaluating, open_source
 
 
@@ -154,29 +154,22 @@ def attribution_patch(
         )
         patches = position_patches(as_specs(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
         estimates = _estimates(model, runs, hooks, start, torch.stack([p.mask for p in patches]).double(), max_batch)
-    p_corrupt_rows = runs.p_answer["corrupt"].double().cpu()
-    p_clean, p_corrupt = runs.p_answer["clean"].double().mean().item(), p_corrupt_rows.mean().item()
+    p_clean_rows, p_corrupt_rows = (runs.p_answer[run].double().cpu() for run in ("clean", "corrupt"))
     records = []
     for hook in hooks:
         for patch_spec, estimate in zip(patches, estimates[hook], strict=True):
-            p_answer = Means(p_clean, p_corrupt, p_corrupt + estimate.mean().item())
-            record = patch_record(
-                hook_to_site(hook),
-                hook,
-                patch_spec.label,
-                len(batch),
-                p_answer,
-                p_answer,
-                method="atp",
-                metric_name="p_answer",
-                direction="denoise",
-                passes_filter=bool(p_clean - p_corrupt > options.threshold),
+            records.append(
+                estimate_record(
+                    hook,
+                    patch_spec.label,
+                    p_clean_rows,
+                    p_corrupt_rows,
+                    estimate,
+                    method="atp",
+                    threshold=options.threshold,
+                    per_example=per_example,
+                )
             )
-            if per_example:
-                record["p_patched_rows"] = (p_corrupt_rows + estimate).tolist()
-                record["p_clean_rows"] = runs.p_answer["clean"].double().cpu().tolist()
-                record["p_corrupt_rows"] = p_corrupt_rows.tolist()
-            records.append(record)
     return records
 
 

@@ -53,7 +53,7 @@ from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
 from ..tasks.batch import Batch
 from .options import PatchOptions
 from .protocol import PatchableModel, check_patchable
-from .records import Means, patch_record
+from .records import estimate_record
 from .runs import CleanCorruptRuns, evaluating, open_source
 
 
@@ -121,30 +121,23 @@ def atp_star_patch(
                 shifts[hook][:, rows] = _p_shift(log_odds, masks[:, rows], variants[None][hook])
                 for index, layer in enumerate(estimator.dropped):
                     dropped_shifts[hook][index, :, rows] = _p_shift(log_odds, masks[:, rows], variants[layer][hook])
-    p_corrupt_rows = runs.p_answer["corrupt"].double().cpu()
-    p_clean, p_corrupt = runs.p_answer["clean"].double().mean().item(), p_corrupt_rows.mean().item()
+    p_clean_rows, p_corrupt_rows = (runs.p_answer[run].double().cpu() for run in ("clean", "corrupt"))
     records = []
     for hook in hooks:
         for index, patch_spec in enumerate(patches):
-            shift = shifts[hook][index]
-            p_answer = Means(p_clean, p_corrupt, p_corrupt + shift.mean().item())
-            record = patch_record(
-                hook_to_site(hook),
+            record = estimate_record(
                 hook,
                 patch_spec.label,
-                len(batch),
-                p_answer,
-                p_answer,
+                p_clean_rows,
+                p_corrupt_rows,
+                shifts[hook][index],
                 method="atp-star",
-                metric_name="p_answer",
-                direction="denoise",
-                passes_filter=bool(p_clean - p_corrupt > options.threshold),
+                threshold=options.threshold,
+                per_example=per_example,
             )
             record["graddrop"] = (
                 dropped_shifts[hook][:, index].mean(dim=1).abs().mean().item() if estimator.dropped else None
             )
-            if per_example:
-                record["p_patched_rows"] = (p_corrupt_rows + shift).tolist()
             records.append(record)
     return records
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torch import Tensor
+
+from ..sites import hook_to_site
 from .metrics import attribution_score
 
 
@@ -51,3 +54,39 @@ def patch_record(
         "metric_corrupt": metric.corrupt,
         "metric_patched": metric.patched,
     }
+
+
+def estimate_record(
+    hook: str,
+    pos: str,
+    p_clean_rows: Tensor,
+    p_corrupt_rows: Tensor,
+    shift: Tensor,
+    *,
+    method: str,
+    threshold: float,
+    per_example: bool,
+) -> dict[str, Any]:
+    """Return the record of an estimated (site, position) cell (AtP, AtP*): p_patched is p_corrupt
+    plus the mean estimated change `shift` ``[N]`` (float64) of p(answer); the metric is p(answer),
+    denoising. With `per_example` it also holds ``p_patched_rows``, ``p_clean_rows`` and
+    ``p_corrupt_rows`` (lists of N floats), from `p_clean_rows` and `p_corrupt_rows` ``[N]``."""
+    p_clean, p_corrupt = p_clean_rows.mean().item(), p_corrupt_rows.mean().item()
+    p_answer = Means(p_clean, p_corrupt, p_corrupt + shift.mean().item())
+    record = patch_record(
+        hook_to_site(hook),
+        hook,
+        pos,
+        len(shift),
+        p_answer,
+        p_answer,
+        method=method,
+        metric_name="p_answer",
+        direction="denoise",
+        passes_filter=bool(p_clean - p_corrupt > threshold),
+    )
+    if per_example:
+        record["p_patched_rows"] = (p_corrupt_rows + shift).tolist()
+        record["p_clean_rows"] = p_clean_rows.tolist()
+        record["p_corrupt_rows"] = p_corrupt_rows.tolist()
+    return record
