@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -39,6 +38,7 @@ import hookmech
 from hookmech.config import build_config
 from hookmech.sweep import write_results
 from hookmech.view import checkpoint_page_data, sweep_page_data, write_page
+from hookmech.view.browser import headless_chromium
 
 ARCHS = ("attention", "based", "mamba", "h3", "hyena", "baseconv")
 D_MODELS = (64, 128, 256, 512, 1024)
@@ -138,22 +138,8 @@ def atr_page(folder: Path, n: int, docs: int) -> tuple[Path, str]:
 
 
 def open_driver():
-    os.environ.setdefault("SE_OFFLINE", "true")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1800",
-    ):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
+    """Return headless Chromium (`hookmech.view.browser`)."""
+    return headless_chromium()
 
 
 def load_seconds(driver, path: Path, reps: int) -> float:

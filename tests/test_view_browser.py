@@ -12,54 +12,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 from helpers import ATTENTION_FIXTURE, run_cli
 from test_view import _sweep_folder
 
+from hookmech.view.browser import browser_missing, headless_chromium
+
 N, SEED = 16, 1
 ROLES = "key,value,query,divider"
 
 
-def _browser_missing() -> str | None:
-    """Why no browser can run here, or None."""
-    missing = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("the selenium package (the dev extra)")
-    if missing:
-        return f"no {', no '.join(missing)} here (apt-get install chromium chromium-driver; pip install -e .[dev])"
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser():
-    reason = _browser_missing()
+    reason = browser_missing()
     if reason is not None:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the browser test: {reason}")
         pytest.skip(reason)
-    os.environ.setdefault("SE_OFFLINE", "true")  # selenium-manager must not fetch a browser or a driver
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1800",
-        "--disable-extensions",
-        "--no-first-run",
-    ):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=shutil.which("chromedriver")), options=options)
-    driver.set_page_load_timeout(60)
+    driver = headless_chromium()
     yield driver
     driver.quit()
 
