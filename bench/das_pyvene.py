@@ -32,8 +32,6 @@ Without pyvene importable the script says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import math
 import tempfile
 import time
@@ -41,7 +39,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import torch
-from torch import nn
+from pyvene_sweep import PyveneAdapter, import_pyvene  # the same adapter as the patching comparison
 from torch.nn import functional as F
 
 import hookmech
@@ -51,33 +49,6 @@ from hookmech.das.data import DasData
 from hookmech.sites import resolve_sites, site_to_hook
 
 INITIAL, COMPLETION = 0, 1  # hookmech.das.search's random streams of a seed
-
-
-def import_pyvene():
-    """Return the pyvene module, or None when it is not importable (its import banner is swallowed)."""
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            import pyvene
-    except ImportError:
-        return None
-    return pyvene
-
-
-class PyveneAdapter(nn.Module):
-    """A HookedLM as pyvene expects a model (``.config``, ``.device``, keyword call), as in
-    bench/pyvene_sweep.py."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-        self.config = lm.cfg
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.lm.parameters()).device
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.lm(tokens)
 
 
 def pyvene_das(pv, model, data: DasData, batch, hook: str, k: int, args) -> tuple[float, float, torch.Tensor]:
