@@ -21,6 +21,10 @@ ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar_cpu.safetensors"
 ENGINE_TOL = 1e-5
 #: patching from an fp32 activation cache vs patching from scratch, in every p
 CACHE_TOL = 1e-6
+#: one set of float64 terms summed in two orders (a joint AtP estimate against the sum of its
+#: per-position terms, a mean against the mean of its rows): the round-off is ~1e-15 per term on
+#: any CPU, while a term lost or computed in float32 (~1e-7) fails
+FLOAT64_SUM_TOL = 1e-9
 
 
 # -- models --------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from hookmech.errors import UsageError
 from hookmech.patching import Metric, attribution_patch, first_order_effects, patch, verify_top
 from hookmech.sites import resolve_sites
 
-from helpers import CACHE_TOL, ENGINE_TOL, make_model
+from helpers import CACHE_TOL, ENGINE_TOL, FLOAT64_SUM_TOL, make_model
 
 CONTRACT = {"site", "hook", "pos", "attribution", "p_clean", "p_corrupt", "p_patched", "n", "passes_filter", "method"}
 
@@ -123,9 +123,9 @@ def test_joint_positions_add_up(ar_model, ar_task):
     for site in ("L0.block_in", "L1.mixer.q"):
         change = {pos: by[site, pos]["p_patched"] - by[site, pos]["p_corrupt"] for (s, pos) in by if s == site}
         # joint estimates are float64 sums of the same per-position terms: float64 round-off
-        assert change["key+value"] == pytest.approx(change["key"] + change["value"], abs=1e-9)
+        assert change["key+value"] == pytest.approx(change["key"] + change["value"], abs=FLOAT64_SUM_TOL)
         every = sum(change[str(p)] for p in range(batch.tokens.shape[1]))
-        assert change["whole"] == pytest.approx(every, abs=1e-9)
+        assert change["whole"] == pytest.approx(every, abs=FLOAT64_SUM_TOL)
 
 
 def test_records_have_the_contract_fields_and_the_exact_means(ar_model, ar_task):
@@ -142,7 +142,7 @@ def test_records_have_the_contract_fields_and_the_exact_means(ar_model, ar_task)
         assert a["passes_filter"] == e["passes_filter"]
         assert len(a["p_patched_rows"]) == 10
         # the mean of the rows, summed in another order: float64 round-off
-        assert sum(a["p_patched_rows"]) / 10 == pytest.approx(a["p_patched"], abs=1e-9)
+        assert sum(a["p_patched_rows"]) / 10 == pytest.approx(a["p_patched"], abs=FLOAT64_SUM_TOL)
 
 
 def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_model, ar_task):

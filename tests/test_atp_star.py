@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import ATTENTION_FIXTURE, CACHE_TOL, ENGINE_TOL, make_model, unit_variance
+from helpers import ATTENTION_FIXTURE, CACHE_TOL, ENGINE_TOL, FLOAT64_SUM_TOL, make_model, unit_variance
 
 from hookmech.cache import write_cache
 from hookmech.errors import UsageError
@@ -320,9 +320,9 @@ def test_graddrop_equals_backward_passes_through_detached_sublayers(ar_task):
     assert expected.max() > 1e-4  # the corrupted key's embedding moves p along either route
     for position in range(batch.tokens.shape[1]):
         # float64 model; the two routes sum the same products in other orders
-        assert by["embed", str(position)]["graddrop"] == pytest.approx(expected[position].item(), abs=1e-9)
+        assert by["embed", str(position)]["graddrop"] == pytest.approx(expected[position].item(), abs=FLOAT64_SUM_TOL)
         final = by["final_norm", str(position)]
-        assert final["graddrop"] == pytest.approx(abs(final["p_patched"] - final["p_corrupt"]), abs=1e-9)
+        assert final["graddrop"] == pytest.approx(abs(final["p_patched"] - final["p_corrupt"]), abs=FLOAT64_SUM_TOL)
 
 
 @pytest.mark.slow
@@ -385,7 +385,7 @@ def test_records_have_the_contract_fields(ar_model, ar_task):
         assert a["method"] == "atp-star" and 0 <= a["p_patched"] <= 1 and a["graddrop"] >= 0
         assert a["p_corrupt"] == b["p_corrupt"] and a["p_clean"] == b["p_clean"]  # the same unpatched runs
         # the mean of the rows, summed in another order: float64 round-off
-        assert sum(a["p_patched_rows"]) / 10 == pytest.approx(a["p_patched"], abs=1e-9)
+        assert sum(a["p_patched_rows"]) / 10 == pytest.approx(a["p_patched"], abs=FLOAT64_SUM_TOL)
     no_graddrop = atp_star_patch(ar_model, batch, ["all"], ["key"], graddrop=False)
     assert all(r["graddrop"] is None for r in no_graddrop)
 

@@ -164,8 +164,10 @@ def test_training_reads_the_cache_in_chunks(attention_cache, monkeypatch):
     assert sizes and all(read <= 7 and kept <= read for _, read, kept in sizes)
     assert {start for start, _, _ in sizes} == set(range(0, 40, 7))  # 12 steps of 4 rows: every chunk
     big = train(model, path, "L1.block_in", "value", dims=[2], steps=1, batch_size=4)
-    for key in ("iia_full", "attribution_full", "n_dev", "p_clean", "p_corrupt"):
-        assert small.records[0][key] == pytest.approx(big.records[0][key], abs=1e-12), key
+    assert small.records[0]["n_dev"] == big.records[0]["n_dev"]
+    # forwards of 7-row and 40-row chunks: two batchings of the engine's runs, so ENGINE_TOL
+    for key in ("iia_full", "attribution_full", "p_clean", "p_corrupt"):
+        assert small.records[0][key] == pytest.approx(big.records[0][key], abs=ENGINE_TOL), key
 
 
 # -- a planted subspace --------------------------------------------------------------------------

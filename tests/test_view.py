@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import ATTENTION_FIXTURE, run_cli
+from helpers import ATTENTION_FIXTURE, FLOAT64_SUM_TOL, run_cli
 from test_report import synthetic_rows
 
 import hookmech
@@ -75,8 +75,9 @@ def test_per_example_rows_are_the_engines_and_average_to_the_means(attention_pag
         p_patched = unpack(cell["p_patched"])
         assert p_patched.tolist() == reference["p_patched_rows"]  # float32 packing loses nothing
         # the record's means are float64 means of the same rows, summed in another order: float64 round-off
-        assert p_patched.astype(np.float64).mean() == pytest.approx(record["p_patched"], abs=1e-12)
-    assert unpack(rows["p_clean"]).astype(np.float64).mean() == pytest.approx(data["records"][0]["p_clean"], abs=1e-12)
+        assert p_patched.astype(np.float64).mean() == pytest.approx(record["p_patched"], abs=FLOAT64_SUM_TOL)
+    p_clean = unpack(rows["p_clean"]).astype(np.float64).mean()
+    assert p_clean == pytest.approx(data["records"][0]["p_clean"], abs=FLOAT64_SUM_TOL)
 
 
 def test_drill_down_rows_are_the_largest_and_smallest_effects(attention_page):
