@@ -11,11 +11,13 @@ from .common import (
     CONTEXT,
     device_option,
     load_model_and_task,
+    max_batch_option,
     progress,
     refuse_overwriting_inputs,
     set_threads,
     split_flag,
     threads_option,
+    threshold_option,
     to_json,
 )
 
@@ -130,16 +132,8 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     metavar="K",
     help="with --method atp or atp-star: re-run the top K cells exactly",
 )
-@click.option(
-    "--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it"
-)
-@click.option(
-    "--max-batch",
-    type=int,
-    default=256,
-    show_default=True,
-    help="rows per forward pass (bounds memory; 256 is fastest on CPU, bench/patch_engine.py)",
-)
+@threshold_option
+@max_batch_option
 @click.option(
     "--context-memory",
     type=int,

@@ -50,6 +50,16 @@ def check_device(device: str) -> str:
 
 device_option = click.option("--device", default="cpu", show_default=True, help="torch device to run on")
 threads_option = click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+threshold_option = click.option(
+    "--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it"
+)
+max_batch_option = click.option(
+    "--max-batch",
+    type=int,
+    default=256,
+    show_default=True,
+    help="rows per forward pass (bounds memory; 256 is fastest on CPU, bench/patch_engine.py)",
+)
 
 
 def refuse_overwriting_inputs(outputs, inputs) -> None:

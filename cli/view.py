@@ -8,10 +8,12 @@ from .common import (
     CONTEXT,
     device_option,
     load_model_and_task,
+    max_batch_option,
     refuse_overwriting_inputs,
     set_threads,
     split_flag,
     threads_option,
+    threshold_option,
 )
 
 #: options of one kind of page, refused with the other (name shown, click parameter name)
@@ -42,10 +44,8 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
     "--n", type=int, default=320, show_default=True, help="examples (checkpoint: patched; sweep: per heatmap)"
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples")
-@click.option(
-    "--threshold", type=float, default=0.01, show_default=True, help="filter: p_clean - p_corrupt must exceed it"
-)
-@click.option("--max-batch", type=int, default=256, show_default=True, help="rows per forward pass")
+@threshold_option
+@max_batch_option
 @click.option(
     "--maps", type=int, default=8, show_default=True, help="examples whose effective attention is embedded (first rows)"
 )
