@@ -228,11 +228,14 @@ class DeltaNet(Mixer):
         context["state"] = self._states(q, k, v, self._beta(x), None, 0, x.shape[1])
         return context
 
+    window_hooks = True
+
     def forward_from(
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
-        `Mixer.forward_from`): projections on the window only, the delta rule from S_{start-1}."""
+        `Mixer.forward_from`): projections on the window only, the delta rule from S_{start-1}.
+        The inside hooks fire on the window; a state edit is carried on from the window's start."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.conv_size > 0:
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
@@ -241,12 +244,22 @@ class DeltaNet(Mixer):
                 for conv, name, t in zip(convs, "qkv", (q, k, v), strict=True)
             )
         q, k, v = self._heads(q, k, v)
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        beta = self.hook_beta(self._beta(x))
         initial = state_before(context["state"], rows, start)
-        if self.mode == "chunk":
-            y = delta_rule_chunked(q, k, v, self._beta(x), self.chunk_size, initial_state=initial)[0]
+        if self.hook_state.is_active:
+            states = hook_state_with_propagation(
+                self.hook_state,
+                self._states(q, k, v, beta, initial, 0, x.shape[1]),
+                partial(self._states, q, k, v, beta),
+                partial(delta_rule_carry, k, beta),
+            )
+            y = torch.einsum("bthvk,bthk->bthv", states, q)
+        elif self.mode == "chunk":
+            y = delta_rule_chunked(q, k, v, beta, self.chunk_size, initial_state=initial)[0]
         else:
-            y = delta_rule_recurrent(q, k, v, self._beta(x), initial_state=initial)[0]
-        return self.out_proj(kept(self.o_norm(y), keep).flatten(2))
+            y = delta_rule_recurrent(q, k, v, beta, initial_state=initial)[0]
+        return self.out_proj(kept(self.o_norm(self.hook_y(y)), keep).flatten(2))
 
     def _projections(self, x: Tensor, convolve: bool = True) -> tuple[Tensor, Tensor, Tensor]:
         """Return the q, k, v projections of `x` ``[b, t, d_model]`` (each ``[b, t, d_model]``),

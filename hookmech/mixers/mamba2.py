@@ -327,19 +327,34 @@ class Mamba2(Mixer):
         _, states = ssd_chunked(x, dt, -torch.exp(self.A_log), B, C, self.chunk_size, return_all_states=True)
         return {"xbc": xbc, "ssm_state": states}
 
+    window_hooks = True
+
     def forward_from(
         self, u: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `u` ``[B, W, d_model]`` (see
-        `Mixer.forward_from`): in_proj on the window only, SSD from the state at start - 1."""
+        `Mixer.forward_from`): in_proj on the window only, SSD from the state at start - 1. The
+        inside hooks fire on the window; a state edit is carried on from the window's start."""
         batch, n_pos, _ = u.shape
-        z, xbc, dt = self._in_proj(u)
+        d_bc = self.ngroups * self.d_state
+        z, x, bc, dt = self.in_proj(u).split([self.d_inner, self.d_inner, 2 * d_bc, self.n_heads], dim=-1)
+        z = self.hook_gate(z)
+        xbc = torch.cat([self.hook_in_x(x), bc], dim=-1)
         if self.conv1d is not None:
             xbc = self.conv1d.forward_from(xbc, context["xbc"], rows, start)
-        x, dt, B, C = self._ssm_inputs(xbc, dt)
+        x, B, C = xbc.split([self.d_inner, d_bc, d_bc], dim=-1)
+        x = self.hook_conv_act(F.silu(self.hook_conv(x)).view(batch, n_pos, self.n_heads, self.headdim))
+        B = self.hook_B(F.silu(B).view(batch, n_pos, self.ngroups, self.d_state))
+        C = self.hook_C(F.silu(C).view(batch, n_pos, self.ngroups, self.d_state))
+        dt = self.hook_delta(F.softplus(dt + self.dt_bias))
+        A = -torch.exp(self.A_log)
         initial = state_before(context["ssm_state"], rows, start)
-        y, _ = ssd_chunked(x, dt, -torch.exp(self.A_log), B, C, self.chunk_size, initial_state=initial)
-        y = self.norm((y + self.D[:, None] * x).reshape(batch, n_pos, self.d_inner), z)
+        if self.hook_ssm_state.is_active:
+            y = self._ssd_through_state_hook(x, dt, A, B, C, initial)
+        else:
+            y, _ = ssd_chunked(x, dt, A, B, C, self.chunk_size, initial_state=initial)
+        y = self.hook_y(y + self.D[:, None] * x)
+        y = self.norm(y.reshape(batch, n_pos, self.d_inner), z)
         return self.out_proj(kept(y, keep))
 
     def _in_proj(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -359,10 +374,13 @@ class Mamba2(Mixer):
         B, C = (t.reshape(batch, n_pos, self.ngroups, self.d_state) for t in (B, C))
         return x, F.softplus(dt + self.dt_bias), B, C
 
-    def _ssd_through_state_hook(self, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
+    def _ssd_through_state_hook(
+        self, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, initial: Tensor | None = None
+    ) -> Tensor:
         """SSD with every state materialised and passed through `hook_ssm_state`; the
-        output is read from the (possibly edited, then re-propagated) states: y_t = h_t C_t."""
-        _, states = ssd_chunked(x, dt, A, B, C, self.chunk_size, return_all_states=True)
+        output is read from the (possibly edited, then re-propagated) states: y_t = h_t C_t.
+        `initial` is the state before the first position (zeros when None)."""
+        _, states = ssd_chunked(x, dt, A, B, C, self.chunk_size, initial_state=initial, return_all_states=True)
 
         def rescan(initial_state: Tensor, start: int, end: int) -> Tensor:
             sl = slice(start, end)

@@ -286,17 +286,26 @@ class RWKV6(Mixer):
         _, states = wkv_chunked(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, return_all_states=True)
         return {"x": x, "wkv_state": states}
 
+    window_hooks = True
+
     def forward_from(
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
-        `Mixer.forward_from`): projections on the window only, WKV from S_{start-1}."""
+        `Mixer.forward_from`): projections on the window only, WKV from S_{start-1}. The inside
+        hooks fire on the window; a state edit is carried on from the window's start."""
         before = state_before(context["x"], rows, start)  # x_{start-1}, zeros at start 0
         previous = torch.cat([before[:, None].to(x.dtype), x[:, :-1]], dim=1)
         r, k, v, g, w = self._projections(x, previous)
+        r, k, v = self.hook_r(r), self.hook_k(k), self.hook_v(v)
+        g = self.hook_gate(g)
+        log_decay = -torch.exp(self.hook_decay(w))
         initial = state_before(context["wkv_state"], rows, start)
-        out, _ = wkv_chunked(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, initial_state=initial)
-        return self._output(kept(out, keep), kept(g, keep))
+        if self.hook_state.is_active:
+            out = self._wkv_through_state_hook(r, k, v, log_decay, initial)
+        else:
+            out, _ = wkv_chunked(r, k, v, log_decay, self.time_faaaa, self.chunk_size, initial_state=initial)
+        return self._output(kept(self.hook_output(out), keep), kept(g, keep))
 
     def _projections(self, x: Tensor, previous: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Return r, k, v ``[b, t, head, d_head]``, silu(g) ``[b, t, d_model]`` and w ``[b, t, head,
@@ -325,11 +334,14 @@ class RWKV6(Mixer):
         out = self.ln_x(out.reshape(batch * n_pos, d_model)).view(batch, n_pos, d_model)
         return self.out_proj(out * g)
 
-    def _wkv_through_state_hook(self, r: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
+    def _wkv_through_state_hook(
+        self, r: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, initial: Tensor | None = None
+    ) -> Tensor:
         """WKV with every state materialised and passed through `hook_state`; the output is
-        read from the (possibly edited, then re-propagated) states: o_t = r_t (S_{t-1} + u k_tᵀ v_t)."""
+        read from the (possibly edited, then re-propagated) states: o_t = r_t (S_{t-1} + u k_tᵀ v_t).
+        `initial` is the state before the first position (zeros when None)."""
         u = self.time_faaaa
-        _, states = wkv_chunked(r, k, v, log_decay, u, self.chunk_size, return_all_states=True)
+        _, states = wkv_chunked(r, k, v, log_decay, u, self.chunk_size, initial_state=initial, return_all_states=True)
 
         def rescan(initial_state: Tensor, start: int, end: int) -> Tensor:
             sl = slice(start, end)
@@ -351,6 +363,7 @@ class RWKV6(Mixer):
             return linear_scan(decay[..., None].expand_as(edit), edit)
 
         states = hook_state_with_propagation(self.hook_state, states, rescan, carry)
-        before = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], dim=1)  # S_{t-1}
+        first = torch.zeros_like(states[:, :1]) if initial is None else initial[:, None].to(states.dtype)
+        before = torch.cat([first, states[:, :-1]], dim=1)  # S_{t-1}
         bonus = torch.einsum("blhk,hk,blhk->blh", r, u, k)[..., None] * v
         return torch.einsum("blhk,blhkv->blhv", r, before) + bonus
