@@ -21,7 +21,7 @@ from .config import ModelConfig
 from .errors import HookmechError, UsageError
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
-from .mixers.base import Mixer, take_window
+from .mixers.base import Mixer, kept, take_window
 from .paths import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
     Context,
@@ -74,6 +74,8 @@ class MLP(nn.Module):
 
 #: the key under which a block's context keeps its mixer's input (`Block.mixer_context`)
 MIXER_INPUT = "mixer_in"
+#: the key of the base run's mixer output in a context recorded with the run (`collecting_contexts`)
+MIXER_OUTPUT = "mixer_out"
 
 
 class Block(nn.Module):
@@ -112,7 +114,7 @@ class Block(nn.Module):
             mixer_out = self.mixer(mixer_in)
         else:  # HookedLM.collecting_contexts: the mixer's context of this run, from the same pass
             mixer_out, context = self.mixer.forward_with_context(mixer_in)
-            self.contexts.append(self._with_input(context, mixer_in))
+            self.contexts.append({**self._with_input(context, mixer_in), MIXER_OUTPUT: mixer_out})
         return self._after_mixer(resid, self.hook_mixer_out(mixer_out))
 
     def mixer_context(self, mixer_in: RunResid) -> Context:
@@ -126,12 +128,27 @@ class Block(nn.Module):
         return {**context, MIXER_INPUT: mixer_in}
 
     def forward_from(
-        self, resid: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
+        self,
+        resid: Window,
+        context: Context,
+        rows: RowInts,
+        start: RowInts,
+        keep: RowInts | None = None,
+        base_input: bool = False,
     ) -> Window | KeptWindow:
         """Return the block's output on a window of positions (`Mixer.forward_from`): `resid`
         ``[B, W, d_model]`` is the residual at positions ``start[i] ..`` of row ``rows[i]`` of
         the run `context` was made from. With `keep` ``[B]`` (window indices) only those
-        positions go on after the mixer, and the output is ``[B, 1, d_model]``."""
+        positions go on after the mixer, and the output is ``[B, 1, d_model]``.
+
+        `base_input`: `resid` is that run's own residual; then, unless a hook at or before the
+        mixer's output is in use, the mixer's output is that run's (when the context holds it)."""
+        if base_input and MIXER_OUTPUT in context and not self._mixer_hooked():
+            # a patch after the mixer: its input, hence its output, is the base run's
+            mixed = kept(take_window(context[MIXER_OUTPUT].index_select(0, rows), start, resid.shape[1]), keep)
+            if keep is not None:
+                resid = take_window(resid, keep, 1)
+            return self._after_mixer(resid, self.hook_mixer_out(mixed))
         resid = self.hook_resid_pre(resid)
         mixer_in = self.hook_mixer_in(self.ln1(resid))
         if self.mixer.inside_hooks_in_use() and not type(self.mixer).window_hooks:
@@ -143,6 +160,11 @@ class Block(nn.Module):
         if keep is not None:
             resid = take_window(resid, keep, 1)
         return self._after_mixer(resid, mixer_out)
+
+    def _mixer_hooked(self) -> bool:
+        """Return True when a hook at or before the mixer's output (but that output's own) is in use."""
+        points = (self.hook_resid_pre, self.hook_mixer_in)
+        return any(point.fwd_hooks for point in points) or self.mixer.inside_hooks_in_use()
 
     def _after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
         if not self.has_mlp:
@@ -357,7 +379,8 @@ class HookedLM(HookedRootModule):
         last = self.cfg.n_layers - 1
         for layer in range(start_at_layer, self.cfg.n_layers):
             block = self.blocks[layer]
-            resid = block.forward_from(resid, contexts[layer], rows, start, keep if layer == last else None)
+            keep_here, base_input = (keep if layer == last else None), layer == start_at_layer
+            resid = block.forward_from(resid, contexts[layer], rows, start, keep_here, base_input=base_input)
         if start_at_layer == self.cfg.n_layers:
             resid = take_window(resid, keep, 1)
         return self.unembed_resid(self.ln_final(resid)[:, 0])

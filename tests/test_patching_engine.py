@@ -8,6 +8,7 @@ import torch
 
 import hookmech
 import hookmech.patching.exact
+from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.patching import attribution_score, corrupt_answers, parse_sites, patch, resample_order
@@ -298,3 +299,27 @@ def test_resumed_runs_equal_plain_loop_for_preset_models_on_mqar(preset):
     assert len(set(batch.query_pos.tolist())) > 1
     assert_matches_reference(model, batch, ["L0.block_out", "L1.mixer_out", "L2.mixer_in"], ["key", "value", "query"],
                              max_batch=5)
+
+
+def test_a_patch_after_the_mixer_reads_the_base_runs_mixer_output(monkeypatch):
+    """A resumed patch of ``L0.mixer_out`` leaves block 0's mixer input as the base run's, so
+    the mixer is not run again there (its recorded output is used); ``L0.block_in`` runs it."""
+    torch.manual_seed(0)
+    model = hookmech.HookedLM(build_config(d_vocab=20, n_ctx=12, mixers="mamba2", d_model=16, n_layers=2)).eval()
+    batch = hookmech.tasks.make("ar", vocab_size=12, num_kv_pairs=3).sample(16, seed=0)
+    calls = {0: 0, 1: 0}
+    for layer, block in enumerate(model.blocks):
+        original = block.mixer.forward_from
+
+        def counted(*args, layer=layer, original=original, **kwargs):
+            calls[layer] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(block.mixer, "forward_from", counted)
+    records = hookmech.patching.patch(model, batch, ["L0.mixer_out"], ["key"])
+    assert calls[0] == 0 and calls[1] > 0
+    reference = plain_loop_patch(model, batch, ["L0.mixer_out"], ["key"])
+    (record,) = records
+    assert abs(record["p_patched"] - reference[record["hook"], record["pos"]]["p_patched"]) <= ENGINE_TOL
+    hookmech.patching.patch(model, batch, ["L0.block_in"], ["key"])
+    assert calls[0] > 0

@@ -244,6 +244,18 @@ def state_before(states: Tensor, rows: Tensor, start: Tensor) -> Tensor:
     return before.masked_fill(first, 0)
 
 
+def replay_before(inputs: list[Tensor], rows: Tensor, start: Tensor, stride: int) -> tuple[list[Tensor], Tensor]:
+    """Return what a mixer that keeps its state every `stride` positions replays to reach the
+    state before ``start[i]`` of row ``rows[i]``: each of `inputs` ``[N, T, ...]`` at the
+    ``stride - 1`` positions before start ``[B, stride - 1, ...]``, and ``live`` ``[B, stride -
+    1]``, True at those from the start of start's block of `stride` positions on (the kept state
+    is the one after the position before that block: the others must replay as no-ops)."""
+    positions = start[:, None] + torch.arange(1 - stride, 0, device=start.device)
+    live = positions >= (start - start % stride)[:, None]
+    flat = rows[:, None] * inputs[0].shape[1] + positions.clamp(min=0)
+    return [values.flatten(0, 1)[flat] for values in inputs], live
+
+
 def mixer_options(cls: type[Mixer]) -> dict[str, Any]:
     """Return the keyword options of a mixer class (besides d_model) with their defaults."""
     params = inspect.signature(cls.__init__).parameters

@@ -41,7 +41,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, state_before
+from .base import Mixer, kept, replay_before, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -129,10 +129,8 @@ class DeltaNet(Mixer):
                 partial(delta_rule_carry, k, beta),
             )
             y = torch.einsum("bthvk,bthk->bthv", states, q)
-        elif self.mode == "chunk":
-            y = delta_rule_chunked(q, k, v, beta, self.chunk_size)[0]
         else:
-            y = delta_rule_recurrent(q, k, v, beta)[0]
+            y = self._outputs(q, k, v, beta)
         y = self.hook_y(y)
         return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1))
 
@@ -215,18 +213,53 @@ class DeltaNet(Mixer):
         return new - old
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
+    # A state is d_v·d_k numbers per head and position (16384 at d_model 128), its inputs
+    # k, v, β 2·d_head + 1: the context keeps a state every STATE_STRIDE positions and the
+    # inputs everywhere, and a resumed run replays the at most STATE_STRIDE - 1 positions in
+    # between (writing every state cost more, in fresh memory alone, than the resumed runs).
+    STATE_STRIDE = 4
+
     def prefix_context(self, x: RunResid) -> Context:
         """Return, for a run on `x` ``[N, T, d_model]``: ``q``, ``k``, ``v`` ``[N, T, d_model]``,
         the projections before their convs (only with conv_size > 0: the window's convs read
-        the conv_size - 1 positions before it), and ``state`` ``[N, T, head, d_v, d_k]``, S_t
-        after each position."""
+        the conv_size - 1 positions before it); the delta rule's inputs ``keys``, ``values``
+        ``[N, T, head, d_head]`` and ``beta`` ``[N, T, head]``; and ``state`` ``[N, T //
+        STATE_STRIDE, head, d_v, d_k]``, S_t after positions STATE_STRIDE - 1, 2 STATE_STRIDE - 1, ..."""
+        return self._output_and_context(x)[1]
+
+    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
+        """Return ``(forward(x), prefix_context(x))`` from one pass (with an inside hook in use,
+        the two separately, so that the hooks fire)."""
+        if self.inside_hooks_in_use():
+            return super().forward_with_context(x)
+        return self._output_and_context(x)
+
+    def _output_and_context(self, x: RunResid) -> tuple[RunResid, Context]:
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         context = {"q": q, "k": k, "v": v} if self.conv_size > 0 else {}
         if self.conv_size > 0:
             q, k, v = self.q_conv1d(q), self.k_conv1d(k), self.v_conv1d(v)
         q, k, v = self._heads(q, k, v)
-        context["state"] = self._states(q, k, v, self._beta(x), None, 0, x.shape[1])
-        return context
+        beta = self._beta(x)
+        y = self._outputs(q, k, v, beta)
+        context.update(keys=k, values=v, beta=beta, state=delta_rule_states(q, k, v, beta, stride=self.STATE_STRIDE))
+        return self.out_proj(self.o_norm(y).flatten(2)), context
+
+    def _outputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial: Tensor | None = None) -> Tensor:
+        """Return the delta rule's outputs ``[b, t, head, d_v]`` (`mode`'s form) from the state `initial`."""
+        if self.mode == "chunk":
+            return delta_rule_chunked(q, k, v, beta, self.chunk_size, initial_state=initial)[0]
+        return delta_rule_recurrent(q, k, v, beta, initial_state=initial)[0]
+
+    def _state_before(self, context: Context, rows: RowInts, start: RowInts) -> Tensor:
+        """Return the base run's state S after position ``start[i] - 1`` of row ``rows[i]``
+        ``[B, head, d_v, d_k]``: the context's last kept state before it, carried over the
+        positions in between with the base run's inputs."""
+        stride = self.STATE_STRIDE
+        kept_state = state_before(context["state"], rows, start // stride)
+        (k, v, beta), live = replay_before([context["keys"], context["values"], context["beta"]], rows, start, stride)
+        beta = beta * live[..., None]  # β = 0: the state is left as it is, a no-op
+        return delta_rule_chunked(k, k, v, beta, stride - 1, initial_state=kept_state)[1]
 
     window_hooks = True
 
@@ -246,7 +279,7 @@ class DeltaNet(Mixer):
         q, k, v = self._heads(q, k, v)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         beta = self.hook_beta(self._beta(x))
-        initial = state_before(context["state"], rows, start)
+        initial = self._state_before(context, rows, start)
         if self.hook_state.is_active:
             states = hook_state_with_propagation(
                 self.hook_state,
@@ -255,10 +288,8 @@ class DeltaNet(Mixer):
                 partial(delta_rule_carry, k, beta),
             )
             y = torch.einsum("bthvk,bthk->bthv", states, q)
-        elif self.mode == "chunk":
-            y = delta_rule_chunked(q, k, v, beta, self.chunk_size, initial_state=initial)[0]
         else:
-            y = delta_rule_recurrent(q, k, v, beta, initial_state=initial)[0]
+            y = self._outputs(q, k, v, beta, initial)
         return self.out_proj(kept(self.o_norm(self.hook_y(y)), keep).flatten(2))
 
     def _projections(self, x: Tensor, convolve: bool = True) -> tuple[Tensor, Tensor, Tensor]:
@@ -285,6 +316,10 @@ class DeltaNet(Mixer):
         """States after positions start .. end-1 from the state before `start`,
         ``[batch, end - start, head, d_v, d_k]`` (the rescan of `state_patch`)."""
         window = slice(start, end)
+        inputs = (q, k, v, beta, initial_state)
+        if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)):
+            # every state is written anyway: in place, without the chunked form's increments
+            return delta_rule_states(q[:, window], k[:, window], v[:, window], beta[:, window], initial_state)
         return delta_rule_chunked(
             q[:, window],
             k[:, window],
@@ -337,6 +372,24 @@ def delta_rule_recurrent(
         state = delta_rule_step(state, k[:, t], v[:, t], beta[:, t])
         outputs.append(torch.einsum("bhvk,bhk->bhv", state, q[:, t]))
     return torch.stack(outputs, dim=1), state
+
+
+def delta_rule_states(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial_state: Tensor | None = None, stride: int = 1
+) -> Tensor:
+    """Return the delta rule's state after positions stride - 1, 2 stride - 1, ... (`stride` 1:
+    every position) ``[batch, pos // stride, head, d_v, d_k]`` (shapes as `delta_rule_recurrent`),
+    updated in place: not differentiable, for runs without autograd (every state: 2.9x faster
+    than `delta_rule_chunked`'s at 35 positions, d_k = d_v = 128)."""
+    batch, n_pos, n_heads, d_k = k.shape
+    state = k.new_zeros(batch, n_heads, v.shape[-1], d_k) if initial_state is None else initial_state.clone()
+    states = k.new_empty(batch, n_pos // stride, *state.shape[1:])
+    for t in range(n_pos):
+        error = (state @ k[:, t, :, :, None]).squeeze(-1).sub_(v[:, t]).mul_(beta[:, t, :, None])  # β (S k − v)
+        state.sub_(error[..., None] * k[:, t, :, None, :])
+        if (t + 1) % stride == 0:
+            states[:, t // stride] = state
+    return states
 
 
 def delta_rule_chunked(

@@ -16,7 +16,9 @@ backbone's init rescales it. With x'_t = x_{t-1} - x_t (token shift, x_{-1} = 0)
 
 `wkv_sequential` is that recurrence as a loop; `wkv_chunked` (the default) evaluates it
 chunk by chunk: a masked quadratic form inside each chunk (gated linear attention with a
-per-channel decay) and the recurrence between chunks. The tests pin the two together.
+per-channel decay) and the recurrence between chunks; `wkv_recurrent` is the recurrence in
+place, faster on CPU where nothing needs a gradient (the patching engine's runs); `wkv`
+chooses. The tests pin them together.
 """
 
 from __future__ import annotations
@@ -80,6 +82,10 @@ def wkv_chunked(
     every position ``[batch, pos, head, d_k, d_v]``; otherwise only the final state
     ``[batch, head, d_k, d_v]`` (no per-position state is materialised).
     """
+    if return_all_states:
+        # every state is materialised anyway: the recurrence makes them in O(T·d_k·d_v), where
+        # the chunked form's all-state contraction costs chunk_size times more
+        return wkv_scan(r, k, v, log_decay, u, initial_state)
     batch, n_pos, n_heads, d_k = k.shape
     d_v = v.shape[-1]
     chunk_size = min(chunk_size, n_pos)  # a short sequence is one chunk, not a padded one
@@ -116,15 +122,74 @@ def wkv_chunked(
         state = chunk_decay[:, c, ..., None] * state + chunk_input[:, c]
     entering = torch.stack(entering_each, dim=1)  # [b, c, h, d_k, d_v]
     out = out + torch.einsum("bcthk,bchkv->bcthv", r * torch.exp(decay_before), entering)
-    out = out.reshape(batch, n_chunks * chunk_size, n_heads, d_v)[:, :n_pos]
+    return out.reshape(batch, n_chunks * chunk_size, n_heads, d_v)[:, :n_pos], state
 
-    if not return_all_states:
-        return out, state
-    up_to = (positions[None, :] <= positions[:, None])[:, :, None, None]
-    pair_decay_in = torch.exp((decay_in[:, :, :, None] - decay_in[:, :, None, :]).masked_fill(~up_to, float("-inf")))
-    states = torch.einsum("bctshk,bcshk,bcshv->bcthkv", pair_decay_in, k, v)
-    states = states + torch.exp(decay_in)[..., None] * entering[:, :, None]
-    return out, states.reshape(batch, n_chunks * chunk_size, n_heads, d_k, d_v)[:, :n_pos]
+
+def wkv_recurrent(
+    r: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_decay: Tensor,
+    u: Tensor,
+    initial_state: Tensor | None = None,
+    return_all_states: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The RWKV-6 recurrence in place, one read-out and one multiply-add per position: not
+    differentiable, for runs without autograd. Same arguments and returns as `wkv_chunked`.
+
+    On CPU it beats the chunked form: a chunk's per-channel pairwise decays cost chunk_size ·
+    d_k per position and head pair, the recurrence d_k · d_v per position and head."""
+    batch, n_pos, n_heads, d_k = k.shape
+    decay = torch.exp(log_decay)[..., None]  # [b, t, h, d_k, 1]
+    state = k.new_zeros(batch, n_heads, d_k, v.shape[-1]) if initial_state is None else initial_state.clone()
+    states = k.new_empty(batch, n_pos, *state.shape[1:]) if return_all_states else None
+    out = (r * u * k).sum(-1, keepdim=True) * v  # the bonus of the current token: (r_t ⊙ u ⊙ k_t)·1 v_t
+    for t in range(n_pos):
+        out[:, t] += (r[:, t, :, None, :] @ state).squeeze(-2)  # r_t · S_{t-1}
+        state.mul_(decay[:, t]).addcmul_(k[:, t, :, :, None], v[:, t, :, None, :])
+        if states is not None:
+            states[:, t] = state
+    return out, (states if states is not None else state)
+
+
+def wkv(
+    r: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_decay: Tensor,
+    u: Tensor,
+    chunk_size: int,
+    initial_state: Tensor | None = None,
+    return_all_states: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """The WKV kernel the mixer runs (arguments and returns as `wkv_chunked`): `wkv_recurrent`
+    when nothing needs a gradient, else `wkv_chunked` (which, asked for every state, scans)."""
+    inputs = (r, k, v, log_decay, u, initial_state)
+    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)):
+        return wkv_recurrent(r, k, v, log_decay, u, initial_state, return_all_states)
+    return wkv_chunked(r, k, v, log_decay, u, chunk_size, initial_state, return_all_states)
+
+
+def wkv_scan(
+    r: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, u: Tensor, initial_state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The RWKV-6 recurrence with every state materialised, as one linear scan (differentiable);
+    same arguments and returns as `wkv_sequential`: o_t = r_t·S_{t-1} + (r_t ⊙ u ⊙ k_t)·1 v_t."""
+    kv = k[..., None] * v[..., None, :]  # [b, t, h, d_k, d_v]
+    decay = torch.exp(log_decay)[..., None].expand_as(kv)
+    if initial_state is not None:  # S_0 = w_0 S_init + k_0 v_0ᵀ
+        kv = torch.cat([kv[:, :1] + decay[:, :1] * initial_state[:, None], kv[:, 1:]], dim=1)
+    states = linear_scan(decay, kv)
+    before = torch.cat([_initial(states, initial_state), states[:, :-1]], dim=1)  # S_{t-1}
+    out = (r[..., None, :] @ before).squeeze(-2) + (r * u * k).sum(-1, keepdim=True) * v
+    return out, states
+
+
+def _initial(states: Tensor, initial_state: Tensor | None) -> Tensor:
+    """Return the state before position 0, ``[batch, 1, head, d_k, d_v]`` (zeros when None)."""
+    if initial_state is None:
+        return states.new_zeros(states[:, :1].shape)
+    return initial_state[:, None].to(states.dtype)
 
 
 class RWKV6(Mixer):
@@ -226,7 +291,7 @@ class RWKV6(Mixer):
         if self.hook_state.is_active:
             out = self._wkv_through_state_hook(r, k, v, log_decay)
         else:
-            out, _ = wkv_chunked(r, k, v, log_decay, self.time_faaaa, self.chunk_size)
+            out, _ = wkv(r, k, v, log_decay, self.time_faaaa, self.chunk_size)
         return self._output(self.hook_output(out), g)
 
     def effective_attention(self, x: Resid) -> EffectiveAttention:
@@ -273,7 +338,7 @@ class RWKV6(Mixer):
         sender = senders[:, :, None, None].to(k.dtype)
         no_bonus = torch.zeros_like(self.time_faaaa)
         reads = [
-            wkv_chunked(r, keys * sender, values, -torch.exp(w), no_bonus, self.chunk_size)[0]
+            wkv(r, keys * sender, values, -torch.exp(w), no_bonus, self.chunk_size)[0]
             for keys, values in ((k_clean, v_clean), (k, v))
         ]
         return reads[0] - reads[1]
@@ -283,7 +348,7 @@ class RWKV6(Mixer):
         """Return, for a run on `x` ``[N, T, d_model]``: ``x`` itself (the window's token shift
         reads x at start - 1) and ``wkv_state`` ``[N, T, head, d_k, d_v]``, S_t after each position."""
         r, k, v, _, w = self._projections(x, F.pad(x, (0, 0, 1, -1)))
-        _, states = wkv_chunked(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, return_all_states=True)
+        _, states = wkv(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, return_all_states=True)
         return {"x": x, "wkv_state": states}
 
     window_hooks = True
@@ -304,7 +369,7 @@ class RWKV6(Mixer):
         if self.hook_state.is_active:
             out = self._wkv_through_state_hook(r, k, v, log_decay, initial)
         else:
-            out, _ = wkv_chunked(r, k, v, log_decay, self.time_faaaa, self.chunk_size, initial_state=initial)
+            out, _ = wkv(r, k, v, log_decay, self.time_faaaa, self.chunk_size, initial_state=initial)
         return self._output(kept(self.hook_output(out), keep), kept(g, keep))
 
     def _projections(self, x: Tensor, previous: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -341,11 +406,11 @@ class RWKV6(Mixer):
         read from the (possibly edited, then re-propagated) states: o_t = r_t (S_{t-1} + u k_tᵀ v_t).
         `initial` is the state before the first position (zeros when None)."""
         u = self.time_faaaa
-        _, states = wkv_chunked(r, k, v, log_decay, u, self.chunk_size, initial_state=initial, return_all_states=True)
+        _, states = wkv(r, k, v, log_decay, u, self.chunk_size, initial_state=initial, return_all_states=True)
 
         def rescan(initial_state: Tensor, start: int, end: int) -> Tensor:
             sl = slice(start, end)
-            return wkv_chunked(
+            return wkv(
                 r[:, sl],
                 k[:, sl],
                 v[:, sl],

@@ -35,6 +35,9 @@ from torch.autograd.function import once_differentiable
 
 #: positions per chunk of the fast scan; 8-32 measure alike on CPU (bench/mamba_scan.py)
 DEFAULT_CHUNK = 16
+#: ... but a chunk's states take at most this many bytes: larger blocks are fresh memory from the
+#: OS at every chunk (page faults cost more than the scan: 2.3x slower at 256 rows, d_inner 256)
+CHUNK_BYTES = 16 << 20
 
 
 # ---------------------------------------------------------------------------------------
@@ -130,6 +133,7 @@ class _SelectiveScan(torch.autograd.Function):
         u, delta, B, C = (_time_major(x) for x in (u, delta, B, C))
         delta_u = delta * u
         n_pos, batch, d_inner = u.shape
+        chunk = max(1, min(chunk, CHUNK_BYTES // (batch * d_inner * A.shape[1] * u.element_size())))
         ctx.has_h0 = h0 is not None
         h0 = u.new_zeros(batch, d_inner, A.shape[1]) if h0 is None else h0.to(u.dtype)
         y = torch.empty_like(u)

@@ -14,7 +14,7 @@ from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import deltanet as deltanet_module
-from hookmech.mixers.deltanet import DeltaNet, delta_rule_chunked, delta_rule_recurrent
+from hookmech.mixers.deltanet import DeltaNet, delta_rule_chunked, delta_rule_recurrent, delta_rule_states
 from hookmech.model import HookedLM
 
 from helpers import assert_causal, assert_state_edit_propagates, first_edits
@@ -93,6 +93,10 @@ def test_chunked_continues_from_an_initial_state():
     out, states = delta_rule_chunked(q, k, v, beta, 4, return_states=True, initial_state=initial)
     torch.testing.assert_close(out, expected_out, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(states[:, -1], expected_state, rtol=1e-10, atol=1e-10)
+    # the in-place states (runs without autograd) are the chunked form's
+    torch.testing.assert_close(delta_rule_states(q, k, v, beta, initial), states, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(delta_rule_states(q, k, v, beta)[:, -1], delta_rule_recurrent(q, k, v, beta)[1],
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("num_heads", [1, 2])

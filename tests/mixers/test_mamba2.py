@@ -17,7 +17,7 @@ from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import mamba2 as mamba2_module
-from hookmech.mixers.mamba2 import Mamba2, ssd_chunked, ssd_sequential
+from hookmech.mixers.mamba2 import Mamba2, ssd_chunked, ssd_recurrent, ssd_sequential
 from hookmech.model import HookedLM
 
 from helpers import (assert_state_built_only_when_hooked, assert_state_edit_propagates, random_state_edits,
@@ -123,6 +123,23 @@ def test_chunked_ssd_matches_the_sequential_recurrence(chunk_size, n_pos, ngroup
     torch.testing.assert_close(states_chunk, states_seq, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(y_fast, y_seq, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(final, states_seq[:, -1], rtol=1e-10, atol=1e-10)
+    # the in-place recurrence (runs without autograd), with and without every state
+    y_rec, states_rec = ssd_recurrent(x, dt, A, B, C, initial, return_all_states=True)
+    y_rec_final, final_rec = ssd_recurrent(x, dt, A, B, C, initial)
+    torch.testing.assert_close(y_rec, y_seq, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(states_rec, states_seq, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(y_rec_final, y_seq, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(final_rec, states_seq[:, -1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("options", [{}, {"ngroups": 2, "chunk_size": 3}])
+def test_forward_without_autograd_equals_the_differentiable_one(options):
+    # without autograd the mixer runs `ssd_recurrent`; with it, `ssd_chunked`
+    mixer = make_mixer(**options)
+    u = torch.randn(2, 10, D_MODEL, dtype=torch.double)
+    with torch.no_grad():
+        fast = mixer(u)
+    torch.testing.assert_close(fast, mixer(u), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("options", [{}, {"ngroups": 2, "d_conv": 2, "chunk_size": 3}, {"d_conv": 0}])
@@ -164,7 +181,7 @@ def test_inside_hooks_fire_with_documented_shapes():
 
 
 def test_state_is_not_materialised_without_a_hook(monkeypatch):
-    assert_state_built_only_when_hooked(monkeypatch, mamba2_module, "ssd_chunked", tiny_model(), "hook_y", "blocks.0.mixer.hook_ssm_state")
+    assert_state_built_only_when_hooked(monkeypatch, mamba2_module, "ssd", tiny_model(), "hook_y", "blocks.0.mixer.hook_ssm_state")
 
 
 @pytest.mark.parametrize("edits", [{4: [0, 1]}, {3: [0, 1], 7: [1]}, {0: [0], 11: [0, 1]}])

@@ -91,6 +91,21 @@ def test_forward_from_equals_forward_on_the_spliced_input(name, options, width):
 
 
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_forward_from_resumes_at_every_start(name, options):
+    """Every start, each row once: mixers that keep a state only every few positions (Mamba-2,
+    DeltaNet) replay the positions in between, whatever start's place in its block."""
+    mixer = make_mixer(name, options)
+    base = torch.randn(N_ROWS, N_POS, D_MODEL, dtype=torch.float64)
+    start = torch.arange(N_POS - 1)
+    rows = start % N_ROWS
+    window = torch.randn(len(rows), 2, D_MODEL, dtype=torch.float64)
+    with torch.no_grad():
+        resumed = mixer.forward_from(window, mixer.prefix_context(base), rows, start)
+        expected = take_window(mixer(splice(base, rows, window, start)), start, 2)
+    torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
 def test_keep_returns_the_kept_outputs_only(name, options):
     """`keep` (one window index per row, as for the query in the last layer) gives exactly
     those outputs of the whole window."""
@@ -179,10 +194,12 @@ def test_a_model_records_every_blocks_context_in_its_forward():
     tokens = torch.randint(0, 20, (3, 9))
     with torch.no_grad():
         with model.collecting_contexts() as recorded:
-            logits, cache = model.run_with_cache(tokens, names_filter=lambda hook: hook.endswith("mixer_in"))
+            logits, cache = model.run_with_cache(tokens, names_filter=lambda hook: "mixer_" in hook)
         torch.testing.assert_close(logits, model(tokens))
         for layer in range(2):
             assert len(recorded[layer]) == 1
+            # and the mixer's output, which a resumed run patched after the mixer reads
+            torch.testing.assert_close(recorded[layer][0]["mixer_out"], cache[f"blocks.{layer}.hook_mixer_out"])
             expected = model.prefix_context(layer, cache[f"blocks.{layer}.hook_mixer_in"])
             for key, value in expected.items():
                 torch.testing.assert_close(recorded[layer][0][key], value)

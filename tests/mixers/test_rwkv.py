@@ -18,7 +18,7 @@ from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import rwkv as rwkv_module
-from hookmech.mixers.rwkv import RWKV6, wkv_chunked, wkv_sequential
+from hookmech.mixers.rwkv import RWKV6, wkv_chunked, wkv_recurrent, wkv_sequential
 from hookmech.model import HookedLM
 
 from helpers import (assert_state_built_only_when_hooked, assert_state_edit_propagates, random_state_edits,
@@ -142,6 +142,13 @@ def test_chunked_wkv_matches_the_sequential_recurrence(chunk_size, n_pos):
     torch.testing.assert_close(states_chunk, states_seq, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(out_fast, out_seq, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(final, states_seq[:, -1], rtol=1e-10, atol=1e-10)
+    # the in-place recurrence (runs without autograd), with and without every state
+    out_rec, states_rec = wkv_recurrent(r, k, v, log_decay, u, initial, return_all_states=True)
+    out_rec_final, final_rec = wkv_recurrent(r, k, v, log_decay, u, initial)
+    torch.testing.assert_close(out_rec, out_seq, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(states_rec, states_seq, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out_rec_final, out_seq, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(final_rec, states_seq[:, -1], rtol=1e-12, atol=1e-12)
 
 
 def test_chunked_wkv_survives_fast_decay_in_float32():
@@ -195,7 +202,7 @@ def test_inside_hooks_fire_with_documented_shapes():
 
 
 def test_state_is_not_materialised_without_a_hook(monkeypatch):
-    assert_state_built_only_when_hooked(monkeypatch, rwkv_module, "wkv_chunked", tiny_model(), "hook_output", "blocks.0.mixer.hook_state")
+    assert_state_built_only_when_hooked(monkeypatch, rwkv_module, "wkv", tiny_model(), "hook_output", "blocks.0.mixer.hook_state")
 
 
 @pytest.mark.parametrize("edits", [{4: [0, 1]}, {3: [0, 1], 7: [1]}, {0: [0], 11: [0, 1]}])
