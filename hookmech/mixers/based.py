@@ -139,11 +139,7 @@ class Based(Mixer):
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         batch, n_pos, _ = x.shape
-        q = self.hook_q(self.proj_q(x).view(batch, n_pos, self.num_heads, self.feature_dim))
-        k = self.hook_k(self.proj_k(x).view(batch, n_pos, self.num_heads, self.feature_dim))
-        v = self.hook_v(self.proj_v(x).view(batch, n_pos, self.num_heads, self.d_head))
-        phi_q = self.hook_phi_q(self.feature_map(q))
-        phi_k = self.hook_phi_k(self.feature_map(k))
+        phi_q, phi_k, v = self._hooked_features(x)
         if self.hook_kv_state.is_active or self.hook_k_state.is_active:
             y = self._recurrent_view(phi_q, phi_k, v)
         elif self.train_view == "quadratic":
@@ -219,15 +215,38 @@ class Based(Mixer):
         `Mixer.forward_from`): projections on the window only; the queries attend to the earlier
         keys (quadratic view) or read the state at start - 1 (linear view)."""
         batch, n_pos, _ = x.shape
-        phi_q, phi_k, v = self._features(x)
-        if self.train_view == "quadratic":
+        phi_q, phi_k, v = self._hooked_features(x)
+        if self.hook_kv_state.is_active or self.hook_k_state.is_active:
+            y = self._recurrent_view(phi_q, phi_k, v, self._states_before(context, rows, start))
+        elif self.train_view == "quadratic":
             # keys after the window are masked out, so splicing into the unpatched run's is enough
             keys, values = splice(context["phi_k"], rows, phi_k, start), splice(context["v"], rows, v, start)
             y = based_quadratic(phi_q, keys, values, self.eps, query_pos=window_index(start, n_pos))
         else:
             initial = state_before(context["kv_state"], rows, start), state_before(context["k_state"], rows, start)
             y = based_chunked(phi_q, phi_k, v, self.eps, self.chunk_size, initial_state=initial)
-        return self.out_proj(kept(y.reshape(batch, n_pos, -1), keep))
+        return self.out_proj(kept(self.hook_y(y).reshape(batch, n_pos, -1), keep))
+
+    window_hooks = True
+
+    def _states_before(self, context: Context, rows: RowInts, start: RowInts) -> tuple[Tensor, Tensor]:
+        """Return the base run's states after position ``start[i] - 1`` of row ``rows[i]``: S
+        ``[B, head, F, d_head]`` and z ``[B, head, F]`` (zeros at start 0); the quadratic view's
+        context holds no states, so they are summed from its keys and values."""
+        if "kv_state" in context:
+            return state_before(context["kv_state"], rows, start), state_before(context["k_state"], rows, start)
+        phi_k, v = context["phi_k"].index_select(0, rows), context["v"].index_select(0, rows)
+        earlier = torch.arange(phi_k.shape[1], device=start.device) < start[:, None]  # [B, T]
+        phi_k = phi_k * earlier[..., None, None]
+        return torch.einsum("bthf,bthd->bhfd", phi_k, v), phi_k.sum(1)
+
+    def _hooked_features(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Return phi(q), phi(k) ``[b, t, head, F]`` and v ``[b, t, head, d_head]``, through their hooks."""
+        batch, n_pos, _ = x.shape
+        q = self.hook_q(self.proj_q(x).view(batch, n_pos, self.num_heads, self.feature_dim))
+        k = self.hook_k(self.proj_k(x).view(batch, n_pos, self.num_heads, self.feature_dim))
+        v = self.hook_v(self.proj_v(x).view(batch, n_pos, self.num_heads, self.d_head))
+        return self.hook_phi_q(self.feature_map(q)), self.hook_phi_k(self.feature_map(k)), v
 
     def _features(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Return phi(q), phi(k) ``[b, t, head, F]`` and v ``[b, t, head, d_head]`` (as `forward`,
@@ -237,11 +256,15 @@ class Based(Mixer):
         v = self.proj_v(x).unflatten(-1, (self.num_heads, self.d_head))
         return self.feature_map(q), self.feature_map(k), v
 
-    def _recurrent_view(self, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
-        """y from per-position states that pass through their hooks; ``[batch, pos, head, d_head]``."""
+    def _recurrent_view(
+        self, phi_q: Tensor, phi_k: Tensor, v: Tensor, initial: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """y from per-position states that pass through their hooks; ``[batch, pos, head, d_head]``.
+        `initial`: the states (S, z) before the first position (None: zeros)."""
         kv_updates = phi_k.unsqueeze(-1) * v.unsqueeze(-2)  # [b, t, h, F, d]
-        kv_state = propagate_additive(kv_updates, self.hook_kv_state)
-        k_state = propagate_additive(phi_k, self.hook_k_state)
+        kv_initial, k_initial = (None, None) if initial is None else initial
+        kv_state = propagate_additive(kv_updates, self.hook_kv_state, kv_initial)
+        k_state = propagate_additive(phi_k, self.hook_k_state, k_initial)
         numerator = torch.einsum("bthf,bthfd->bthd", phi_q, kv_state)
         denominator = torch.einsum("bthf,bthf->bth", phi_q, k_state)
         return numerator / (denominator.unsqueeze(-1) + self.eps)
@@ -297,11 +320,12 @@ def based_chunked(
     return torch.cat(outputs, dim=1)
 
 
-def propagate_additive(updates: Tensor, hook: AxisHookPoint) -> Tensor:
+def propagate_additive(updates: Tensor, hook: AxisHookPoint, initial: Tensor | None = None) -> Tensor:
     """States of the additive recurrence h_t = h_{t-1} + updates_t, passed through `hook`.
 
-    `updates` is ``[batch, pos, ...]``; returns h ``[batch, pos, ...]``, continued by the
-    recurrence from wherever the hook edited it (see `state_patch`).
+    `updates` is ``[batch, pos, ...]``, `initial` ``[batch, ...]`` the state before the first
+    position (None: zeros); returns h ``[batch, pos, ...]``, continued by the recurrence from
+    wherever the hook edited it (see `state_patch`).
     """
 
     def rescan(initial: Tensor, start: int, end: int) -> Tensor:
@@ -312,4 +336,7 @@ def propagate_additive(updates: Tensor, hook: AxisHookPoint) -> Tensor:
             return edit.cumsum(dim=1)
         return linear_scan(keep.to(edit.dtype).view(*keep.shape, *(1,) * (edit.dim() - 2)).expand_as(edit), edit)
 
-    return hook_state_with_propagation(hook, updates.cumsum(dim=1), rescan, carry)
+    states = updates.cumsum(dim=1)
+    if initial is not None:
+        states = states + initial.unsqueeze(1) if states.requires_grad else states.add_(initial.unsqueeze(1))
+    return hook_state_with_propagation(hook, states, rescan, carry)

@@ -69,9 +69,11 @@ def hook_state_with_propagation(
             return hooked + carry(edit, None) - edit
         return hooked
     if carry is not None:
+        # in place where autograd allows: a state tensor is the largest one a mixer makes
         at_edits = changed.view(*changed.shape, *(1,) * (hooked.dim() - 2))
-        edits = torch.where(at_edits, hooked - reference, torch.zeros((), dtype=hooked.dtype, device=hooked.device))
-        return reference + carry(edits, ~changed)
+        edits = (hooked - reference).masked_fill_(~at_edits, 0)  # (inf − inf at an unedited place: 0)
+        carried = carry(edits, ~changed)
+        return reference + carried if carried.requires_grad else carried.add_(reference)
     n_pos = hooked.shape[1]
     segments = [hooked[:, : edited[0] + 1]]
     for index, pos in enumerate(edited):

@@ -145,15 +145,24 @@ class WindowPatch:
         self.plan = plan
 
     def point_at(self, rows: Tensor, mask: Tensor, windows: tuple[Tensor, ...]) -> None:
-        self.values, self.mask = self.plan.values.index_select(0, rows), mask
+        self.rows, self.mask = rows, mask
         self.by_length = {positions.shape[1]: positions for positions in windows}
 
     def __call__(self, activation: Tensor, hook=None) -> Tensor:
         plan = self.plan
         positions = self.by_length[activation.shape[plan.pos_axis]]
-        values = _take_positions(self.values, positions, plan.pos_axis)
+        values = _take_rows_positions(plan.values, self.rows, positions, plan.pos_axis)
         mask = patch_mask(self.mask.gather(1, positions), values.shape, plan.pos_axis, plan.head_axis, plan.target.head)
         return torch.where(mask, values, activation)
+
+
+def _take_rows_positions(values: Tensor, rows: Tensor, positions: Tensor, pos_axis: int) -> Tensor:
+    """Return `values` ``[N, ..., T, ...]`` at rows `rows` ``[B]`` and, along `pos_axis`, their
+    positions `positions` ``[B, W]``: ``[B, ..., W, ...]``."""
+    if pos_axis == 1 and values.stride(0) != 0:  # one gather of the W positions, not of the T
+        flat = rows[:, None] * values.shape[1] + positions
+        return values.flatten(0, 1).index_select(0, flat.flatten()).view(*positions.shape, *values.shape[2:])
+    return _take_positions(values.index_select(0, rows), positions, pos_axis)
 
 
 def _take_positions(values: Tensor, positions: Tensor, pos_axis: int) -> Tensor:
