@@ -339,4 +339,4 @@ def propagate_additive(updates: Tensor, hook: AxisHookPoint, initial: Tensor | N
     states = updates.cumsum(dim=1)
     if initial is not None:
         states = states + initial.unsqueeze(1) if states.requires_grad else states.add_(initial.unsqueeze(1))
-    return hook_state_with_propagation(hook, states, rescan, carry)
+    return hook_state_with_propagation(hook, states, rescan, carry, initial)

@@ -286,6 +286,7 @@ class DeltaNet(Mixer):
                 self._states(q, k, v, beta, initial, 0, x.shape[1]),
                 partial(self._states, q, k, v, beta),
                 partial(delta_rule_carry, k, beta),
+                initial,
             )
             y = torch.einsum("bthvk,bthk->bthv", states, q)
         else:

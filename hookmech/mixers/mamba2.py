@@ -517,5 +517,5 @@ class Mamba2(Mixer):
                 decay = decay * keep[:, :, None]
             return linear_scan(decay[..., None, None].expand_as(edit), edit)
 
-        states = hook_state_with_propagation(self.hook_ssm_state, states, rescan, carry)
+        states = hook_state_with_propagation(self.hook_ssm_state, states, rescan, carry, initial)
         return torch.einsum("blhpn,blhn->blhp", states, _expand_groups(C, self.n_heads))

@@ -427,7 +427,7 @@ class RWKV6(Mixer):
                 decay = decay * keep[:, :, None, None]
             return linear_scan(decay[..., None].expand_as(edit), edit)
 
-        states = hook_state_with_propagation(self.hook_state, states, rescan, carry)
+        states = hook_state_with_propagation(self.hook_state, states, rescan, carry, initial)
         first = torch.zeros_like(states[:, :1]) if initial is None else initial[:, None].to(states.dtype)
         before = torch.cat([first, states[:, :-1]], dim=1)  # S_{t-1}
         bonus = torch.einsum("blhk,hk,blhk->blh", r, u, k)[..., None] * v

@@ -45,7 +45,7 @@ Carry = Callable[[Tensor, Tensor | None], Tensor]
 
 
 def hook_state_with_propagation(
-    hook: AxisHookPoint, states: Tensor, rescan: Rescan, carry: Carry | None = None
+    hook: AxisHookPoint, states: Tensor, rescan: Rescan, carry: Carry | None = None, initial: Tensor | None = None
 ) -> Tensor:
     """Apply `hook` to `states` ``[batch, pos, ...]`` and return the states the mixer uses.
 
@@ -55,19 +55,25 @@ def hook_state_with_propagation(
     `carry`, the homogeneous recurrence ``(edit [batch, pos, ...], keep [batch, pos] | None) ->
     [batch, pos, ...]``, one pass instead). With `carry` and the hook's `edit_gradients` on, an
     unedited output is returned with gradients that follow the recurrence (module docstring).
+    `initial` ``[batch, ...]``: the state before the first position (None: zeros), from which the
+    unedited states are recomputed when the hook edited them in place.
     """
-    # Hooks may edit in place (TransformerLens examples often do `act[:, p] = ...`), so
-    # compare against a copy; this costs one state tensor, and only while the hook is active.
-    reference = states.detach().clone()
+    version = states._version
     hooked = hook(states)
+    if states._version == version:  # not edited in place: `states` are the unedited states
+        if hooked is states:  # a hook that only reads (a cache): nothing to propagate
+            return _without_edits(hook, hooked, states, carry)
+        reference = states.detach()
+    else:
+        # TransformerLens examples often edit in place (`act[:, p] = ...`): recompute the unedited
+        # states, rather than copy every state tensor before every hook in case one does. Same
+        # grad mode, hence the same kernel: the recomputed states must equal the first bit for bit
+        before = states.new_zeros(states[:, 0].shape) if initial is None else initial
+        reference = rescan(before, 0, states.shape[1]).detach()
     changed = (hooked != reference).flatten(2).any(dim=2)  # [batch, pos]
     edited = torch.nonzero(changed.any(dim=0)).flatten().tolist()
     if not edited:
-        if carry is not None and getattr(hook, "edit_gradients", False) and hooked.requires_grad:
-            # zero in value; its gradient carries an edit at s on to every later state
-            edit = hooked - states
-            return hooked + carry(edit, None) - edit
-        return hooked
+        return _without_edits(hook, hooked, states, carry)
     if carry is not None:
         # in place where autograd allows: a state tensor is the largest one a mixer makes
         at_edits = changed.view(*changed.shape, *(1,) * (hooked.dim() - 2))
@@ -90,3 +96,13 @@ def hook_state_with_propagation(
             segment = torch.cat([segment[:, :-1], last[:, None]], dim=1)
         segments.append(segment)
     return torch.cat(segments, dim=1)
+
+
+def _without_edits(hook: AxisHookPoint, hooked: Tensor, states: Tensor, carry: Carry | None) -> Tensor:
+    """Return the hook's output when it edited no state: itself, or, with `carry` and the hook's
+    `edit_gradients` on, a tensor equal to it whose gradient follows the recurrence."""
+    if carry is not None and getattr(hook, "edit_gradients", False) and hooked.requires_grad:
+        # zero in value; its gradient carries an edit at s on to every later state
+        edit = hooked - states
+        return hooked + carry(edit, None) - edit
+    return hooked

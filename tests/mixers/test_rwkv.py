@@ -205,19 +205,20 @@ def test_state_is_not_materialised_without_a_hook(monkeypatch):
     assert_state_built_only_when_hooked(monkeypatch, rwkv_module, "wkv", tiny_model(), "hook_output", "blocks.0.mixer.hook_state")
 
 
+@pytest.mark.parametrize("style", ["copy", "in_place"])
 @pytest.mark.parametrize("edits", [{4: [0, 1]}, {3: [0, 1], 7: [1]}, {0: [0], 11: [0, 1]}])
-def test_state_patch_propagates_to_later_positions(edits):
+def test_state_patch_propagates_to_later_positions(edits, style):
     """Edit the layer-0 state at some (position, rows); every later state and output follows
     the recurrence from the edited state, compared with the reference loop."""
     model = tiny_model()
     tokens = torch.randint(0, 20, (2, 12))
     state_shape = model.run_with_cache(tokens)[1]["blocks.0.mixer.hook_state"].shape[2:]
     forward = partial(reference_forward, model.blocks[0].mixer)
-    # out of place this time (the mamba2 test edits in place); the state after position p
+    # out of place and in place (the unedited states are then recomputed); the state after position p
     # first shows in the output at p + 1; the edited run rescans every row from the batch's first
     # edit on, so a row edited later recomputes its unedited prefix (round-off, 2e-15 measured)
     assert_state_edit_propagates(
         model, tokens, "blocks.0.mixer.hook_state", "blocks.0.hook_mixer_out",
         random_state_edits(edits, 2, state_shape, seed=5),
         lambda clean, edits: restarted_reference(forward, clean["blocks.0.hook_mixer_in"], edits),
-        style="copy", lag=1, prefix_atol=1e-12)
+        style=style, lag=1, prefix_atol=1e-12)
