@@ -244,6 +244,12 @@ def state_before(states: Tensor, rows: Tensor, start: Tensor) -> Tensor:
     return before.masked_fill(first, 0)
 
 
+def needs_grad(*tensors: Tensor | None) -> bool:
+    """Return True when autograd would record an operation on `tensors` (grad mode on and one of
+    them requires grad): the mixers run their in-place kernels only when it would not."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def replay_before(inputs: list[Tensor], rows: Tensor, start: Tensor, stride: int) -> tuple[list[Tensor], Tensor]:
     """Return what a mixer that keeps its state every `stride` positions replays to reach the
     state before ``start[i]`` of row ``rows[i]``: each of `inputs` ``[N, T, ...]`` at the

@@ -41,7 +41,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, replay_before, state_before
+from .base import Mixer, kept, needs_grad, replay_before, state_before
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -317,8 +317,7 @@ class DeltaNet(Mixer):
         """States after positions start .. end-1 from the state before `start`,
         ``[batch, end - start, head, d_v, d_k]`` (the rescan of `state_patch`)."""
         window = slice(start, end)
-        inputs = (q, k, v, beta, initial_state)
-        if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)):
+        if not needs_grad(q, k, v, beta, initial_state):
             # every state is written anyway: in place, without the chunked form's increments
             return delta_rule_states(q[:, window], k[:, window], v[:, window], beta[:, window], initial_state)
         return delta_rule_chunked(

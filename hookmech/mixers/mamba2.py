@@ -40,7 +40,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, replay_before, state_before
+from .base import Mixer, kept, needs_grad, replay_before, state_before
 from .operators import causal_decay
 from .selective_scan import linear_scan
 from .short_conv import ShortConv, causal_taps
@@ -193,9 +193,7 @@ def ssd(
     asked for and nothing needing a gradient, `ssd_recurrent`; else `ssd_chunked` (which, asked
     for every state, scans). For the output alone the chunked form is the faster (at d_state
     64 its products beat the recurrence's passes over the state from 8 positions on)."""
-    inputs = (x, dt, A, B, C, initial_state)
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
-    if return_all_states and not needs_grad:
+    if return_all_states and not needs_grad(x, dt, A, B, C, initial_state):
         return ssd_recurrent(x, dt, A, B, C, initial_state, return_all_states)
     return ssd_chunked(x, dt, A, B, C, chunk_size, initial_state, return_all_states)
 

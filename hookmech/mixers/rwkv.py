@@ -40,7 +40,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, state_before
+from .base import Mixer, kept, needs_grad, state_before
 from .operators import causal_decay
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
@@ -164,8 +164,7 @@ def wkv(
 ) -> tuple[Tensor, Tensor]:
     """The WKV kernel the mixer runs (arguments and returns as `wkv_chunked`): `wkv_recurrent`
     when nothing needs a gradient, else `wkv_chunked` (which, asked for every state, scans)."""
-    inputs = (r, k, v, log_decay, u, initial_state)
-    if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)):
+    if not needs_grad(r, k, v, log_decay, u, initial_state):
         return wkv_recurrent(r, k, v, log_decay, u, initial_state, return_all_states)
     return wkv_chunked(r, k, v, log_decay, u, chunk_size, initial_state, return_all_states)
 
