@@ -159,7 +159,7 @@ class WindowPatch:
 def _take_rows_positions(values: Tensor, rows: Tensor, positions: Tensor, pos_axis: int) -> Tensor:
     """Return `values` ``[N, ..., T, ...]`` at rows `rows` ``[B]`` and, along `pos_axis`, their
     positions `positions` ``[B, W]``: ``[B, ..., W, ...]``."""
-    if pos_axis == 1 and values.stride(0) != 0:  # one gather of the W positions, not of the T
+    if pos_axis == 1 and values.is_contiguous():  # one gather of the W positions, not of the T
         flat = rows[:, None] * values.shape[1] + positions
         return values.flatten(0, 1).index_select(0, flat.flatten()).view(*positions.shape, *values.shape[2:])
     return _take_positions(values.index_select(0, rows), positions, pos_axis)
