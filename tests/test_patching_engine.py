@@ -323,3 +323,22 @@ def test_a_patch_after_the_mixer_reads_the_base_runs_mixer_output(monkeypatch):
     assert abs(record["p_patched"] - reference[record["hook"], record["pos"]]["p_patched"]) <= ENGINE_TOL
     hookmech.patching.patch(model, batch, ["L0.block_in"], ["key"])
     assert calls[0] > 0
+
+
+def test_base_runs_copy_a_patched_hook_only_where_the_patches_read_it():
+    """`CleanCorruptRuns(read_at=...)`: the activations of a hook read only at some positions
+    equal the full run's there (chunked: rows of both chunks), whatever is left elsewhere."""
+    from hookmech.patching.runs import CleanCorruptRuns
+
+    torch.manual_seed(0)
+    model = hookmech.HookedLM(build_config(d_vocab=20, n_ctx=12, mixers="mamba2", d_model=16, n_layers=2)).eval()
+    batch = hookmech.tasks.make("ar", vocab_size=12, num_kv_pairs=3).sample(10, seed=0)
+    hook = "blocks.1.mixer.hook_ssm_state"
+    where = torch.zeros(10, batch.tokens.shape[1], dtype=torch.bool)
+    where[torch.arange(10), batch.query_pos] = True
+    where[3, 0] = True
+    full = CleanCorruptRuns(model, batch, [hook], None, need_logits=False, max_batch=4)
+    sparse = CleanCorruptRuns(model, batch, [hook], None, need_logits=False, max_batch=4, read_at={hook: where})
+    for which in ("clean", "corrupt"):
+        assert sparse.acts(hook, which).shape == full.acts(hook, which).shape
+        assert torch.equal(sparse.acts(hook, which)[where], full.acts(hook, which)[where])

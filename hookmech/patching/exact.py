@@ -65,15 +65,17 @@ def exact_patch(
     computed_sites = {site: equivalent_site(model, site) for site in patch_sites}
     hooks = [t.hook for s in patch_sites for t in s.targets]
     hooks += [t.hook for s in computed_sites.values() for t in s.targets]
+    start_hooks = hooks_to_start(model, list(computed_sites.values()))
     runs = CleanCorruptRuns(
         model,
         batch,
-        hooks + hooks_to_start(model, list(computed_sites.values())),
+        hooks + start_hooks,
         cache,
         need_logits=options.metric != "p_answer",
         max_batch=options.max_batch,
         base=options.base,
         context_memory=options.context_memory,
+        read_at=_read_positions(patches, hooks, start_hooks, options),
     )
     metric = make_metric(options.metric, batch, runs.logits)
     p_clean, p_corrupt = (runs.p_answer[which].mean().item() for which in RUNS)
@@ -107,6 +109,19 @@ def exact_patch(
                     record["metric_patched_rows"] = row_values.tolist()
             records.append(record)
     return records
+
+
+def _read_positions(
+    patches: list[PositionPatch], hooks: list[str], start_hooks: list[str], options: PatchOptions
+) -> dict[str, Tensor]:
+    """Return ``{hook: [N, T] bool}``: the positions at which the patches read the base and
+    source runs' activations of the patched hooks, the union of the patches' positions (a patch
+    writes there and nowhere else). Not for the hooks a resumed run starts from (read on whole
+    windows), nor for ablations (the mean and resampling read other rows and positions)."""
+    if options.ablate is not None:
+        return {}
+    union = torch.stack([patch.mask for patch in patches]).any(dim=0)
+    return {hook: union for hook in hooks if hook not in start_hooks}
 
 
 @torch.no_grad()

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..cache import CacheFile, answer_probs, check_batch_fits, check_cache_fits, run_chunks
 from ..errors import HookmechError
+from ..hooks import pos_axis_of
 from ..tasks.batch import Batch
 from .metrics import Metric
 from .protocol import PatchableModel
@@ -56,7 +57,9 @@ class CleanCorruptRuns:
 
     `acts(hook, which)` ``[N, ...]``; `p_answer[which]` ``[N]`` (float64); `logits[which]`
     ``[N, d_vocab]`` at the query (when computed: `need_logits` or no cache);
-    `resume_contexts(layer, base, ...)` the mixer contexts of the `base` run.
+    `resume_contexts(layer, base, ...)` the mixer contexts of the `base` run. A hook named in
+    `read_at` ``{hook: [N, T] bool}`` is read only at those positions: `acts` holds the run's
+    values there and leaves the other positions unset.
     """
 
     def __init__(
@@ -70,8 +73,13 @@ class CleanCorruptRuns:
         max_batch: int,
         base: str | None = None,
         context_memory: int = 0,
+        read_at: dict[str, Tensor] | None = None,
     ):
         self.model, self.batch, self.cache = model, batch, cache
+        # hooks whose computed activations are read only at some positions ([N, T] bool): only
+        # those are copied out of each chunk (a state hook's are the largest tensors of a run)
+        read_at = read_at or {}
+        self.read_at = {hook: where for hook, where in read_at.items() if pos_axis_of(model.hook_dict[hook]) == 1}
         # mixer contexts (for resumed patches) are kept only while they fit in this many bytes
         self.context_memory, self.contexts_refused = context_memory, context_memory <= 0
         self.device = next(model.parameters()).device
@@ -96,6 +104,7 @@ class CleanCorruptRuns:
         """Run clean and corrupt; the `base` run also records every block's mixer context
         (`PatchableModel.collecting_contexts`), which resumed patches start from."""
         parts: dict[tuple[str, str], list[Tensor]] = {}
+        sparse: dict[tuple[str, str], Tensor] = {}
         logits: dict[str, list[Tensor]] = {which: [] for which in RUNS}
         collect = base is not None and not self.contexts_refused
         contexts: dict[int, list[dict[str, Tensor]]] = (
@@ -112,10 +121,13 @@ class CleanCorruptRuns:
                     contexts[layer].extend(chunk_contexts)
                 logits[which].append(out.float())
                 for hook in hooks:
-                    parts.setdefault((hook, which), []).append(acts[hook])
+                    if hook in self.read_at:
+                        self._copy_read_positions(sparse, (hook, which), acts[hook], rows)
+                    else:
+                        parts.setdefault((hook, which), []).append(acts[hook])
             if collect and self._over_budget(contexts, rows.stop):
                 collect, contexts = False, {}
-        self.computed = {key: concat_rows(chunks) for key, chunks in parts.items()}
+        self.computed = {key: concat_rows(chunks) for key, chunks in parts.items()} | sparse
         for layer, chunks in contexts.items():
             assert base is not None  # contexts are collected of the base run only
             self.contexts[layer, base] = {name: concat_rows([chunk[name] for chunk in chunks]) for name in chunks[0]}
@@ -123,6 +135,16 @@ class CleanCorruptRuns:
         if not self.p_answer:
             answers = self.batch.answers.to(self.device)
             self.p_answer = {which: answer_probs(out, answers).double().cpu() for which, out in self.logits.items()}
+
+    def _copy_read_positions(
+        self, out: dict[tuple[str, str], Tensor], key: tuple[str, str], chunk: Tensor, rows: slice
+    ) -> None:
+        """Copy `chunk` (rows `rows` of hook key[0]'s activations) into ``out[key]`` ``[N, T, ...]``
+        at the positions `read_at` names; the others are left unset (never written, never read)."""
+        if key not in out:
+            out[key] = chunk.new_empty(len(self.batch), *chunk.shape[1:])
+        row, pos = self.read_at[key[0]][rows].to(chunk.device).nonzero(as_tuple=True)
+        out[key][row + rows.start, pos] = chunk[row, pos]
 
     def resume_contexts(self, layer: int, which: str, max_batch: int) -> dict[int, dict[str, Tensor]] | None:
         """Return the mixer contexts of the `which` run for blocks `layer` .. last
