@@ -140,7 +140,7 @@ class CleanCorruptRuns:
         self, out: dict[tuple[str, str], Tensor], key: tuple[str, str], chunk: Tensor, rows: slice
     ) -> None:
         """Copy `chunk` (rows `rows` of hook key[0]'s activations) into ``out[key]`` ``[N, T, ...]``
-        at the positions `read_at` names; the others are left unset (never written, never read)."""
+        at the positions `read_at` names; the others are left unset (no patch uses them)."""
         if key not in out:
             out[key] = chunk.new_empty(len(self.batch), *chunk.shape[1:])
         row, pos = self.read_at[key[0]][rows].to(chunk.device).nonzero(as_tuple=True)
