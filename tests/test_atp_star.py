@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import ATTENTION_FIXTURE, CACHE_TOL, ENGINE_TOL, FLOAT64_SUM_TOL, make_model, unit_variance
+from helpers import (ATTENTION_FIXTURE, CACHE_TOL, ENGINE_TOL, FINITE_DIFFERENCE_RTOL, FLOAT64_SUM_TOL, make_model,
+                     unit_variance)
 
 from hookmech.cache import write_cache
 from hookmech.errors import UsageError
@@ -228,7 +229,7 @@ def test_state_gradients_follow_the_recurrence_of_a_real_edit(ar_task, mixer, st
     finite = (read_out(eps) - read_out(-eps)) / (2 * eps)
     # central differences in float64: truncation O(eps²) (the norms after some states curve: 2e-4
     # relative at eps 1e-4 for deltanet, 2e-6 at 1e-5) plus round-off ~1e-16 / eps relative
-    assert gradient(True) == pytest.approx(finite, rel=1e-6, abs=1e-9)
+    assert gradient(True) == pytest.approx(finite, rel=FINITE_DIFFERENCE_RTOL, abs=FLOAT64_SUM_TOL)
     assert abs(gradient(False) - finite) > 1e-3 * abs(finite)  # the direct read-out alone misses the rest
 
 

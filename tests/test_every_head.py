@@ -8,7 +8,7 @@ from hookmech.mixers import REGISTRY
 from hookmech.patching import n_heads_of, patch
 from hookmech.patching.plain_loop import plain_loop_patch
 
-from helpers import make_model
+from helpers import ENGINE_TOL, make_model
 
 KEYS = ("p_clean", "p_corrupt", "p_patched", "metric_clean", "metric_corrupt", "metric_patched")
 
@@ -66,5 +66,6 @@ def test_every_head_site_equals_each_head_and_the_plain_loop(ar_task, mixer):
     for record, alone in zip(every, single, strict=True):
         expected = reference[record["hook"], record["pos"]]
         for key in KEYS:
-            assert record[key] == pytest.approx(alone[key], abs=1e-7), (record["site"], key)
-            assert abs(record[key] - expected[key]) <= 1e-5, (record["site"], key, record[key], expected[key])
+            # every head in one call vs each head alone: two engine batchings (ENGINE_TOL)
+            assert record[key] == pytest.approx(alone[key], abs=ENGINE_TOL), (record["site"], key)
+            assert abs(record[key] - expected[key]) <= ENGINE_TOL, (record["site"], key, record[key], expected[key])
