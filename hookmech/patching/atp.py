@@ -109,6 +109,21 @@ def first_order_effects(
     return values.detach(), effects
 
 
+def positional_hooks(model: PatchableModel, sites: str | Iterable[str]) -> tuple[list[str], int | None]:
+    """Return the hooks of site specs `sites` and the first block the estimates must run from (None
+    when a hook is outside the blocks: the embeddings need the tokens); a UsageError for a site
+    without a position axis (attribution patching estimates patches at positions)."""
+    hooks = resolve_sites(as_specs(sites), model.hook_dict)
+    flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
+    if flat:
+        raise UsageError(
+            f"{', '.join(map(hook_to_site, flat))}: no position axis, so no patch at a position "
+            "(attribution patching needs one; leave these sites out)"
+        )
+    layers = [model.layer_of_hook(hook) for hook in hooks]
+    return hooks, None if None in layers else min(layer for layer in layers if layer is not None)
+
+
 def attribution_patch(
     model: PatchableModel,
     source: Batch | CacheFile | str | Path,
@@ -136,17 +151,7 @@ def attribution_patch(
     if max_batch < 1:
         raise UsageError(f"max_batch must be >= 1, got {max_batch}")
     options = PatchOptions(method="atp", threshold=threshold, max_batch=max_batch, per_example=per_example)
-    hooks = resolve_sites(as_specs(sites), model.hook_dict)
-    flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
-    if flat:
-        raise UsageError(
-            f"{', '.join(map(hook_to_site, flat))}: no position axis, so no patch at a position "
-            "(attribution patching needs one; leave these sites out)"
-        )
-    layers = [model.layer_of_hook(hook) for hook in hooks]
-    start = (
-        None if None in layers else min(layer for layer in layers if layer is not None)
-    )  # embeddings need the tokens
+    hooks, start = positional_hooks(model, sites)
     resid = [] if start is None else [f"blocks.{start}.hook_resid_pre"]
     with evaluating(model), open_source(source) as (batch, cache):
         runs = CleanCorruptRuns(

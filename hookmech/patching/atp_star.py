@@ -46,11 +46,12 @@ import torch
 from torch import Tensor
 
 from ..cache import CacheFile, run_chunks
-from ..errors import HookmechError, UsageError
+from ..errors import HookmechError
 from ..hooks import gradients_follow_edits, pos_axis_of
 from ..shapes import RowFloats, RowInts
-from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
+from ..sites import as_specs, position_patches
 from ..tasks.batch import Batch
+from .atp import positional_hooks
 from .options import PatchOptions
 from .protocol import PatchableModel, check_patchable
 from .records import estimate_record
@@ -88,15 +89,7 @@ def atp_star_patch(
     """
     check_patchable(model)
     options = PatchOptions(method="atp-star", threshold=threshold, max_batch=max_batch, per_example=per_example)
-    hooks = resolve_sites(as_specs(sites), model.hook_dict)
-    flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
-    if flat:
-        raise UsageError(
-            f"{', '.join(map(hook_to_site, flat))}: no position axis, so no patch at a position "
-            "(attribution patching needs one; leave these sites out)"
-        )
-    layers = [model.layer_of_hook(hook) for hook in hooks]
-    start = None if None in layers else min(layer for layer in layers if layer is not None)
+    hooks, start = positional_hooks(model, sites)
     first = 0 if start is None else start
     blocks = range(first, model.cfg.n_layers)
     # what the estimates read of the corrupt run: each block's input, mixer input and output
