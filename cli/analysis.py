@@ -132,6 +132,13 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     metavar="K",
     help="with --method atp or atp-star: re-run the top K cells exactly",
 )
+@click.option(
+    "--graddrop/--no-graddrop",
+    default=True,
+    show_default=True,
+    help="with --method atp-star: GradDrop's extra backward pass per layer (its `graddrop` score, "
+    "which --verify-top also ranks by); --no-graddrop skips them",
+)
 @threshold_option
 @max_batch_option
 @click.option(
@@ -187,6 +194,7 @@ def patch(
     seed,
     method,
     verify_top,
+    graddrop,
     threshold,
     max_batch,
     as_json,
@@ -220,6 +228,8 @@ def patch(
         raise UsageError(f"--context-memory must be >= 0 MiB, got {context_memory}")
     if verify_top < 0 or (verify_top and method not in ("atp", "atp-star")):
         raise UsageError("--verify-top K needs --method atp or atp-star and K >= 0")
+    if not graddrop and method != "atp-star":
+        raise UsageError("--no-graddrop is an option of --method atp-star")
     if corrupt is not None and cache_path is not None:
         raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
     refuse_overwriting_inputs(
@@ -270,6 +280,7 @@ def patch(
                     ablate=ablate,
                     ablate_seed=ablate_seed,
                     context_memory=context_memory << 20,
+                    graddrop=graddrop,
                 )
             if verify_top:
                 from hookmech.patching import verify_top as verify

@@ -389,6 +389,10 @@ def test_records_have_the_contract_fields(ar_model, ar_task):
         assert sum(a["p_patched_rows"]) / 10 == pytest.approx(a["p_patched"], abs=FLOAT64_SUM_TOL)
     no_graddrop = atp_star_patch(ar_model, batch, ["all"], ["key"], graddrop=False)
     assert all(r["graddrop"] is None for r in no_graddrop)
+    through_patch = patch(ar_model, batch, ["all"], ["key"], method="atp-star", graddrop=False)
+    assert [r["p_patched"] for r in through_patch] == [r["p_patched"] for r in no_graddrop]
+    with pytest.raises(UsageError, match="graddrop=False is an option of method 'atp-star'"):
+        patch(ar_model, batch, ["all"], ["key"], method="atp", graddrop=False)
 
 
 def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_model, ar_task):

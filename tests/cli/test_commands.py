@@ -172,6 +172,23 @@ def test_atp_star_with_verify_top_reports_both_scores(trained, capsys):
     assert all(r["method"] == "atp-star" and "attribution_exact" in r and r["graddrop"] >= 0 for r in records)
 
 
+def test_atp_star_without_graddrop_gives_the_same_estimates_and_no_score(trained, capsys):
+    """--no-graddrop skips GradDrop's backward passes: the estimates are those of the full gradient."""
+    args = ["patch", "--ckpt", str(trained), "--site", "all", "--pos", "key,value", "--n", "16", "--method", "atp-star",
+            "--json"]
+    code, out, err = run(args, capsys)
+    assert code == 0, err
+    with_graddrop = json.loads(out)
+    code, out, err = run([*args, "--no-graddrop"], capsys)
+    assert code == 0, err
+    without = json.loads(out)
+    assert len(without) == len(with_graddrop) > 0
+    for a, b in zip(with_graddrop, without, strict=True):
+        assert (a["site"], a["pos"]) == (b["site"], b["pos"]) and b["graddrop"] is None and a["graddrop"] >= 0
+        # the same backward pass and arithmetic: GradDrop's passes come after and change nothing
+        assert a["p_patched"] == b["p_patched"]
+
+
 def test_a_refused_config_does_not_claim_the_run_folder(tmp_path, capsys):
     base = [a for a in TRAIN if a not in ("--mixer", "attention", "--mixer-opt", "L0.window=2")]
     code, _, _ = run([*base, "--mixer", "mamba", "--mixer-opt", "d_conv=7", "-o", str(tmp_path / "r")], capsys)
