@@ -102,7 +102,8 @@ def main() -> None:
         f"N={args.n}, positions {','.join(ROLES)}, best of {args.reps}"
         + (f", baseline {args.baseline_src}" if args.baseline_src else "")
     )
-    header = f"{'mixer':<10} {'hooks':<22} {'cells':>5} {'all-position s':>14} {'resumed s':>9} {'ratio':>6} {'max |dp|':>9}"
+    header = f"{'mixer':<10} {'hooks':<22} {'cells':>5} {'all-position s':>14} {'resumed s':>9} {'ratio':>6}"
+    header += f" {'max |dp|':>9}"
     if args.baseline_src:
         header += f" {'baseline s':>10} {'ratio':>6} {'max |dp|':>9}"
     print(header)
