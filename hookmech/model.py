@@ -385,6 +385,20 @@ class HookedLM(HookedRootModule):
             resid = take_window(resid, keep, 1)
         return self.unembed_resid(self.ln_final(resid)[:, 0])
 
+    def state_from_context(self, hook_name: str) -> Callable[[Context, RowInts, RowInts], Tensor] | None:
+        """Return a reader of state hook `hook_name` (``blocks.{l}.mixer.hook_<state>``, one of the
+        mixer's `state_hooks`) from block l's recorded context: ``read(context, rows, positions)`` ->
+        ``[B, ...]``, what the hook fired with at ``positions[i]`` of row ``rows[i]`` of the run the
+        context was made from (`Mixer.state_from_context`); None for any other hook."""
+        parts = hook_name.split(".")
+        if len(parts) != 4 or parts[0] != "blocks" or parts[2] != "mixer" or not parts[3].startswith("hook_"):
+            return None
+        mixer = self.blocks[int(parts[1])].mixer
+        name = parts[3][len("hook_") :]
+        if name not in type(mixer).state_hooks:
+            return None
+        return lambda context, rows, positions: mixer.state_from_context(name, context, rows, positions)
+
     # -- one position patched, through the next mixer exactly (AtP*) ----------------------
     def patch_to_next_mixer(
         self, hook_name: str, values: Tensor, base: Callable[[str], Tensor]

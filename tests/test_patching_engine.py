@@ -325,20 +325,34 @@ def test_a_patch_after_the_mixer_reads_the_base_runs_mixer_output(monkeypatch):
     assert calls[0] > 0
 
 
-def test_base_runs_copy_a_patched_hook_only_where_the_patches_read_it():
+def test_base_runs_copy_a_patched_hook_only_where_the_patches_read_it(monkeypatch):
     """`CleanCorruptRuns(read_at=...)`: the activations of a hook read only at some positions
-    equal the full run's there (chunked: rows of both chunks), whatever is left elsewhere."""
+    equal the full run's there (chunked: rows of both chunks), whatever is left elsewhere. A
+    recurrent state is read from the run's recorded context, its hook never fired."""
+    from hookmech.mixers.mamba2 import Mamba2
     from hookmech.patching.runs import CleanCorruptRuns
 
     torch.manual_seed(0)
-    model = hookmech.HookedLM(build_config(d_vocab=20, n_ctx=12, mixers="mamba2", d_model=16, n_layers=2)).eval()
+    model = hookmech.HookedLM(build_config(d_vocab=20, n_ctx=12, mixers="mamba2", d_model=16, n_layers=2))
+    model = model.double().eval()
     batch = hookmech.tasks.make("ar", vocab_size=12, num_kv_pairs=3).sample(10, seed=0)
-    hook = "blocks.1.mixer.hook_ssm_state"
+    hooks = ["blocks.1.mixer.hook_ssm_state", "blocks.0.mixer.hook_B"]
     where = torch.zeros(10, batch.tokens.shape[1], dtype=torch.bool)
     where[torch.arange(10), batch.query_pos] = True
     where[3, 0] = True
-    full = CleanCorruptRuns(model, batch, [hook], None, need_logits=False, max_batch=4)
-    sparse = CleanCorruptRuns(model, batch, [hook], None, need_logits=False, max_batch=4, read_at={hook: where})
+    full = CleanCorruptRuns(model, batch, hooks, None, need_logits=False, max_batch=4)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the base runs materialised every state for the state hook")
+
+    monkeypatch.setattr(Mamba2, "_ssd_through_state_hook", refuse)
+    sparse = CleanCorruptRuns(model, batch, hooks, None, need_logits=False, max_batch=4,
+                              read_at=dict.fromkeys(hooks, where))
     for which in ("clean", "corrupt"):
-        assert sparse.acts(hook, which).shape == full.acts(hook, which).shape
-        assert torch.equal(sparse.acts(hook, which)[where], full.acts(hook, which)[where])
+        for hook in hooks:
+            assert sparse.acts(hook, which).shape == full.acts(hook, which).shape
+        # B: the same tensor copied; the state: read from kept states replayed over <= 3 positions, another
+        # grouping of the same float64 sums (tests/mixers/test_resume.py's round-off tolerance)
+        assert torch.equal(sparse.acts(hooks[1], which)[where], full.acts(hooks[1], which)[where])
+        torch.testing.assert_close(sparse.acts(hooks[0], which)[where], full.acts(hooks[0], which)[where],
+                                   rtol=1e-9, atol=1e-10)

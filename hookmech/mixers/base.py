@@ -114,6 +114,14 @@ class Mixer(nn.Module):
         full = splice(run_input, rows, x, start)
         return kept(take_window(self.forward(full), start, x.shape[1]), keep)
 
+    def state_from_context(self, name: str, context: Context, rows: RowInts, positions: RowInts) -> Tensor:
+        """Return the state hook `name` (one of `state_hooks`, e.g. ``"ssm_state"``) of the run
+        `context` was made from (`prefix_context`) at position ``positions[i]`` of row ``rows[i]``,
+        ``[B, ...]`` (the hook's axes after batch and position): what that run's hook fired with
+        there. The engine's unpatched runs read a patched state here instead of having the mixer
+        materialise every position's state for its hook. Mixers with `state_hooks` define it."""
+        raise HookmechError(f"mixer {type(self).__name__} has no state hook {name!r}")
+
     def inside_hooks_in_use(self) -> bool:
         """Return True when a forward or backward hook is attached to one of the mixer's own hooks."""
         return any(

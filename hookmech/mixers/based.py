@@ -229,6 +229,13 @@ class Based(Mixer):
 
     window_hooks = True
 
+    def state_from_context(self, name: str, context: Context, rows: RowInts, positions: RowInts) -> Tensor:
+        """Return ``hook_kv_state`` ``[B, head, F, d_head]`` or ``hook_k_state`` ``[B, head, F]`` of the
+        context's run at ``positions[i]`` of row ``rows[i]``: the states before the next position
+        (`_states_before`; see `Mixer.state_from_context`)."""
+        kv_state, k_state = self._states_before(context, rows, positions + 1)
+        return {"kv_state": kv_state, "k_state": k_state}[name]
+
     def _states_before(self, context: Context, rows: RowInts, start: RowInts) -> tuple[Tensor, Tensor]:
         """Return the base run's states after position ``start[i] - 1`` of row ``rows[i]``: S
         ``[B, head, F, d_head]`` and z ``[B, head, F]`` (zeros at start 0); the quadratic view's

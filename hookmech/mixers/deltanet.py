@@ -251,6 +251,13 @@ class DeltaNet(Mixer):
             return delta_rule_chunked(q, k, v, beta, self.chunk_size, initial_state=initial)[0]
         return delta_rule_recurrent(q, k, v, beta, initial_state=initial)[0]
 
+    def state_from_context(self, name: str, context: Context, rows: RowInts, positions: RowInts) -> Tensor:
+        """Return ``hook_state`` of the context's run at ``positions[i]`` of row ``rows[i]``, ``[B,
+        head, d_v, d_k]``: the state before the next position (`_state_before`; see
+        `Mixer.state_from_context`)."""
+        assert name in self.state_hooks
+        return self._state_before(context, rows, positions + 1)
+
     def _state_before(self, context: Context, rows: RowInts, start: RowInts) -> Tensor:
         """Return the base run's state S after position ``start[i] - 1`` of row ``rows[i]``
         ``[B, head, d_v, d_k]``: the context's last kept state before it, carried over the

@@ -281,6 +281,12 @@ class Mamba(Mixer):
             context["in_x"] = in_x
         return context, u, z, C
 
+    def state_from_context(self, name: str, context: Context, rows: RowInts, positions: RowInts) -> Tensor:
+        """Return ``hook_ssm_state`` of the context's run at ``positions[i]`` of row ``rows[i]``,
+        ``[B, d_inner, d_state]`` (the context keeps every state; see `Mixer.state_from_context`)."""
+        assert name in self.state_hooks
+        return state_before(context["state"], rows, positions + 1)
+
     window_hooks = True
 
     def forward_from(

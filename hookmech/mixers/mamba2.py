@@ -431,6 +431,13 @@ class Mamba2(Mixer):
         inputs = {"x": x.contiguous(), "dt": dt, "B": B.contiguous()}  # views of xBC: row-flattened per resume
         return self.out_proj(y), {"xbc": xbc, **inputs, "ssm_state": every}
 
+    def state_from_context(self, name: str, context: Context, rows: RowInts, positions: RowInts) -> Tensor:
+        """Return ``hook_ssm_state`` of the context's run at ``positions[i]`` of row ``rows[i]``,
+        ``[B, head, headdim, d_state]``: the state before the next position (`_state_before`; see
+        `Mixer.state_from_context`)."""
+        assert name in self.state_hooks
+        return self._state_before(context, rows, positions + 1)
+
     def _state_before(self, context: Context, rows: RowInts, start: RowInts) -> Tensor:
         """Return the base run's state after position ``start[i] - 1`` of row ``rows[i]``
         ``[B, head, headdim, d_state]``: the context's last kept state before it, carried over

@@ -350,6 +350,12 @@ class RWKV6(Mixer):
         _, states = wkv(r, k, v, -torch.exp(w), self.time_faaaa, self.chunk_size, return_all_states=True)
         return {"x": x, "wkv_state": states}
 
+    def state_from_context(self, name: str, context: Context, rows: RowInts, positions: RowInts) -> Tensor:
+        """Return ``hook_state`` of the context's run at ``positions[i]`` of row ``rows[i]``, ``[B,
+        head, d_k, d_v]`` (the context keeps every state; see `Mixer.state_from_context`)."""
+        assert name in self.state_hooks
+        return state_before(context["wkv_state"], rows, positions + 1)
+
     window_hooks = True
 
     def forward_from(

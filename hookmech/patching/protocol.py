@@ -131,6 +131,12 @@ class PatchableModel(Protocol):
         """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window of positions."""
         ...
 
+    def state_from_context(self, hook_name: str) -> Callable[[dict[str, Tensor], Tensor, Tensor], Tensor] | None:
+        """Return ``read(context, rows, positions)`` -> ``[B, ...]``: hook `hook_name`'s activation
+        at ``positions[i]`` of row ``rows[i]`` of the run its block's recorded context (`collecting_contexts`)
+        was made from; None for a hook the model cannot read there (the unpatched runs then fire it)."""
+        ...
+
     def patch_to_next_mixer(
         self, hook_name: str, values: Tensor, base: Callable[[str], Tensor]
     ) -> tuple[int, Tensor, Tensor | None] | None:

@@ -110,17 +110,30 @@ class CleanCorruptRuns:
         contexts: dict[int, list[dict[str, Tensor]]] = (
             {layer: [] for layer in range(self.model.cfg.n_layers)} if collect else {}
         )
+        # a recurrent state read at a few positions is read from the run's recorded context: with
+        # its hook in use, the mixer would materialise every position's state (the largest tensors
+        # of a run) only for the hook to keep a few of them
+        from_context = {hook: self.model.state_from_context(hook) for hook in hooks if hook in self.read_at}
+        readers = {hook: read for hook, read in from_context.items() if read is not None}
+        fired = [hook for hook in hooks if hook not in readers]
         for rows in run_chunks(len(self.batch), max_batch):
             query = self.batch.query_pos[rows].to(self.device)
             for which, tokens in (("clean", self.batch.tokens), ("corrupt", self.batch.corrupt_tokens)):
-                with self.model.collecting_contexts() if collect and which == base else nullcontext() as recorded:
+                keep_contexts = collect and which == base
+                with self.model.collecting_contexts() if keep_contexts or readers else nullcontext() as recorded:
                     out, acts = self.model.run_with_cache(
-                        tokens[rows].to(self.device), names_filter=hooks, return_cache_object=False, positions=query
+                        tokens[rows].to(self.device), names_filter=fired, return_cache_object=False, positions=query
                     )
-                for layer, chunk_contexts in (recorded or {}).items():
-                    contexts[layer].extend(chunk_contexts)
+                for hook, read in readers.items():
+                    layer = self.model.layer_of_hook(hook)
+                    assert recorded is not None and layer is not None  # a state hook is inside a block
+                    self._read_from_context(sparse, (hook, which), read, recorded[layer][-1], rows)
+                if keep_contexts:
+                    assert recorded is not None
+                    for layer, chunk_contexts in recorded.items():
+                        contexts[layer].extend(chunk_contexts)
                 logits[which].append(out.float())
-                for hook in hooks:
+                for hook in fired:
                     if hook in self.read_at:
                         self._copy_read_positions(sparse, (hook, which), acts[hook], rows)
                     else:
@@ -145,6 +158,18 @@ class CleanCorruptRuns:
             out[key] = chunk.new_empty(len(self.batch), *chunk.shape[1:])
         row, pos = self.read_at[key[0]][rows].to(chunk.device).nonzero(as_tuple=True)
         out[key][row + rows.start, pos] = chunk[row, pos]
+
+    def _read_from_context(
+        self, out: dict[tuple[str, str], Tensor], key: tuple[str, str], read, context: dict[str, Tensor], rows: slice
+    ) -> None:
+        """Write into ``out[key]`` ``[N, T, ...]`` hook key[0]'s activations at the positions `read_at`
+        names of the rows `rows`, read with `read` (`PatchableModel.state_from_context`) from `context`,
+        the chunk's recorded context of its block; the other positions are left unset."""
+        row, pos = self.read_at[key[0]][rows].to(self.device).nonzero(as_tuple=True)
+        values = read(context, row, pos)
+        if key not in out:
+            out[key] = values.new_empty(len(self.batch), self.batch.tokens.shape[1], *values.shape[1:])
+        out[key][row + rows.start, pos] = values
 
     def resume_contexts(self, layer: int, which: str, max_batch: int) -> dict[int, dict[str, Tensor]] | None:
         """Return the mixer contexts of the `which` run for blocks `layer` .. last

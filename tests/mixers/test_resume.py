@@ -206,3 +206,29 @@ def test_a_model_records_every_blocks_context_in_its_forward():
         model(tokens)
     assert [len(entries) for entries in recorded.values()] == [1, 1]
     assert all(block.contexts is None for block in model.blocks)
+
+
+@pytest.mark.parametrize(("name", "options"), [c for c in CONFIGS if REGISTRY[c[0]].state_hooks],
+                         ids=[i for i, c in zip(IDS, CONFIGS, strict=True) if REGISTRY[c[0]].state_hooks])
+def test_state_from_context_is_what_the_state_hook_fires_with(name, options):
+    """`Mixer.state_from_context`: a state hook's value at any (row, position), read from the
+    context of the run (kept states, replayed where only every few are kept), equals what the hook
+    fires with in `forward` there — the engine's unpatched runs read patched states this way."""
+    mixer = make_mixer(name, options)
+    x = torch.randn(N_ROWS, N_POS, D_MODEL, dtype=torch.float64)
+    rows = torch.tensor([0, 4, 2, 2, 1, 3, 0])
+    positions = torch.tensor([0, N_POS - 1, 1, 5, 3, 4, 7])  # every place in a block of STATE_STRIDE
+    for state in mixer.state_hooks:
+        fired = {}
+        point = getattr(mixer, f"hook_{state}")
+        point.add_hook(lambda act, hook, fired=fired: fired.setdefault("states", act.clone()))
+        try:
+            with torch.no_grad():
+                mixer(x)
+                context = mixer.prefix_context(x)
+        finally:
+            point.remove_hooks()
+        with torch.no_grad():
+            read = mixer.state_from_context(state, context, rows, positions)
+        # another grouping of the same sums (a kept state carried over ≤ 3 positions): float64 round-off
+        torch.testing.assert_close(read, fired["states"][rows, positions], rtol=1e-9, atol=1e-10)
