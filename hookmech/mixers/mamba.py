@@ -276,7 +276,7 @@ class Mamba(Mixer):
         in_x, z = self._split(self.in_proj(x))
         u, delta, B, C = self._ssm_inputs(in_x)
         decay = torch.exp(delta[..., None] * self._A())
-        context = {"state": linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :])}
+        context = {"state": linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :], overwrite=True)}
         if self.d_conv > 0:
             context["in_x"] = in_x
         return context, u, z, C
@@ -342,7 +342,7 @@ class Mamba(Mixer):
         u, delta, B, C = self._ssm_inputs(conv, convolved=True)
         A = self._A()
         decay = torch.exp(delta[..., None] * A)  # [N, T, d_inner, d_state]
-        states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :])
+        states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :], overwrite=True)
         y = (states @ C[..., None])[..., 0] + u * self.D
         gate = torch.ones_like(y) if z is None else F.silu(z)
         gated = y * gate
@@ -400,18 +400,23 @@ class Mamba(Mixer):
         if not _in_use(self.hook_ssm_state):
             return selective_scan(u, delta, A, B, C, self.D, h0=h0)
         decay = torch.exp(delta[..., None] * A)  # [batch, pos, d_inner, d_state]
-        drive = (delta * u)[..., None] * B[:, :, None, :]
-        if h0 is not None:  # the state carried in enters the first position's update
-            drive = torch.cat([(drive[:, 0] + decay[:, 0] * h0)[:, None], drive[:, 1:]], dim=1)
+
+        def drive() -> Tensor:  # the scan overwrites it: made again (the same bits) for a rescan
+            made = (delta * u)[..., None] * B[:, :, None, :]
+            if h0 is not None:  # the state carried in enters the first position's update
+                made[:, 0].addcmul_(decay[:, 0], h0)
+            return made
 
         def rescan(h_before: Tensor, start: int, end: int) -> Tensor:
-            first = drive[:, start] + decay[:, start] * h_before
-            return linear_scan(decay[:, start:end], torch.cat([first[:, None], drive[:, start + 1 : end]], 1))
+            inputs = drive()[:, start:end]
+            inputs[:, 0].addcmul_(decay[:, start], h_before)
+            return linear_scan(decay[:, start:end], inputs, overwrite=True)
 
         def carry(edit: Tensor, keep: Tensor | None) -> Tensor:  # the homogeneous recurrence (state_patch)
-            return linear_scan(decay if keep is None else decay * keep[:, :, None, None], edit)
+            return linear_scan(decay if keep is None else decay * keep[:, :, None, None], edit, overwrite=True)
 
-        states = hook_state_with_propagation(self.hook_ssm_state, linear_scan(decay, drive), rescan, carry)
+        states = linear_scan(decay, drive(), overwrite=True)
+        states = hook_state_with_propagation(self.hook_ssm_state, states, rescan, carry)
         return (states @ C[..., None])[..., 0] + u * self.D
 
     def _causal_conv(self, x: Tensor) -> Tensor:

@@ -33,6 +33,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from .base import needs_grad
+
 #: positions per chunk of the fast scan; 8-32 measure alike on CPU (bench/mamba_scan.py)
 DEFAULT_CHUNK = 16
 #: ... but a chunk's states take at most this many bytes: larger blocks are fresh memory from the
@@ -98,11 +100,18 @@ class _LinearScan(torch.autograd.Function):
         return grad_a, g
 
 
-def linear_scan(a: Tensor, b: Tensor) -> Tensor:
+def linear_scan(a: Tensor, b: Tensor, overwrite: bool = False) -> Tensor:
     """Return h ``[batch, pos, ...]``, h_t = a_t ⊙ h_{t-1} + b_t along axis 1 from h_{-1} = 0.
 
-    `a`, `b`: same shape ``[batch, pos, ...]``; differentiable in both.
+    `a`, `b`: same shape ``[batch, pos, ...]``; differentiable in both. With `overwrite`, a run
+    that autograd does not record scans in `b` itself and returns it (the caller's `b` is then
+    the states): a state tensor is the largest one a mixer makes, and copying it costs as much as
+    the scan.
     """
+    if overwrite and not needs_grad(a, b):
+        for t in range(1, b.shape[1]):
+            b[:, t].addcmul_(a[:, t], b[:, t - 1])
+        return b
     return _LinearScan.apply(a, b)
 
 

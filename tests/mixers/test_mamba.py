@@ -259,7 +259,7 @@ def test_ablated_mixer_has_no_gate_or_conv_hooks():
 
 
 def test_states_are_not_built_unless_their_hook_is_used(monkeypatch):
-    def forbidden(*args):
+    def forbidden(*args, **kwargs):
         raise AssertionError("the [batch, pos, d_inner, d_state] states were materialised")
 
     model = tiny_model()
