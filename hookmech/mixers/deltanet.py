@@ -114,8 +114,15 @@ class DeltaNet(Mixer):
 
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
+        return self._hooked_forward(x)[0]
+
+    def _hooked_forward(self, x: Resid, with_context: bool = False) -> tuple[Resid, Context | None]:
+        """Return (forward(x), None); with `with_context`, the run's context (`prefix_context`)
+        from the same pass instead of None (not for a hooked state, whose edits it would miss)."""
         batch, n_pos, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        # what a resumed window's convolutions read of earlier positions
+        conv_inputs = {"q": q, "k": k, "v": v} if self.conv_size > 0 else {}
         if self.conv_size > 0:
             q, k, v = self.q_conv1d(q), self.k_conv1d(k), self.v_conv1d(v)
         q, k, v = self._heads(q, k, v)
@@ -131,8 +138,12 @@ class DeltaNet(Mixer):
             y = torch.einsum("bthvk,bthk->bthv", states, q)
         else:
             y = self._outputs(q, k, v, beta)
+        context: Context | None = None
+        if with_context:
+            every = delta_rule_states(q, k, v, beta, stride=self.STATE_STRIDE)
+            context = {**conv_inputs, "keys": k, "values": v, "beta": beta, "state": every}
         y = self.hook_y(y)
-        return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1))
+        return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1)), context
 
     def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): the delta rule's exact
@@ -229,9 +240,14 @@ class DeltaNet(Mixer):
 
     def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(x), prefix_context(x))`` from one pass (with an inside hook in use,
-        the two separately, so that the hooks fire)."""
-        if self.inside_hooks_in_use():
+        the hooked forward gives the context too; with the state hook in use, the two apart: the
+        hook may edit the states)."""
+        if self.hook_state.is_active:
             return super().forward_with_context(x)
+        if self.inside_hooks_in_use():
+            out, context = self._hooked_forward(x, with_context=True)
+            assert context is not None
+            return out, context
         return self._output_and_context(x)
 
     def _output_and_context(self, x: RunResid) -> tuple[RunResid, Context]:

@@ -178,6 +178,12 @@ class Mamba(Mixer):
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         if self.use_fast_path and not self._inside_hooks_in_use() and fused_kernels_available(x):
             return self._forward_fused(x)
+        return self._hooked_forward(x)[0]
+
+    def _hooked_forward(self, x: Resid, with_context: bool = False) -> tuple[Resid, Context | None]:
+        """Return (forward(x) with every inside hook firing, None); with `with_context`, the
+        context of the run (`prefix_context`) from the same pass instead of None: y is then read
+        from the states the context keeps (not for a hooked state, whose edits it would miss)."""
         projected = self.in_proj(x)
         if self.gate:
             in_x, z = projected.chunk(2, dim=-1)
@@ -185,6 +191,7 @@ class Mamba(Mixer):
         else:
             in_x = projected
         in_x = self.hook_in_x(in_x)
+        conv_input = in_x  # what a resumed window's convolution reads of earlier positions
         if self.d_conv > 0:
             in_x = self.hook_conv(self._causal_conv(in_x))
         u = self.hook_conv_act(F.silu(in_x))
@@ -192,10 +199,18 @@ class Mamba(Mixer):
         delta = self.hook_delta(F.softplus(self.dt_proj(dt)))
         B, C = self.hook_B(B), self.hook_C(C)
         A = self._A()
-        y = self.hook_y(self._ssm(u, delta, A, B, C))
+        context: Context | None = None
+        if with_context:
+            drive = (delta * u)[..., None] * B[:, :, None, :]
+            states = linear_scan(torch.exp(delta[..., None] * A), drive, overwrite=True)
+            context = {"state": states, **({"in_x": conv_input} if self.d_conv > 0 else {})}
+            y = (states @ C[..., None])[..., 0] + u * self.D
+        else:
+            y = self._ssm(u, delta, A, B, C)
+        y = self.hook_y(y)
         if self.gate:
             y = y * F.silu(z)
-        return self.out_proj(y)
+        return self.out_proj(y), context
 
     attention_axis = "channel"
 
@@ -262,9 +277,14 @@ class Mamba(Mixer):
 
     def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
-        states (hooks inside the mixer in use: the two separately, so that they fire)."""
-        if self._inside_hooks_in_use():
+        states; with inside hooks in use, the hooked forward keeps its states (with the state
+        hook in use, forward and context apart: the hook may edit the states)."""
+        if _in_use(self.hook_ssm_state):
             return super().forward_with_context(x)
+        if self._inside_hooks_in_use():
+            out, context = self._hooked_forward(x, with_context=True)
+            assert context is not None
+            return out, context
         context, u, z, C = self._states(x)
         y = (context["state"] @ C[..., None])[..., 0] + u * self.D
         if z is not None:  # the gate

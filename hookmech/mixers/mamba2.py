@@ -323,11 +323,17 @@ class Mamba2(Mixer):
 
     def forward(self, u: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]`` of ``u [batch, pos, d_model]``."""
+        return self._hooked_forward(u)[0]
+
+    def _hooked_forward(self, u: Resid, with_context: bool = False) -> tuple[Resid, Context | None]:
+        """Return (forward(u), None); with `with_context`, the run's context (`prefix_context`)
+        from the same pass instead of None (not for a hooked state, whose edits it would miss)."""
         batch, n_pos, _ = u.shape
         d_bc = self.ngroups * self.d_state
         z, x, bc, dt = self.in_proj(u).split([self.d_inner, self.d_inner, 2 * d_bc, self.n_heads], dim=-1)
         z = self.hook_gate(z)
         xbc = torch.cat([self.hook_in_x(x), bc], dim=-1)
+        conv_input = xbc  # what a resumed window's convolution reads of earlier positions
         if self.conv1d is not None:
             xbc = self.conv1d(xbc)
         x, B, C = xbc.split([self.d_inner, d_bc, d_bc], dim=-1)
@@ -337,13 +343,17 @@ class Mamba2(Mixer):
         dt = self.hook_delta(F.softplus(dt + self.dt_bias))
         A = -torch.exp(self.A_log)
 
+        context: Context | None = None
         if self.hook_ssm_state.is_active:
             y = self._ssd_through_state_hook(x, dt, A, B, C)
         else:
             y, _ = ssd(x, dt, A, B, C, self.chunk_size)
+        if with_context:
+            every = ssd_strided_states(x, dt, A, B, self.STATE_STRIDE)
+            context = {"xbc": conv_input, "x": x.contiguous(), "dt": dt, "B": B.contiguous(), "ssm_state": every}
         y = self.hook_y(y + self.D[:, None] * x)
         y = self.norm(y.reshape(batch, n_pos, self.d_inner), z)
-        return self.out_proj(y)
+        return self.out_proj(y), context
 
     def effective_attention(self, u: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): SSD's matrix per head
@@ -416,9 +426,14 @@ class Mamba2(Mixer):
 
     def forward_with_context(self, u: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(u), prefix_context(u))`` from one pass (with an inside hook in use,
-        the two separately, so that the hooks fire)."""
-        if self.inside_hooks_in_use():
+        the hooked forward gives the context too; with the state hook in use, the two apart: the
+        hook may edit the states)."""
+        if self.hook_ssm_state.is_active:
             return super().forward_with_context(u)
+        if self.inside_hooks_in_use():
+            out, context = self._hooked_forward(u, with_context=True)
+            assert context is not None
+            return out, context
         return self._output_and_context(u)
 
     def _output_and_context(self, u: RunResid) -> tuple[RunResid, Context]:

@@ -281,17 +281,33 @@ class RWKV6(Mixer):
 
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]`` of ``x [batch, pos, d_model]``."""
+        return self._hooked_forward(x)[0]
+
+    def _hooked_forward(self, x: Resid, with_context: bool = False) -> tuple[Resid, Context | None]:
+        """Return (forward(x), None); with `with_context`, the run's context (`prefix_context`)
+        from the same pass instead of None (not for a hooked state, whose edits it would miss)."""
         previous = F.pad(x, (0, 0, 1, -1))  # x_{t-1} (x_{-1} = 0): the only cross-position step
         r, k, v, g, w = self._projections(x, previous)
         r, k, v = self.hook_r(r), self.hook_k(k), self.hook_v(v)
         g = self.hook_gate(g)
         log_decay = -torch.exp(self.hook_decay(w))
 
+        context: Context | None = None
         if self.hook_state.is_active:
             out = self._wkv_through_state_hook(r, k, v, log_decay)
         else:
-            out, _ = wkv(r, k, v, log_decay, self.time_faaaa, self.chunk_size)
-        return self._output(self.hook_output(out), g)
+            out, states = wkv(r, k, v, log_decay, self.time_faaaa, self.chunk_size, return_all_states=with_context)
+            context = {"x": x, "wkv_state": states} if with_context else None
+        return self._output(self.hook_output(out), g), context
+
+    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
+        """Return ``(forward(x), prefix_context(x))`` from one pass (with the state hook in use,
+        the two apart: the hook may edit the states)."""
+        if self.hook_state.is_active:
+            return super().forward_with_context(x)
+        out, context = self._hooked_forward(x, with_context=True)
+        assert context is not None
+        return out, context
 
     def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): the WKV operator before

@@ -232,3 +232,38 @@ def test_state_from_context_is_what_the_state_hook_fires_with(name, options):
             read = mixer.state_from_context(state, context, rows, positions)
         # another grouping of the same sums (a kept state carried over ≤ 3 positions): float64 round-off
         torch.testing.assert_close(read, fired["states"][rows, positions], rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("with_state_hooks", [False, True])
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
+def test_forward_with_context_fires_the_inside_hooks_in_use(name, options, with_state_hooks):
+    """With read-only hooks on the mixer's inside hooks (the engine's unpatched runs), one
+    `forward_with_context` fires each of them on the whole run, as `forward` does, and returns
+    what `forward` and `prefix_context` return (a hooked state: the two apart)."""
+    from hookmech.hooks import AxisHookPoint
+
+    mixer = make_mixer(name, options)
+    x = torch.randn(3, N_POS, D_MODEL, dtype=torch.float64)
+    points = {point_name: point for point_name, point in mixer.named_modules() if isinstance(point, AxisHookPoint)
+              and point.pos_axis == 1 and (with_state_hooks or point_name[len("hook_"):] not in mixer.state_hooks)}
+    fired: dict[str, list[torch.Tensor]] = {point_name: [] for point_name in points}
+    for point_name, point in points.items():
+        point.add_hook(lambda act, hook, seen=fired[point_name]: seen.append(act.clone()))
+    try:
+        with torch.no_grad():
+            expected_out = mixer(x)
+            expected = {point_name: seen[-1] for point_name, seen in fired.items() if seen}
+            for seen in fired.values():
+                seen.clear()
+            out, context = mixer.forward_with_context(x)
+            expected_context = mixer.prefix_context(x)
+    finally:
+        for point in points.values():
+            point.remove_hooks()
+    torch.testing.assert_close(out, expected_out, rtol=1e-9, atol=1e-10)
+    assert context.keys() == expected_context.keys()
+    for key in context:
+        torch.testing.assert_close(context[key], expected_context[key], rtol=1e-9, atol=1e-10)
+    for point_name, value in expected.items():  # every hook forward fires, once, with the same values
+        assert len(fired[point_name]) == 1, point_name
+        torch.testing.assert_close(fired[point_name][0], value, rtol=1e-9, atol=1e-10)
