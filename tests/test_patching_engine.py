@@ -356,3 +356,15 @@ def test_base_runs_copy_a_patched_hook_only_where_the_patches_read_it(monkeypatc
         assert torch.equal(sparse.acts(hooks[1], which)[where], full.acts(hooks[1], which)[where])
         torch.testing.assert_close(sparse.acts(hooks[0], which)[where], full.acts(hooks[0], which)[where],
                                    rtol=1e-9, atol=1e-10)
+
+
+def test_width_chunks_by_hand():
+    """Resumed pairs, sorted by window width, are chunked where the width grows by more than a
+    quarter (and 1), and by max_batch: every pair once, in order."""
+    from hookmech.patching.forwards import width_chunks
+
+    widths = [1, 1, 2, 2, 4, 5, 6, 10, 12, 13, 30, 35]
+    chunks = list(width_chunks(widths, 3))
+    assert [(c.start, c.stop) for c in chunks] == [(0, 3), (3, 4), (4, 6), (6, 7), (7, 9), (9, 10), (10, 12)]
+    assert list(width_chunks([], 3)) == []
+    assert [(c.start, c.stop) for c in width_chunks([7] * 5, 2)] == [(0, 2), (2, 4), (4, 5)]

@@ -92,7 +92,8 @@ def resumed_pairs(
     """Yield (patch index, row, query logits) of (patch, row) pairs, each re-run only on the
     positions from its first patched one to its query (`PatchableModel.resume`).
 
-    Pairs are sorted by that width so that a chunk's common window (`resume_window`) wastes little.
+    Pairs are sorted by that width and chunked where it grows (`width_chunks`), so that a chunk's
+    common window (`resume_window`) wastes little.
     """
     query = runs.batch.query_pos.to(runs.device)
     first = masks[patch_index, row_index].int().argmax(dim=-1)
@@ -104,7 +105,7 @@ def resumed_pairs(
     # hooks are installed once and pointed at each chunk: adding and removing them per chunk
     # walks every hook point of the model each time
     with model.hooks(fwd_hooks=[(patcher.plan.target.hook, patcher) for patcher in patchers]):
-        for chunk in run_chunks(len(order), max_batch):
+        for chunk in width_chunks(widths[order].tolist(), max_batch):
             pairs = order[chunk]
             which_patch, rows = patch_index[pairs], row_index[pairs]
             width, start = resume_window(widths[pairs], query[rows])
@@ -114,6 +115,26 @@ def resumed_pairs(
             resid_window = take_window(resid.index_select(0, rows), start, width)
             logits = model.resume(resid_window, layer, contexts, rows, start, query[rows])
             yield which_patch, rows, logits
+
+
+#: how much wider than its narrowest row a chunk's window may grow (`width_chunks`)
+WIDTH_GROWTH = 1.25
+
+
+def width_chunks(widths: list[int], max_batch: int) -> Iterator[slice]:
+    """Yield slices covering `widths` (ascending window widths, one per pair) of at most
+    `max_batch` pairs, a new slice wherever a width exceeds WIDTH_GROWTH times the slice's first
+    (and its first + 1): a chunk runs every row on its widest window, so this bounds the positions
+    computed for nothing to a quarter, where fixed-size chunks of a key's windows (4 to 35
+    positions) ran most rows on 30 or more."""
+    start = 0
+    while start < len(widths):
+        limit = max(widths[start] * WIDTH_GROWTH, widths[start] + 1)
+        stop = start + 1
+        while stop < len(widths) and stop - start < max_batch and widths[stop] <= limit:
+            stop += 1
+        yield slice(start, stop)
+        start = stop
 
 
 def window_widths(first: Tensor, query: Tensor) -> Tensor:
