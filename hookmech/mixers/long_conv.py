@@ -39,6 +39,18 @@ def fft_causal_conv(u: Tensor, k: Tensor) -> Tensor:
     return torch.fft.irfft(u_f * k_f, n=fft_size, dim=1)[:, :n_pos].to(u.dtype)
 
 
+def resumed_causal_conv(window: Tensor, base_in: Tensor, base_out: Tensor, k: Tensor) -> Tensor:
+    """Return `fft_causal_conv` by `k` at a window of W positions, ``[B, W, *channels]``, of a run
+    whose input is `window` ``[B, W, *channels]`` there and a base run's before it, from that base
+    run's convolution input `base_in` and output `base_out` at the window (same shape).
+
+    The convolution is linear and the two inputs differ only from the window's start on, so
+    the output is the base run's plus the convolution of the change over the window alone:
+    an FFT of W positions, however long the run (`k`'s lags beyond W - 1 are not read).
+    """
+    return base_out + fft_causal_conv(window - base_in, k)
+
+
 def positional_embedding(l_max: int, emb_dim: int) -> tuple[Tensor, Tensor]:
     """Return Hyena's filter input ``z [l_max, emb_dim]`` and normalised time ``t [l_max, 1]``.
 
