@@ -11,9 +11,13 @@ round-off; the float32 model's forwards that also record contexts use torch's fl
 """
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+
 import pytest
 import torch
 
+from hookmech.hooks import AxisHookPoint
 from hookmech.mixers import REGISTRY
 from hookmech.mixers.base import Mixer, splice, state_before, take_window
 
@@ -206,3 +210,142 @@ def test_a_model_records_every_blocks_context_in_its_forward():
         model(tokens)
     assert [len(entries) for entries in recorded.values()] == [1, 1]
     assert all(block.contexts is None for block in model.blocks)
+
+
+# -- inside hooks on the window (`Mixer.window_hooks`) of the long-convolution mixers ----------
+CONV_CONFIGS = [(name, options) for name, options in CONFIGS if name in ("h3", "hyena", "baseconv")]
+CONV_IDS = [ident for ident, (name, _) in zip(IDS, CONFIGS, strict=True) if name in ("h3", "hyena", "baseconv")]
+
+
+def inside_hooks(mixer: Mixer, positional: bool) -> dict[str, AxisHookPoint]:
+    """The mixer's own hooks with (`positional`) or without a position axis, by name."""
+    return {name: point for name, point in mixer.named_modules()
+            if isinstance(point, AxisHookPoint) and (point.pos_axis is not None) == positional}
+
+
+def resume_case(name: str, options: dict, width: int = 4):
+    """A mixer, a base run ``[N, T, d]``, and windows of `width` at rows and starts (one at 0, one at the end)."""
+    mixer = make_mixer(name, options)
+    generator = torch.Generator().manual_seed(7)
+    base = torch.randn(N_ROWS, N_POS, D_MODEL, dtype=torch.float64, generator=generator)
+    rows, start = torch.tensor([3, 0, 3, 4]), torch.tensor([0, N_POS - width, 5, 2])
+    window = torch.randn(len(rows), width, D_MODEL, dtype=torch.float64, generator=generator)
+    return mixer, base, rows, start, window
+
+
+@contextmanager
+def hooked(point: AxisHookPoint, hook):
+    """`hook` attached to `point` within the `with` block."""
+    point.add_hook(hook)
+    try:
+        yield
+    finally:
+        point.remove_hooks()
+
+
+def at_positions(act: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``act[i, positions[i]]`` for every row i (position axis 1): ``[B, ...]``."""
+    return act[torch.arange(len(positions)), positions]
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+def test_window_hooks_fire_on_the_window_with_the_spliced_forwards_values(name, options):
+    mixer, base, rows, start, window = resume_case(name, options)
+    assert type(mixer).window_hooks
+    width = window.shape[1]
+    seen: dict[str, dict[str, torch.Tensor]] = {"window": {}, "spliced": {}}
+    for hook_name, point in inside_hooks(mixer, positional=True).items():
+        point.add_hook(lambda act, hook, hook_name=hook_name: seen[current].__setitem__(hook_name, act.clone()))
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        current = "window"
+        mixer.forward_from(window, context, rows, start)
+        current = "spliced"
+        mixer(splice(base, rows, window, start))
+    assert seen["window"].keys() == seen["spliced"].keys() == inside_hooks(mixer, positional=True).keys()
+    for hook_name, act in seen["window"].items():
+        assert act.shape[:2] == (len(rows), width), hook_name
+        torch.testing.assert_close(act, take_window(seen["spliced"][hook_name], start, width), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+def test_an_edit_of_a_window_hook_is_carried_as_in_the_spliced_forward(name, options):
+    """A random change added at one window position of each inside hook (a position per row)
+    gives the window outputs of `forward` on the spliced input with that change at that position."""
+    mixer, base, rows, start, window = resume_case(name, options)
+    offset = torch.tensor([1, 3, 0, 2])  # window index of each row's edit
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        spliced = splice(base, rows, window, start)
+        unedited = mixer.forward_from(window, context, rows, start)
+        for hook_name, point in inside_hooks(mixer, positional=True).items():
+            changes = {}
+
+            def edit(act, hook, positions):
+                change = changes.setdefault("change", torch.randn_like(at_positions(act, positions)))
+                act = act.clone()
+                act[torch.arange(len(positions)), positions] += change
+                return act
+
+            with hooked(point, lambda act, hook: edit(act, hook, offset)):
+                resumed = mixer.forward_from(window, context, rows, start)
+            with hooked(point, lambda act, hook: edit(act, hook, start + offset)):
+                expected = take_window(mixer(spliced), start, window.shape[1])
+            torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10, msg=hook_name)
+            assert not torch.allclose(resumed, unedited), f"editing {hook_name} changed nothing"
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+def test_resumed_long_convolutions_run_on_the_window_only(name, options, monkeypatch):
+    """With no filter hook in use, no convolution on the resumed path spans the whole run: the
+    long ones are the base run's plus an FFT over the window's change, the short ones read the
+    few inputs before the window (`ShortConv.forward_from`), never `ShortConv.forward`."""
+    import hookmech.mixers.long_conv as long_conv
+    from hookmech.mixers.short_conv import ShortConv
+
+    mixer, base, rows, start, window = resume_case(name, options)
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+    lengths = []
+    original = long_conv.fft_causal_conv
+
+    def recorded(u, k):
+        lengths.append(u.shape[1])
+        return original(u, k)
+
+    for module in (long_conv, sys.modules[type(mixer).__module__]):
+        if hasattr(module, "fft_causal_conv"):
+            monkeypatch.setattr(module, "fft_causal_conv", recorded)
+    monkeypatch.setattr(ShortConv, "forward", lambda *a: pytest.fail("a short convolution ran on the whole run"))
+    with torch.no_grad():
+        mixer.forward_from(window, context, rows, start)
+    assert all(length <= window.shape[1] for length in lengths), lengths
+    if name != "baseconv" or options.get("kernel_size") == -1:
+        assert lengths, "the long convolution did not run"
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+def test_an_edited_filter_is_honoured_on_the_resumed_path(name, options):
+    """A hook on a filter (no position axis) fires on the resumed path with the base run's lags,
+    and its edit changes the window's outputs as in `forward` on the spliced input."""
+    mixer, base, rows, start, window = resume_case(name, options)
+    filters = inside_hooks(mixer, positional=False)
+    if not filters:
+        pytest.skip(f"{name} {options} has no filter hook (a short convolution)")
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        spliced = splice(base, rows, window, start)
+        unedited = mixer.forward_from(window, context, rows, start)
+        for hook_name, point in filters.items():
+            seen = []
+
+            def edit(act, hook):
+                seen.append(act.clone())
+                return act + torch.randn(act.shape, dtype=act.dtype, generator=torch.Generator().manual_seed(3))
+
+            with hooked(point, edit):
+                resumed = mixer.forward_from(window, context, rows, start)
+                expected = take_window(mixer(spliced), start, window.shape[1])
+            torch.testing.assert_close(seen[0], seen[1], rtol=1e-9, atol=1e-10, msg=hook_name)
+            torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10, msg=hook_name)
+            assert not torch.allclose(resumed, unedited), f"editing {hook_name} changed nothing"
