@@ -221,7 +221,8 @@ def take_window(full: Tensor, start: Tensor, width: int) -> Tensor:
 
 def window_of(run: Tensor, rows: Tensor, start: Tensor, width: int) -> Tensor:
     """Return ``run[rows[i], start[i] : start[i] + width]`` for every i, ``[B, width, ...]`` of
-    ``[N, T, ...]`` (what `take_window` of ``run[rows]`` gives, without copying whole rows)."""
+    ``[N, T, ...]`` (what `take_window` of ``run[rows]`` gives, without copying whole rows; `run`
+    contiguous, else it is copied whole first)."""
     flat = rows[:, None] * run.shape[1] + window_index(start, width)
     return run.flatten(0, 1).index_select(0, flat.flatten()).view(len(rows), width, *run.shape[2:])
 

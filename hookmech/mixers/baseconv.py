@@ -167,7 +167,8 @@ class BaseConv(Mixer):
         convolution of the window's change alone (`long_conv.resumed_causal_conv`)."""
         if not self.long:
             return {"u": x}
-        return {"u": x, "conv": fft_causal_conv(x, self._filter(x.shape[1]))}
+        # contiguous: an FFT's output is a view of a buffer twice as long (`window_of` reads rows flat)
+        return {"u": x, "conv": fft_causal_conv(x, self._filter(x.shape[1])).contiguous()}
 
     def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(x), prefix_context(x))``, the long convolution run once for both
@@ -185,22 +186,26 @@ class BaseConv(Mixer):
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`): the
         projection and the convolution run on the window only (the short one reads its
         kernel_size - 1 earlier inputs from the context). ``hook_conv`` and ``hook_proj`` fire on
-        the window ``[B, W, d_model]``; ``hook_filter`` only while a hook is attached to it."""
-        u_conv = self.hook_conv(self._window_conv(x, context, rows, start))
-        u_proj = self.hook_proj(self.projection(x))
-        return kept(self._gate(x, u_conv, u_proj), keep)
+        the window ``[B, W, d_model]``, or with `keep` at the kept positions only ``[B, 1,
+        d_model]`` (the gate is position-wise); ``hook_filter`` only while a hook is attached to it."""
+        u_conv = self.hook_conv(self._window_conv(x, context, rows, start, keep))
+        x = kept(x, keep)
+        return self._gate(x, u_conv, self.hook_proj(self.projection(x)))
 
-    def _window_conv(self, x: Window, context: Context, rows: RowInts, start: RowInts) -> Window:
-        """Return the convolution branch at the window ``[B, W, d_model]`` (long: with its skip)."""
+    def _window_conv(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None
+    ) -> Window | KeptWindow:
+        """Return the convolution branch at the window ``[B, W, d_model]`` (long: with its skip),
+        or at `keep` only ``[B, 1, d_model]``."""
         if not self.long:
             assert isinstance(self.conv, ShortConv)
-            return self.conv.forward_from(x, context["u"], rows, start)
+            return kept(self.conv.forward_from(x, context["u"], rows, start), keep)
         width = x.shape[1]
         # the filter depends on positions only: the run's length gives the base run's lags exactly
         h = self._filter(context["u"].shape[1])
         if hook_in_use(self.hook_filter):
             # an edited filter changes every lag the base run used: convolve the whole spliced run
             full = splice(context["u"], rows, x, start)
-            return take_window(fft_causal_conv(full, self.hook_filter(h)), start, width) + x
+            return kept(take_window(fft_causal_conv(full, self.hook_filter(h)), start, width) + x, keep)
         base_in, base_out = (window_of(context[name], rows, start, width) for name in ("u", "conv"))
-        return resumed_causal_conv(x, base_in, base_out, h) + x
+        return resumed_causal_conv(x, base_in, base_out, h, keep) + kept(x, keep)

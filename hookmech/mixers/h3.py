@@ -41,6 +41,9 @@ from .base import Mixer, hook_in_use, kept, splice, take_window, window_of
 from .long_conv import fft_causal_conv, resumed_causal_conv
 from .operators import toeplitz
 
+#: where a window sits: ``(rows, start, keep)`` of `Mixer.forward_from`
+WindowAt = tuple[Tensor, Tensor, Tensor | None]
+
 
 class ShiftKernel(nn.Module):
     """Convolution kernel of the shift SSM (zoology's `SSKernelShift`).
@@ -256,9 +259,10 @@ class H3(Mixer):
         """Return `prefix_context` from the projections `k`, `v` ``[N, T, head, head_dim]``, and kv
         ``[N, T, head, d_k, d_v]`` on the way (as `_ssms` computes them, without their hooks)."""
         shift_filter, ssm_filter = self._filters(k.shape[1])
-        k_conv = fft_causal_conv(k, shift_filter)
+        # contiguous: an FFT's output is a view of a buffer twice as long (`window_of` reads rows flat)
+        k_conv = fft_causal_conv(k, shift_filter).contiguous()
         kv = self._outer(self._shift(k_conv, k), v)
-        kv_conv = fft_causal_conv(kv, ssm_filter[..., None, None])
+        kv_conv = fft_causal_conv(kv, ssm_filter[..., None, None]).contiguous()
         return {"k": k, "v": v, "k_conv": k_conv, "kv_conv": kv_conv}, kv
 
     window_hooks = True
@@ -268,43 +272,44 @@ class H3(Mixer):
     ) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`): the
         projections and both SSM convolutions run on the window only. The hooks with a position
-        axis fire on the window ``[B, W, ...]``; the filter hooks only while a hook is attached
-        to one of them (both SSMs then convolve the whole run with the window spliced in)."""
+        axis fire on the window ``[B, W, ...]``, but ``hook_ssm`` with `keep`, at the kept positions
+        only ``[B, 1, ...]`` (the diagonal SSM is computed there alone); the filter hooks only
+        while a hook is attached to one of them (both SSMs then convolve the whole run with the
+        window spliced in)."""
         q = self.hook_q(self._heads(self.q_proj(x)))
         k = self.hook_k(self._heads(self.k_proj(x)))
         v = self.hook_v(self._heads(self.v_proj(x)))
         # the kernels depend on positions only: the run's length gives the base run's lags exactly
         kernels = self._filters(context["k"].shape[1])
         if hook_in_use(self.hook_shift_filter) or hook_in_use(self.hook_ssm_filter):
-            s = self._spliced_ssms(k, v, context, rows, start, kernels)
+            s = self._spliced_ssms(k, v, context, (rows, start, keep), kernels)
         else:
-            s = self._window_ssms(k, v, context, rows, start, kernels)
-        return self._read_out(kept(q, keep), kept(s, keep))
+            s = self._window_ssms(k, v, context, (rows, start, keep), kernels)
+        return self._read_out(kept(q, keep), s)
 
-    def _window_ssms(
-        self, k: Acts, v: Acts, context: Context, rows: RowInts, start: RowInts, kernels: tuple[Tensor, Tensor]
-    ) -> Acts:
-        """Return `_ssms` at the window ``[B, W, head, d_k, d_v]`` of the window's projections `k`,
-        `v` ``[B, W, head, head_dim]``: each SSM's convolution is the base run's plus that of the
-        window's change of its input (`long_conv.resumed_causal_conv`), an FFT over W positions."""
+    def _window_ssms(self, k: Acts, v: Acts, context: Context, at: WindowAt, kernels: tuple[Tensor, Tensor]) -> Tensor:
+        """Return `_ssms` at the window ``[B, W, head, d_k, d_v]`` (``[B, 1, ...]`` at keep) of the
+        window's projections `k`, `v` ``[B, W, head, head_dim]``, `at` being ``(rows, start, keep)``:
+        each SSM's convolution is the base run's plus that of the window's change of its input
+        (`long_conv.resumed_causal_conv`: an FFT over W positions, or one sum at keep)."""
+        rows, start, keep = at
         base = {name: window_of(context[name], rows, start, k.shape[1]) for name in ("k", "v", "k_conv", "kv_conv")}
         k_conv = resumed_causal_conv(k, base["k"], base["k_conv"], kernels[0])
         kv = self.hook_kv(self._outer(self.hook_shift(self._shift(k_conv, k)), v))
         base_kv = self._outer(self._shift(base["k_conv"], base["k"]), base["v"])
-        kv_conv = resumed_causal_conv(kv, base_kv, base["kv_conv"], kernels[1][..., None, None])
-        return self.hook_ssm(self._ssm(kv_conv, kv))
+        kv_conv = resumed_causal_conv(kv, base_kv, base["kv_conv"], kernels[1][..., None, None], keep)
+        return self.hook_ssm(self._ssm(kv_conv, kept(kv, keep)))
 
-    def _spliced_ssms(
-        self, k: Acts, v: Acts, context: Context, rows: RowInts, start: RowInts, kernels: tuple[Tensor, Tensor]
-    ) -> Acts:
+    def _spliced_ssms(self, k: Acts, v: Acts, context: Context, at: WindowAt, kernels: tuple[Tensor, Tensor]) -> Tensor:
         """Return `_ssms` at the window, as `_window_ssms`, with both SSMs convolving the whole
         run (the window spliced in) and their kernels through their hooks: an edited kernel
         changes every lag the base run used, and an edited shift kernel the keys k̃ before the
         window too (hence kv there), which the diagonal SSM reads."""
+        rows, start, keep = at
         width = k.shape[1]
         full_k, full_v = splice(context["k"], rows, k, start), splice(context["v"], rows, v, start)
         shifted = self._shift(fft_causal_conv(full_k, self.hook_shift_filter(kernels[0])), full_k)
         kv = self.hook_kv(self._outer(self.hook_shift(take_window(shifted, start, width)), v))
         full_kv = splice(self._outer(shifted, full_v), torch.arange(len(rows), device=rows.device), kv, start)
         kv_conv = fft_causal_conv(full_kv, self.hook_ssm_filter(kernels[1])[..., None, None])
-        return self.hook_ssm(self._ssm(take_window(kv_conv, start, width), kv))
+        return self.hook_ssm(kept(self._ssm(take_window(kv_conv, start, width), kv), keep))

@@ -170,7 +170,8 @@ class Hyena(Mixer):
         projected = self.in_proj(x)
         x1, x2, v = self.short_filter(projected).split(self.d_model, dim=-1)
         conv_in = v * x1
-        conv_out = fft_causal_conv(conv_in, self._filter(x.shape[1]))
+        # contiguous: an FFT's output is a view of a buffer twice as long (`window_of` reads rows flat)
+        conv_out = fft_causal_conv(conv_in, self._filter(x.shape[1])).contiguous()
         return {"projected": projected, "conv_in": conv_in, "conv_out": conv_out}, x2
 
     window_hooks = True
@@ -181,17 +182,26 @@ class Hyena(Mixer):
         """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`): both
         projections and both convolutions run on the window only (the short one reads its earlier
         inputs from the context, the long one adds the convolution of the window's change to the
-        base run's). The hooks with a position axis fire on the window ``[B, W, ...]``;
-        ``hook_filter`` only while a hook is attached to it."""
+        base run's). The hooks with a position axis fire on the window ``[B, W, ...]``, but
+        ``hook_long_conv`` and ``hook_y`` with `keep`, at the kept positions only ``[B, 1,
+        d_model]`` (the long convolution is computed there alone); ``hook_filter`` only while a
+        hook is attached to it."""
         convolved = self.short_filter.forward_from(self.in_proj(x), context["projected"], rows, start)
         v, x2 = self._gates(convolved)
+        conv = self._window_long_conv(v, context, rows, start, keep)
+        return self.out_proj(self._gated_output(conv, kept(v, keep), kept(x2, keep)))
+
+    def _window_long_conv(
+        self, v: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None
+    ) -> Window | KeptWindow:
+        """Return the long convolution (no D term) at the window ``[B, W, d_model]`` of its input
+        `v` (x1 ⊙ v) there, or at `keep` only ``[B, 1, d_model]``."""
+        width = v.shape[1]
         # the filter depends on positions only: the run's length gives the base run's lags exactly
         h = self._filter(context["conv_in"].shape[1])
         if hook_in_use(self.hook_filter):
             # an edited filter changes every lag the base run used: convolve the whole spliced run
             full = splice(context["conv_in"], rows, v, start)
-            conv = take_window(fft_causal_conv(full, self.hook_filter(h)), start, x.shape[1])
-        else:
-            base_in, base_out = (window_of(context[name], rows, start, x.shape[1]) for name in ("conv_in", "conv_out"))
-            conv = resumed_causal_conv(v, base_in, base_out, h)
-        return self.out_proj(kept(self._gated_output(conv, v, x2), keep))
+            return kept(take_window(fft_causal_conv(full, self.hook_filter(h)), start, width), keep)
+        base_in, base_out = (window_of(context[name], rows, start, width) for name in ("conv_in", "conv_out"))
+        return resumed_causal_conv(v, base_in, base_out, h, keep)

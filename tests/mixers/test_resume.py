@@ -19,7 +19,7 @@ import torch
 
 from hookmech.hooks import AxisHookPoint
 from hookmech.mixers import REGISTRY
-from hookmech.mixers.base import Mixer, splice, state_before, take_window
+from hookmech.mixers.base import Mixer, kept, splice, state_before, take_window
 
 # (registry name, options): the defaults plus every option that changes the resumed path
 CONFIGS = [
@@ -248,8 +248,14 @@ def at_positions(act: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     return act[torch.arange(len(positions)), positions]
 
 
+KEEP = torch.tensor([3, 3, 2, 1])  # window indices of `resume_case`'s four rows
+
+
 @pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
-def test_window_hooks_fire_on_the_window_with_the_spliced_forwards_values(name, options):
+@pytest.mark.parametrize("keep", [None, KEEP], ids=["window", "keep"])
+def test_window_hooks_fire_on_the_window_with_the_spliced_forwards_values(name, options, keep):
+    """Every inside hook with a position axis fires on the window ``[B, W, ...]`` (with `keep`,
+    those computed at the kept positions only: ``[B, 1, ...]``) with `forward`'s values there."""
     mixer, base, rows, start, window = resume_case(name, options)
     assert type(mixer).window_hooks
     width = window.shape[1]
@@ -259,38 +265,50 @@ def test_window_hooks_fire_on_the_window_with_the_spliced_forwards_values(name, 
     with torch.no_grad():
         context = mixer.prefix_context(base)
         current = "window"
-        mixer.forward_from(window, context, rows, start)
+        mixer.forward_from(window, context, rows, start, keep)
         current = "spliced"
         mixer(splice(base, rows, window, start))
     assert seen["window"].keys() == seen["spliced"].keys() == inside_hooks(mixer, positional=True).keys()
     for hook_name, act in seen["window"].items():
-        assert act.shape[:2] == (len(rows), width), hook_name
-        torch.testing.assert_close(act, take_window(seen["spliced"][hook_name], start, width), rtol=1e-9, atol=1e-10)
+        assert act.shape[:2] in ((len(rows), width), (len(rows), 1 if keep is not None else width)), hook_name
+        if act.shape[1] == width:
+            expected = take_window(seen["spliced"][hook_name], start, width)
+        else:
+            expected = take_window(seen["spliced"][hook_name], start + keep, 1)
+        torch.testing.assert_close(act, expected, rtol=1e-9, atol=1e-10, msg=hook_name)
 
 
 @pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
-def test_an_edit_of_a_window_hook_is_carried_as_in_the_spliced_forward(name, options):
+@pytest.mark.parametrize("keep", [None, KEEP], ids=["window", "keep"])
+def test_an_edit_of_a_window_hook_is_carried_as_in_the_spliced_forward(name, options, keep):
     """A random change added at one window position of each inside hook (a position per row)
-    gives the window outputs of `forward` on the spliced input with that change at that position."""
+    gives the window outputs of `forward` on the spliced input with that change at that position
+    (with `keep`, a hook fired at the kept positions only takes it where it is the kept one)."""
     mixer, base, rows, start, window = resume_case(name, options)
-    offset = torch.tensor([1, 3, 0, 2])  # window index of each row's edit
+    offset = torch.tensor([1, 3, 0, 2])  # window index of each row's edit (with KEEP: before, at, after it)
     with torch.no_grad():
         context = mixer.prefix_context(base)
         spliced = splice(base, rows, window, start)
-        unedited = mixer.forward_from(window, context, rows, start)
+        unedited = mixer.forward_from(window, context, rows, start, keep)
         for hook_name, point in inside_hooks(mixer, positional=True).items():
             changes = {}
 
-            def edit(act, hook, positions):
+            def edit(act, hook, positions, applies):
                 change = changes.setdefault("change", torch.randn_like(at_positions(act, positions)))
                 act = act.clone()
-                act[torch.arange(len(positions)), positions] += change
+                act[torch.arange(len(positions)), positions] += change * applies.view(-1, *[1] * (change.dim() - 1))
                 return act
 
-            with hooked(point, lambda act, hook: edit(act, hook, offset)):
-                resumed = mixer.forward_from(window, context, rows, start)
-            with hooked(point, lambda act, hook: edit(act, hook, start + offset)):
-                expected = take_window(mixer(spliced), start, window.shape[1])
+            def resumed_edit(act, hook):
+                if act.shape[1] == window.shape[1]:
+                    return edit(act, hook, offset, torch.ones(len(offset), dtype=torch.bool))
+                return edit(act, hook, torch.zeros_like(offset), offset == keep)  # fired at keep only
+
+            with hooked(point, resumed_edit):
+                resumed = mixer.forward_from(window, context, rows, start, keep)
+            everywhere = torch.ones(len(offset), dtype=torch.bool)
+            with hooked(point, lambda act, hook: edit(act, hook, start + offset, everywhere)):
+                expected = kept(take_window(mixer(spliced), start, window.shape[1]), keep)
             torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10, msg=hook_name)
             assert not torch.allclose(resumed, unedited), f"editing {hook_name} changed nothing"
 
@@ -298,8 +316,9 @@ def test_an_edit_of_a_window_hook_is_carried_as_in_the_spliced_forward(name, opt
 @pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
 def test_resumed_long_convolutions_run_on_the_window_only(name, options, monkeypatch):
     """With no filter hook in use, no convolution on the resumed path spans the whole run: the
-    long ones are the base run's plus an FFT over the window's change, the short ones read the
-    few inputs before the window (`ShortConv.forward_from`), never `ShortConv.forward`."""
+    long ones are the base run's plus the convolution of the window's change (by FFT or directly),
+    the short ones read the few inputs before the window (`ShortConv.forward_from`), never
+    `ShortConv.forward`."""
     import hookmech.mixers.long_conv as long_conv
     from hookmech.mixers.short_conv import ShortConv
 
@@ -307,21 +326,33 @@ def test_resumed_long_convolutions_run_on_the_window_only(name, options, monkeyp
     with torch.no_grad():
         context = mixer.prefix_context(base)
     lengths = []
-    original = long_conv.fft_causal_conv
-
-    def recorded(u, k):
-        lengths.append(u.shape[1])
-        return original(u, k)
-
-    for module in (long_conv, sys.modules[type(mixer).__module__]):
-        if hasattr(module, "fft_causal_conv"):
-            monkeypatch.setattr(module, "fft_causal_conv", recorded)
+    for function in ("fft_causal_conv", "toeplitz_causal_conv", "causal_conv_at"):
+        for module in (long_conv, sys.modules[type(mixer).__module__]):
+            if hasattr(module, function):
+                original = getattr(module, function)
+                monkeypatch.setattr(module, function,
+                                    lambda u, *a, original=original: lengths.append(u.shape[1]) or original(u, *a))
     monkeypatch.setattr(ShortConv, "forward", lambda *a: pytest.fail("a short convolution ran on the whole run"))
     with torch.no_grad():
         mixer.forward_from(window, context, rows, start)
+        mixer.forward_from(window, context, rows, start, KEEP)
     assert all(length <= window.shape[1] for length in lengths), lengths
     if name != "baseconv" or options.get("kernel_size") == -1:
         assert lengths, "the long convolution did not run"
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+def test_resumed_windows_longer_than_the_direct_limit_convolve_by_fft(name, options, monkeypatch):
+    """`long_conv.DIRECT_CONV_MAX_POS`: above it, a window's change is convolved by FFT, with
+    the same outputs."""
+    import hookmech.mixers.long_conv as long_conv
+
+    monkeypatch.setattr(long_conv, "DIRECT_CONV_MAX_POS", 0)
+    mixer, base, rows, start, window = resume_case(name, options)
+    with torch.no_grad():
+        resumed = mixer.forward_from(window, mixer.prefix_context(base), rows, start)
+        expected = take_window(mixer(splice(base, rows, window, start)), start, window.shape[1])
+    torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
