@@ -124,9 +124,7 @@ class Mixer(nn.Module):
 
     def inside_hooks_in_use(self) -> bool:
         """Return True when a forward or backward hook is attached to one of the mixer's own hooks."""
-        return any(
-            bool(point.fwd_hooks or point.bwd_hooks) for point in self.modules() if isinstance(point, AxisHookPoint)
-        )
+        return any(hook_in_use(point) for point in self.modules() if isinstance(point, AxisHookPoint))
 
     # -- one position patched, its effect through the mixer exactly (AtP*) -----------------
     # Attribution patching linearises the whole model around the corrupt run. Where the mixer
@@ -227,6 +225,20 @@ def take_window(full: Tensor, start: Tensor, width: int) -> Tensor:
     """Return ``full[i, start[i] : start[i] + width]`` for every row, ``[B, width, ...]`` of ``[B, T, ...]``."""
     index = window_index(start, width).view(*start.shape, width, *([1] * (full.dim() - 2)))
     return full.gather(1, index.expand(-1, -1, *full.shape[2:]))
+
+
+def window_of(run: Tensor, rows: Tensor, start: Tensor, width: int) -> Tensor:
+    """Return ``run[rows[i], start[i] : start[i] + width]`` for every i, ``[B, width, ...]`` of
+    ``[N, T, ...]`` (what `take_window` of ``run[rows]`` gives, without copying whole rows; `run`
+    contiguous, else it is copied whole first)."""
+    flat = rows[:, None] * run.shape[1] + window_index(start, width)
+    return run.flatten(0, 1).index_select(0, flat.flatten()).view(len(rows), width, *run.shape[2:])
+
+
+def hook_in_use(point: AxisHookPoint) -> bool:
+    """Return True when a forward or backward hook is attached to `point` (a backward hook, too,
+    needs the activation to pass through it)."""
+    return bool(point.fwd_hooks or point.bwd_hooks)
 
 
 def kept(window: Tensor, keep: Tensor | None) -> Tensor:

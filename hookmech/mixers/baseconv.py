@@ -29,8 +29,8 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, splice, take_window
-from .long_conv import ImplicitFilter, fft_causal_conv
+from .base import Mixer, hook_in_use, kept, splice, take_window, window_of
+from .long_conv import ImplicitFilter, fft_causal_conv, resumed_causal_conv
 from .operators import toeplitz
 from .short_conv import CONV_BIAS_INITS, ShortConv
 
@@ -98,11 +98,16 @@ class BaseConv(Mixer):
         """Return the convolution branch ``[batch, pos, d_model]`` (long: with its skip term)."""
         if not self.long:
             return self.conv(u)
-        n_pos = u.shape[1]
+        return fft_causal_conv(u, self.hook_filter(self._filter(u.shape[1]))) + u
+
+    def _filter(self, n_pos: int) -> Tensor:
+        """Return the long filter's first `n_pos` lags ``[n_pos, d_model]`` (before its hook)."""
         if n_pos > self.l_max:
             raise UsageError(f"baseconv: sequence of {n_pos} positions exceeds l_max {self.l_max}")
-        h = self.conv(n_pos) if self.implicit else self.filter[:n_pos]
-        return fft_causal_conv(u, self.hook_filter(h)) + u
+        if not self.implicit:
+            return self.filter[:n_pos]
+        assert isinstance(self.conv, ImplicitFilter)  # for mypy: `conv` is either
+        return self.conv(n_pos)
 
     def _gate(self, u: Tensor, u_conv: Tensor, u_proj: Tensor) -> Tensor:
         """Return ``conv(u) * projection(u) + u`` from its three parts, ``[batch, pos, d_model]``."""
@@ -134,10 +139,8 @@ class BaseConv(Mixer):
             assert isinstance(self.conv, ShortConv)
             # ShortConv cross-correlates over the last kernel_size inputs: lag t - s is tap k - 1 - (t - s)
             kernel = self.conv.weight[:, 0].flip(-1).T
-        elif n_pos > self.l_max:
-            raise UsageError(f"baseconv: sequence of {n_pos} positions exceeds l_max {self.l_max}")
         else:
-            kernel = self.conv(n_pos) if self.implicit else self.filter[:n_pos]
+            kernel = self._filter(n_pos)
         operator = toeplitz(kernel.double(), n_pos)
         if self.long:
             operator = operator + torch.eye(n_pos, dtype=operator.dtype, device=operator.device)
@@ -156,20 +159,53 @@ class BaseConv(Mixer):
         assert isinstance(self.conv, ShortConv)  # conv_hooks declares the short convolution only
         return self.conv.taps(torch.where(senders[..., None], clean - corrupt, torch.zeros_like(corrupt)))
 
+    # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, x: RunResid) -> Context:
         """Return ``{"u": x}`` ``[N, T, d_model]``: the convolution reads the mixer input itself
-        (there is no projection before it), so the earlier inputs are all it needs."""
-        return {"u": x}
+        (there is no projection before it); the long one also keeps its output without the skip
+        term, ``"conv"`` ``[N, T, d_model]``, so that a window's is the base run's plus the
+        convolution of the window's change alone (`long_conv.resumed_causal_conv`)."""
+        if not self.long:
+            return {"u": x}
+        # contiguous: an FFT's output is a view of a buffer twice as long (`window_of` reads rows flat)
+        return {"u": x, "conv": fft_causal_conv(x, self._filter(x.shape[1])).contiguous()}
+
+    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
+        """Return ``(forward(x), prefix_context(x))``, the long convolution run once for both
+        (with an inside hook in use: the two separately, so that the hooks fire)."""
+        if not self.long or self.inside_hooks_in_use():
+            return super().forward_with_context(x)
+        context = self.prefix_context(x)
+        return self._gate(x, context["conv"] + x, self.projection(x)), context
+
+    window_hooks = True
 
     def forward_from(
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
-        """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
+        """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`): the
+        projection and the convolution run on the window only (the short one reads its
+        kernel_size - 1 earlier inputs from the context). ``hook_conv`` and ``hook_proj`` fire on
+        the window ``[B, W, d_model]``, or with `keep` at the kept positions only ``[B, 1,
+        d_model]`` (the gate is position-wise); ``hook_filter`` only while a hook is attached to it."""
+        u_conv = self.hook_conv(self._window_conv(x, context, rows, start, keep))
+        x = kept(x, keep)
+        return self._gate(x, u_conv, self.hook_proj(self.projection(x)))
 
-        Only the window is projected; the convolution runs over the full-length input with
-        the window spliced in (it is cheap next to the projection, and the long one needs
-        every earlier position anyway).
-        """
-        full = splice(context["u"], rows, x, start)
-        u_conv = take_window(self._conv(full), start, x.shape[1])
-        return kept(self._gate(x, u_conv, self.projection(x)), keep)
+    def _window_conv(
+        self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None
+    ) -> Window | KeptWindow:
+        """Return the convolution branch at the window ``[B, W, d_model]`` (long: with its skip),
+        or at `keep` only ``[B, 1, d_model]``."""
+        if not self.long:
+            assert isinstance(self.conv, ShortConv)
+            return kept(self.conv.forward_from(x, context["u"], rows, start), keep)
+        width = x.shape[1]
+        # the filter depends on positions only: the run's length gives the base run's lags exactly
+        h = self._filter(context["u"].shape[1])
+        if hook_in_use(self.hook_filter):
+            # an edited filter changes every lag the base run used: convolve the whole spliced run
+            full = splice(context["u"], rows, x, start)
+            return kept(take_window(fft_causal_conv(full, self.hook_filter(h)), start, width) + x, keep)
+        base_in, base_out = (window_of(context[name], rows, start, width) for name in ("u", "conv"))
+        return resumed_causal_conv(x, base_in, base_out, h, keep) + kept(x, keep)

@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from ..errors import UsageError
 from ..hooks import AxisHookPoint, declare_sizes
 from ..shapes import (
+    Acts,
     Context,
     EffectiveAttention,
     KeptWindow,
@@ -36,9 +37,12 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, splice, take_window
-from .long_conv import fft_causal_conv
+from .base import Mixer, hook_in_use, kept, splice, take_window, window_of
+from .long_conv import fft_causal_conv, resumed_causal_conv
 from .operators import toeplitz
+
+#: where a window sits: ``(rows, start, keep)`` of `Mixer.forward_from`
+WindowAt = tuple[Tensor, Tensor, Tensor | None]
 
 
 class ShiftKernel(nn.Module):
@@ -179,15 +183,32 @@ class H3(Mixer):
     def _ssms(self, k: Tensor, v: Tensor) -> Tensor:
         """Return the diagonal SSM's output ``s`` ``[batch, pos, head, d_k, d_v]`` from the key
         and value projections ``[batch, pos, head, head_dim]`` (shift SSM on k included)."""
-        n_pos = k.shape[1]
+        shift_filter, ssm_filter = self._filters(k.shape[1])
+        k = self.hook_shift(self._shift(fft_causal_conv(k, self.hook_shift_filter(shift_filter)), k))
+        kv = self.hook_kv(self._outer(k, v))
+        return self.hook_ssm(self._ssm(fft_causal_conv(kv, self.hook_ssm_filter(ssm_filter)[..., None, None]), kv))
+
+    def _filters(self, n_pos: int) -> tuple[Tensor, Tensor]:
+        """Return the kernels of the shift SSM ``[lag, head, head_dim]`` and of the diagonal SSM
+        ``[lag, head]`` for a run of `n_pos` positions (before their hooks)."""
         # zoology truncates both kernels to l_max lags; longer inputs are still fine
         n_lags = min(n_pos, self.l_max)
-        shift_filter = self.hook_shift_filter(self.ssm_k_kernel(n_lags).view(n_lags, self.n_heads, self.head_dim))
-        k = self.hook_shift(fft_causal_conv(k, shift_filter) + k * self.ssm_k_D.view(k.shape[2:]))
-        kv = self.hook_kv(k[..., :, None] * v[..., None, :])
-        ssm_filter = self.hook_ssm_filter(self.kernel(n_lags))
-        s = fft_causal_conv(kv, ssm_filter[..., None, None]) + kv * self.D[:, None, None]
-        return self.hook_ssm(s)
+        return self.ssm_k_kernel(n_lags).view(n_lags, self.n_heads, self.head_dim), self.kernel(n_lags)
+
+    def _shift(self, conv: Tensor, k: Tensor) -> Tensor:
+        """Return k̃ = SSM_shift(k) + D_k ⊙ k ``[batch, pos, head, head_dim]`` from the shift SSM's
+        convolution `conv` of the keys `k` (both that shape)."""
+        return conv + k * self.ssm_k_D.view(k.shape[2:])
+
+    def _ssm(self, conv: Tensor, kv: Tensor) -> Tensor:
+        """Return s = SSM_diag(kv) + D ⊙ kv ``[batch, pos, head, d_k, d_v]`` from the diagonal SSM's
+        convolution `conv` of the products `kv` (both that shape)."""
+        return conv + kv * self.D[:, None, None]
+
+    @staticmethod
+    def _outer(k: Tensor, v: Tensor) -> Tensor:
+        """Return kv = k̃ ⊗ v per head ``[batch, pos, head, d_k, d_v]`` of ``[batch, pos, head, head_dim]`` each."""
+        return k[..., :, None] * v[..., None, :]
 
     def _read_out(self, q: Tensor, s: Tensor) -> Tensor:
         """Return ``out_proj(q · s)`` ``[batch, pos, d_model]`` from the query
@@ -210,27 +231,85 @@ class H3(Mixer):
         """
         q, k = self._heads(self.q_proj(u)), self._heads(self.k_proj(u))
         n_pos = u.shape[1]
-        n_lags = min(n_pos, self.l_max)
-        shift_filter = self.ssm_k_kernel(n_lags).view(n_lags, self.n_heads, self.head_dim)
-        k = fft_causal_conv(k, shift_filter) + k * self.ssm_k_D.view(k.shape[2:])  # k̃, as `_ssms`
-        kernel = toeplitz(self.kernel(n_lags).double(), n_pos)  # [head, t, s]
+        shift_filter, ssm_filter = self._filters(n_pos)
+        k = self._shift(fft_causal_conv(k, shift_filter), k)  # k̃, as `_ssms`
+        kernel = toeplitz(ssm_filter.double(), n_pos)  # [head, t, s]
         kernel = kernel + torch.diag_embed(self.D.double()[:, None].expand(-1, n_pos))
         return (torch.einsum("bthi,bshi->bhts", q.double(), k.double()) * kernel).float()
 
+    # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
+    # Both SSMs are causal convolutions, linear in their input: a window's convolution is the
+    # base run's plus the convolution of the window's change alone (`long_conv.resumed_causal_conv`).
     def prefix_context(self, x: RunResid) -> Context:
-        """Return the key and value projections ``{"k", "v"}``, each ``[N, T, head, head_dim]``:
-        what the two SSMs read at earlier positions (the query is only read at its own)."""
-        return {"k": self._heads(self.k_proj(x)), "v": self._heads(self.v_proj(x))}
+        """Return, for a run on `x` ``[N, T, d_model]``, the key and value projections ``"k"``,
+        ``"v"`` and the shift SSM's convolution of k ``"k_conv"`` (each ``[N, T, head, head_dim]``),
+        and the diagonal SSM's convolution of kv ``"kv_conv"`` ``[N, T, head, d_k, d_v]`` (both
+        without their D term): the base run's SSM inputs (kv is k̃ ⊗ v) and outputs."""
+        return self._context(self._heads(self.k_proj(x)), self._heads(self.v_proj(x)))[0]
+
+    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
+        """Return ``(forward(x), prefix_context(x))`` from one pass (with an inside hook in use:
+        the two separately, so that the hooks fire)."""
+        if self.inside_hooks_in_use():
+            return super().forward_with_context(x)
+        context, kv = self._context(self._heads(self.k_proj(x)), self._heads(self.v_proj(x)))
+        return self._read_out(self._heads(self.q_proj(x)), self._ssm(context["kv_conv"], kv)), context
+
+    def _context(self, k: Tensor, v: Tensor) -> tuple[Context, Tensor]:
+        """Return `prefix_context` from the projections `k`, `v` ``[N, T, head, head_dim]``, and kv
+        ``[N, T, head, d_k, d_v]`` on the way (as `_ssms` computes them, without their hooks)."""
+        shift_filter, ssm_filter = self._filters(k.shape[1])
+        # contiguous: an FFT's output is a view of a buffer twice as long (`window_of` reads rows flat)
+        k_conv = fft_causal_conv(k, shift_filter).contiguous()
+        kv = self._outer(self._shift(k_conv, k), v)
+        kv_conv = fft_causal_conv(kv, ssm_filter[..., None, None]).contiguous()
+        return {"k": k, "v": v, "k_conv": k_conv, "kv_conv": kv_conv}, kv
+
+    window_hooks = True
 
     def forward_from(
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
-        """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
+        """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`): the
+        projections and both SSM convolutions run on the window only. The hooks with a position
+        axis fire on the window ``[B, W, ...]``, but ``hook_ssm`` with `keep`, at the kept positions
+        only ``[B, 1, ...]`` (the diagonal SSM is computed there alone); the filter hooks only
+        while a hook is attached to one of them (both SSMs then convolve the whole run with the
+        window spliced in)."""
+        q = self.hook_q(self._heads(self.q_proj(x)))
+        k = self.hook_k(self._heads(self.k_proj(x)))
+        v = self.hook_v(self._heads(self.v_proj(x)))
+        # the kernels depend on positions only: the run's length gives the base run's lags exactly
+        kernels = self._filters(context["k"].shape[1])
+        if hook_in_use(self.hook_shift_filter) or hook_in_use(self.hook_ssm_filter):
+            s = self._spliced_ssms(k, v, context, (rows, start, keep), kernels)
+        else:
+            s = self._window_ssms(k, v, context, (rows, start, keep), kernels)
+        return self._read_out(kept(q, keep), s)
 
-        Only the window is projected; both SSM convolutions run over the full-length keys
-        and values with the window spliced in, as they read every earlier position.
-        """
-        k = splice(context["k"], rows, self._heads(self.k_proj(x)), start)
-        v = splice(context["v"], rows, self._heads(self.v_proj(x)), start)
-        s = take_window(self._ssms(k, v), start, x.shape[1])
-        return kept(self._read_out(self._heads(self.q_proj(x)), s), keep)
+    def _window_ssms(self, k: Acts, v: Acts, context: Context, at: WindowAt, kernels: tuple[Tensor, Tensor]) -> Tensor:
+        """Return `_ssms` at the window ``[B, W, head, d_k, d_v]`` (``[B, 1, ...]`` at keep) of the
+        window's projections `k`, `v` ``[B, W, head, head_dim]``, `at` being ``(rows, start, keep)``:
+        each SSM's convolution is the base run's plus that of the window's change of its input
+        (`long_conv.resumed_causal_conv`: an FFT over W positions, or one sum at keep)."""
+        rows, start, keep = at
+        base = {name: window_of(context[name], rows, start, k.shape[1]) for name in ("k", "v", "k_conv", "kv_conv")}
+        k_conv = resumed_causal_conv(k, base["k"], base["k_conv"], kernels[0])
+        kv = self.hook_kv(self._outer(self.hook_shift(self._shift(k_conv, k)), v))
+        base_kv = self._outer(self._shift(base["k_conv"], base["k"]), base["v"])
+        kv_conv = resumed_causal_conv(kv, base_kv, base["kv_conv"], kernels[1][..., None, None], keep)
+        return self.hook_ssm(self._ssm(kv_conv, kept(kv, keep)))
+
+    def _spliced_ssms(self, k: Acts, v: Acts, context: Context, at: WindowAt, kernels: tuple[Tensor, Tensor]) -> Tensor:
+        """Return `_ssms` at the window, as `_window_ssms`, with both SSMs convolving the whole
+        run (the window spliced in) and their kernels through their hooks: an edited kernel
+        changes every lag the base run used, and an edited shift kernel the keys k̃ before the
+        window too (hence kv there), which the diagonal SSM reads."""
+        rows, start, keep = at
+        width = k.shape[1]
+        full_k, full_v = splice(context["k"], rows, k, start), splice(context["v"], rows, v, start)
+        shifted = self._shift(fft_causal_conv(full_k, self.hook_shift_filter(kernels[0])), full_k)
+        kv = self.hook_kv(self._outer(self.hook_shift(take_window(shifted, start, width)), v))
+        full_kv = splice(self._outer(shifted, full_v), torch.arange(len(rows), device=rows.device), kv, start)
+        kv_conv = fft_causal_conv(full_kv, self.hook_ssm_filter(kernels[1])[..., None, None])
+        return self.hook_ssm(kept(self._ssm(take_window(kv_conv, start, width), kv), keep))

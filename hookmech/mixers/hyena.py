@@ -35,8 +35,8 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, splice, take_window
-from .long_conv import ImplicitFilter, fft_causal_conv
+from .base import Mixer, hook_in_use, kept, splice, take_window, window_of
+from .long_conv import ImplicitFilter, fft_causal_conv, resumed_causal_conv
 from .operators import toeplitz
 from .short_conv import CONV_BIAS_INITS, ShortConv
 
@@ -94,15 +94,26 @@ class Hyena(Mixer):
     def _gated_long_conv(self, projected: Tensor) -> Tensor:
         """Return ``x2 ⊙ (h * (x1 ⊙ v) + D ⊙ x1 ⊙ v)`` ``[batch, pos, d_model]`` (before out_proj)
         from the input projection ``[batch, pos, 3*d_model]``, short convolution included."""
-        n_pos = projected.shape[1]
+        h = self._filter(projected.shape[1])
+        v, x2 = self._gates(self.short_filter(projected))
+        return self._gated_output(fft_causal_conv(v, self.hook_filter(h)), v, x2)
+
+    def _filter(self, n_pos: int) -> Tensor:
+        """Return the long filter's first `n_pos` lags ``[n_pos, d_model]`` (before its hook)."""
         if n_pos > self.l_max:
             raise UsageError(f"hyena: sequence of {n_pos} positions exceeds l_max {self.l_max}")
-        projected = self.hook_short_conv(self.short_filter(projected))
-        x1, x2, v = projected.split(self.d_model, dim=-1)
+        return self.filter_fn(n_pos)
+
+    def _gates(self, convolved: Tensor) -> tuple[Tensor, Tensor]:
+        """Return the long convolution's input x1 ⊙ v and the gate x2, each ``[batch, pos, d_model]``,
+        from the short convolution's output ``[batch, pos, 3*d_model]``, through their hooks."""
+        x1, x2, v = self.hook_short_conv(convolved).split(self.d_model, dim=-1)
         x1, x2, v = self.hook_x1(x1), self.hook_x2(x2), self.hook_v(v)
-        v = v * x1
-        h = self.hook_filter(self.filter_fn(n_pos))
-        conv = fft_causal_conv(v, h)
+        return v * x1, x2
+
+    def _gated_output(self, conv: Tensor, v: Tensor, x2: Tensor) -> Tensor:
+        """Return ``x2 ⊙ (conv + D ⊙ v)`` ``[batch, pos, d_model]`` from the long convolution
+        `conv` of the gated value `v` (x1 ⊙ v) and the gate `x2`, through their hooks."""
         if self.D is not None:
             conv = conv + v * self.D
         return self.hook_y(self.hook_long_conv(conv) * x2)
@@ -136,20 +147,61 @@ class Hyena(Mixer):
         after, before = self.in_proj(clean), self.in_proj(corrupt)
         return self.short_filter.taps(torch.where(senders[..., None], after - before, torch.zeros_like(before)))
 
+    # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, x: RunResid) -> Context:
-        """Return ``{"projected": in_proj(x)}`` ``[N, T, 3*d_model]``: the input projection,
-        before the short convolution; everything after it is cheap to redo."""
-        return {"projected": self.in_proj(x)}
+        """Return, for a run on `x` ``[N, T, d_model]``, what a window reads of earlier positions,
+        each ``[N, T, ...]``: the input projection ``"projected"`` (``3*d_model``: the short
+        convolution's input) and the long convolution's input x1 ⊙ v ``"conv_in"`` and output
+        ``"conv_out"`` (``d_model``, without the D term), from which a window's convolution is
+        the base run's plus that of the window's change alone (`long_conv.resumed_causal_conv`)."""
+        return self._context(x)[0]
+
+    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
+        """Return ``(forward(x), prefix_context(x))`` from one pass (with an inside hook in use:
+        the two separately, so that the hooks fire)."""
+        if self.inside_hooks_in_use():
+            return super().forward_with_context(x)
+        context, x2 = self._context(x)
+        return self.out_proj(self._gated_output(context["conv_out"], context["conv_in"], x2)), context
+
+    def _context(self, x: RunResid) -> tuple[Context, Tensor]:
+        """Return `prefix_context` of a run on `x`, and its gate x2 ``[N, T, d_model]`` (as `forward`
+        computes them, without the hooks)."""
+        projected = self.in_proj(x)
+        x1, x2, v = self.short_filter(projected).split(self.d_model, dim=-1)
+        conv_in = v * x1
+        # contiguous: an FFT's output is a view of a buffer twice as long (`window_of` reads rows flat)
+        conv_out = fft_causal_conv(conv_in, self._filter(x.shape[1])).contiguous()
+        return {"projected": projected, "conv_in": conv_in, "conv_out": conv_out}, x2
+
+    window_hooks = True
 
     def forward_from(
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
-        """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`).
+        """Return the output at the window ``[B, W, d_model]`` (see `Mixer.forward_from`): both
+        projections and both convolutions run on the window only (the short one reads its earlier
+        inputs from the context, the long one adds the convolution of the window's change to the
+        base run's). The hooks with a position axis fire on the window ``[B, W, ...]``, but
+        ``hook_long_conv`` and ``hook_y`` with `keep`, at the kept positions only ``[B, 1,
+        d_model]`` (the long convolution is computed there alone); ``hook_filter`` only while a
+        hook is attached to it."""
+        convolved = self.short_filter.forward_from(self.in_proj(x), context["projected"], rows, start)
+        v, x2 = self._gates(convolved)
+        conv = self._window_long_conv(v, context, rows, start, keep)
+        return self.out_proj(self._gated_output(conv, kept(v, keep), kept(x2, keep)))
 
-        Only the window goes through in_proj and out_proj; the convolutions run over the
-        full-length projection with the window spliced in, as the long one reads every
-        earlier position.
-        """
-        projected = splice(context["projected"], rows, self.in_proj(x), start)
-        y = take_window(self._gated_long_conv(projected), start, x.shape[1])
-        return self.out_proj(kept(y, keep))
+    def _window_long_conv(
+        self, v: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None
+    ) -> Window | KeptWindow:
+        """Return the long convolution (no D term) at the window ``[B, W, d_model]`` of its input
+        `v` (x1 ⊙ v) there, or at `keep` only ``[B, 1, d_model]``."""
+        width = v.shape[1]
+        # the filter depends on positions only: the run's length gives the base run's lags exactly
+        h = self._filter(context["conv_in"].shape[1])
+        if hook_in_use(self.hook_filter):
+            # an edited filter changes every lag the base run used: convolve the whole spliced run
+            full = splice(context["conv_in"], rows, v, start)
+            return kept(take_window(fft_causal_conv(full, self.hook_filter(h)), start, width), keep)
+        base_in, base_out = (window_of(context[name], rows, start, width) for name in ("conv_in", "conv_out"))
+        return resumed_causal_conv(v, base_in, base_out, h, keep)

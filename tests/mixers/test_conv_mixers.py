@@ -19,7 +19,13 @@ from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.mixers.h3 import DiagonalKernel, ShiftKernel
-from hookmech.mixers.long_conv import ImplicitFilter, fft_causal_conv, positional_embedding
+from hookmech.mixers.long_conv import (
+    ImplicitFilter,
+    causal_conv_at,
+    fft_causal_conv,
+    positional_embedding,
+    toeplitz_causal_conv,
+)
 from hookmech.model import HookedLM
 
 # (registry name, options): every configuration the papers use, small enough to be fast
@@ -72,6 +78,20 @@ def test_fft_causal_conv_broadcasts_kernel_over_extra_channel_axes():
     k = torch.randn(9, 3, dtype=torch.float64)
     expected = direct_causal_conv(u, k[:, :, None, None].expand(9, 3, 2, 2))
     torch.testing.assert_close(fft_causal_conv(u, k[:, :, None, None]), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_lags", [13, 5, 20])
+def test_toeplitz_causal_conv_and_one_position_match_the_direct_loop(n_lags):
+    """The resumed windows' convolutions (`long_conv.resumed_causal_conv`): the whole window by
+    its Toeplitz matrix, or one position per row; kernels shorter or longer than the window,
+    broadcast over extra channel axes as H3's diagonal SSM does."""
+    torch.manual_seed(0)
+    u = torch.randn(4, 13, 3, 2, 2, dtype=torch.float64)
+    k = torch.randn(n_lags, 3, 1, 1, dtype=torch.float64)
+    expected = direct_causal_conv(u, k[:13].expand(-1, 3, 2, 2))
+    torch.testing.assert_close(toeplitz_causal_conv(u, k), expected, rtol=0, atol=1e-12)
+    at = torch.tensor([0, 12, 5, 7])
+    torch.testing.assert_close(causal_conv_at(u, k, at), expected[torch.arange(4), at][:, None], rtol=0, atol=1e-12)
 
 
 def test_fft_causal_conv_does_not_wrap_the_future_into_the_past():

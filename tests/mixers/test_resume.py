@@ -11,11 +11,15 @@ round-off; the float32 model's forwards that also record contexts use torch's fl
 """
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+
 import pytest
 import torch
 
+from hookmech.hooks import AxisHookPoint
 from hookmech.mixers import REGISTRY
-from hookmech.mixers.base import Mixer, splice, state_before, take_window
+from hookmech.mixers.base import Mixer, kept, splice, state_before, take_window
 
 # (registry name, options): the defaults plus every option that changes the resumed path
 CONFIGS = [
@@ -240,7 +244,6 @@ def test_forward_with_context_fires_the_inside_hooks_in_use(name, options, with_
     """With read-only hooks on the mixer's inside hooks (the engine's unpatched runs), one
     `forward_with_context` fires each of them on the whole run, as `forward` does, and returns
     what `forward` and `prefix_context` return (a hooked state: the two apart)."""
-    from hookmech.hooks import AxisHookPoint
 
     mixer = make_mixer(name, options)
     x = torch.randn(3, N_POS, D_MODEL, dtype=torch.float64)
@@ -267,3 +270,173 @@ def test_forward_with_context_fires_the_inside_hooks_in_use(name, options, with_
     for point_name, value in expected.items():  # every hook forward fires, once, with the same values
         assert len(fired[point_name]) == 1, point_name
         torch.testing.assert_close(fired[point_name][0], value, rtol=1e-9, atol=1e-10)
+
+
+# -- inside hooks on the window (`Mixer.window_hooks`) of the long-convolution mixers ----------
+CONV_CONFIGS = [(name, options) for name, options in CONFIGS if name in ("h3", "hyena", "baseconv")]
+CONV_IDS = [ident for ident, (name, _) in zip(IDS, CONFIGS, strict=True) if name in ("h3", "hyena", "baseconv")]
+
+
+def inside_hooks(mixer: Mixer, positional: bool) -> dict[str, AxisHookPoint]:
+    """The mixer's own hooks with (`positional`) or without a position axis, by name."""
+    return {name: point for name, point in mixer.named_modules()
+            if isinstance(point, AxisHookPoint) and (point.pos_axis is not None) == positional}
+
+
+def resume_case(name: str, options: dict, width: int = 4):
+    """A mixer, a base run ``[N, T, d]``, and windows of `width` at rows and starts (one at 0, one at the end)."""
+    mixer = make_mixer(name, options)
+    generator = torch.Generator().manual_seed(7)
+    base = torch.randn(N_ROWS, N_POS, D_MODEL, dtype=torch.float64, generator=generator)
+    rows, start = torch.tensor([3, 0, 3, 4]), torch.tensor([0, N_POS - width, 5, 2])
+    window = torch.randn(len(rows), width, D_MODEL, dtype=torch.float64, generator=generator)
+    return mixer, base, rows, start, window
+
+
+@contextmanager
+def hooked(point: AxisHookPoint, hook):
+    """`hook` attached to `point` within the `with` block."""
+    point.add_hook(hook)
+    try:
+        yield
+    finally:
+        point.remove_hooks()
+
+
+def at_positions(act: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``act[i, positions[i]]`` for every row i (position axis 1): ``[B, ...]``."""
+    return act[torch.arange(len(positions)), positions]
+
+
+KEEP = torch.tensor([3, 3, 2, 1])  # window indices of `resume_case`'s four rows
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+@pytest.mark.parametrize("keep", [None, KEEP], ids=["window", "keep"])
+def test_window_hooks_fire_on_the_window_with_the_spliced_forwards_values(name, options, keep):
+    """Every inside hook with a position axis fires on the window ``[B, W, ...]`` (with `keep`,
+    those computed at the kept positions only: ``[B, 1, ...]``) with `forward`'s values there."""
+    mixer, base, rows, start, window = resume_case(name, options)
+    assert type(mixer).window_hooks
+    width = window.shape[1]
+    seen: dict[str, dict[str, torch.Tensor]] = {"window": {}, "spliced": {}}
+    for hook_name, point in inside_hooks(mixer, positional=True).items():
+        point.add_hook(lambda act, hook, hook_name=hook_name: seen[current].__setitem__(hook_name, act.clone()))
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        current = "window"
+        mixer.forward_from(window, context, rows, start, keep)
+        current = "spliced"
+        mixer(splice(base, rows, window, start))
+    assert seen["window"].keys() == seen["spliced"].keys() == inside_hooks(mixer, positional=True).keys()
+    for hook_name, act in seen["window"].items():
+        assert act.shape[:2] in ((len(rows), width), (len(rows), 1 if keep is not None else width)), hook_name
+        if act.shape[1] == width:
+            expected = take_window(seen["spliced"][hook_name], start, width)
+        else:
+            expected = take_window(seen["spliced"][hook_name], start + keep, 1)
+        torch.testing.assert_close(act, expected, rtol=1e-9, atol=1e-10, msg=hook_name)
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+@pytest.mark.parametrize("keep", [None, KEEP], ids=["window", "keep"])
+def test_an_edit_of_a_window_hook_is_carried_as_in_the_spliced_forward(name, options, keep):
+    """A random change added at one window position of each inside hook (a position per row)
+    gives the window outputs of `forward` on the spliced input with that change at that position
+    (with `keep`, a hook fired at the kept positions only takes it where it is the kept one)."""
+    mixer, base, rows, start, window = resume_case(name, options)
+    offset = torch.tensor([1, 3, 0, 2])  # window index of each row's edit (with KEEP: before, at, after it)
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        spliced = splice(base, rows, window, start)
+        unedited = mixer.forward_from(window, context, rows, start, keep)
+        for hook_name, point in inside_hooks(mixer, positional=True).items():
+            changes = {}
+
+            def edit(act, hook, positions, applies):
+                change = changes.setdefault("change", torch.randn_like(at_positions(act, positions)))
+                act = act.clone()
+                act[torch.arange(len(positions)), positions] += change * applies.view(-1, *[1] * (change.dim() - 1))
+                return act
+
+            def resumed_edit(act, hook):
+                if act.shape[1] == window.shape[1]:
+                    return edit(act, hook, offset, torch.ones(len(offset), dtype=torch.bool))
+                return edit(act, hook, torch.zeros_like(offset), offset == keep)  # fired at keep only
+
+            with hooked(point, resumed_edit):
+                resumed = mixer.forward_from(window, context, rows, start, keep)
+            everywhere = torch.ones(len(offset), dtype=torch.bool)
+            with hooked(point, lambda act, hook: edit(act, hook, start + offset, everywhere)):
+                expected = kept(take_window(mixer(spliced), start, window.shape[1]), keep)
+            torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10, msg=hook_name)
+            assert not torch.allclose(resumed, unedited), f"editing {hook_name} changed nothing"
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+def test_resumed_long_convolutions_run_on_the_window_only(name, options, monkeypatch):
+    """With no filter hook in use, no convolution on the resumed path spans the whole run: the
+    long ones are the base run's plus the convolution of the window's change (by FFT or directly),
+    the short ones read the few inputs before the window (`ShortConv.forward_from`), never
+    `ShortConv.forward`."""
+    import hookmech.mixers.long_conv as long_conv
+    from hookmech.mixers.short_conv import ShortConv
+
+    mixer, base, rows, start, window = resume_case(name, options)
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+    lengths = []
+    for function in ("fft_causal_conv", "toeplitz_causal_conv", "causal_conv_at"):
+        for module in (long_conv, sys.modules[type(mixer).__module__]):
+            if hasattr(module, function):
+                original = getattr(module, function)
+                monkeypatch.setattr(module, function,
+                                    lambda u, *a, original=original: lengths.append(u.shape[1]) or original(u, *a))
+    monkeypatch.setattr(ShortConv, "forward", lambda *a: pytest.fail("a short convolution ran on the whole run"))
+    with torch.no_grad():
+        mixer.forward_from(window, context, rows, start)
+        mixer.forward_from(window, context, rows, start, KEEP)
+    assert all(length <= window.shape[1] for length in lengths), lengths
+    if name != "baseconv" or options.get("kernel_size") == -1:
+        assert lengths, "the long convolution did not run"
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+def test_resumed_windows_longer_than_the_direct_limit_convolve_by_fft(name, options, monkeypatch):
+    """`long_conv.DIRECT_CONV_MAX_POS`: above it, a window's change is convolved by FFT, with
+    the same outputs."""
+    import hookmech.mixers.long_conv as long_conv
+
+    monkeypatch.setattr(long_conv, "DIRECT_CONV_MAX_POS", 0)
+    mixer, base, rows, start, window = resume_case(name, options)
+    with torch.no_grad():
+        resumed = mixer.forward_from(window, mixer.prefix_context(base), rows, start)
+        expected = take_window(mixer(splice(base, rows, window, start)), start, window.shape[1])
+    torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize(("name", "options"), CONV_CONFIGS, ids=CONV_IDS)
+def test_an_edited_filter_is_honoured_on_the_resumed_path(name, options):
+    """A hook on a filter (no position axis) fires on the resumed path with the base run's lags,
+    and its edit changes the window's outputs as in `forward` on the spliced input."""
+    mixer, base, rows, start, window = resume_case(name, options)
+    filters = inside_hooks(mixer, positional=False)
+    if not filters:
+        pytest.skip(f"{name} {options} has no filter hook (a short convolution)")
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        spliced = splice(base, rows, window, start)
+        unedited = mixer.forward_from(window, context, rows, start)
+        for hook_name, point in filters.items():
+            seen = []
+
+            def edit(act, hook):
+                seen.append(act.clone())
+                return act + torch.randn(act.shape, dtype=act.dtype, generator=torch.Generator().manual_seed(3))
+
+            with hooked(point, edit):
+                resumed = mixer.forward_from(window, context, rows, start)
+                expected = take_window(mixer(spliced), start, window.shape[1])
+            torch.testing.assert_close(seen[0], seen[1], rtol=1e-9, atol=1e-10, msg=hook_name)
+            torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10, msg=hook_name)
+            assert not torch.allclose(resumed, unedited), f"editing {hook_name} changed nothing"
