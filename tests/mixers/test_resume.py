@@ -244,7 +244,6 @@ def test_forward_with_context_fires_the_inside_hooks_in_use(name, options, with_
     """With read-only hooks on the mixer's inside hooks (the engine's unpatched runs), one
     `forward_with_context` fires each of them on the whole run, as `forward` does, and returns
     what `forward` and `prefix_context` return (a hooked state: the two apart)."""
-
     mixer = make_mixer(name, options)
     x = torch.randn(3, N_POS, D_MODEL, dtype=torch.float64)
     points = {point_name: point for point_name, point in mixer.named_modules() if isinstance(point, AxisHookPoint)
