@@ -45,7 +45,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, splice, state_before, take_window
+from .base import Mixer, hook_in_use, kept, splice, state_before, take_window
 from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan
 from .short_conv import causal_taps
@@ -176,7 +176,7 @@ class Mamba(Mixer):
     # -- forward ---------------------------------------------------------------------------
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
-        if self.use_fast_path and not self._inside_hooks_in_use() and fused_kernels_available(x):
+        if self.use_fast_path and not self.inside_hooks_in_use() and fused_kernels_available(x):
             return self._forward_fused(x)
         return self._hooked_forward(x)[0]
 
@@ -279,9 +279,9 @@ class Mamba(Mixer):
         """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
         states; with inside hooks in use, the hooked forward keeps its states (with the state
         hook in use, forward and context apart: the hook may edit the states)."""
-        if _in_use(self.hook_ssm_state):
+        if hook_in_use(self.hook_ssm_state):
             return super().forward_with_context(x)
-        if self._inside_hooks_in_use():
+        if self.inside_hooks_in_use():
             out, context = self._hooked_forward(x, with_context=True)
             assert context is not None
             return out, context
@@ -417,7 +417,7 @@ class Mamba(Mixer):
     def _ssm(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None = None) -> Tensor:
         """y ``[batch, pos, d_inner]`` from the state `h0` before the first position (zeros when
         None); states materialised only while hook_ssm_state is used."""
-        if not _in_use(self.hook_ssm_state):
+        if not hook_in_use(self.hook_ssm_state):
             return selective_scan(u, delta, A, B, C, self.D, h0=h0)
         decay = torch.exp(delta[..., None] * A)  # [batch, pos, d_inner, d_state]
 
@@ -473,14 +473,6 @@ class Mamba(Mixer):
     def _A(self) -> Tensor:
         """A = -exp(A_log) ``[d_inner, d_state]``, in at least float32 (as mamba-ssm)."""
         return -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))
-
-    def _inside_hooks_in_use(self) -> bool:
-        return any(_in_use(module) for module in self.modules() if isinstance(module, AxisHookPoint))
-
-
-def _in_use(hook: AxisHookPoint) -> bool:
-    # A backward hook also needs the tensor to exist, not only a forward one.
-    return hook.is_active or bool(hook.bwd_hooks)
 
 
 def _check_options(d_state, d_conv, expand, dt_rank, dt_min, dt_max, dt_init) -> None:
