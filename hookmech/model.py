@@ -21,7 +21,7 @@ from .config import ModelConfig
 from .errors import HookmechError, UsageError
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
-from .mixers.base import Mixer, kept, take_window
+from .mixers.base import Mixer, hook_in_use, kept, take_window
 from .paths import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
     Context,
@@ -108,6 +108,24 @@ class Block(nn.Module):
         return [f"{prefix}.{name}.weight" for prefix, sublayer in sublayers for name in sublayer.output_projections]
 
     def forward(self, resid: Resid) -> Resid:
+        return self._after_mixer(*self._mix(resid))
+
+    def forward_at(self, resid: Resid, positions: RowInts) -> KeptWindow:
+        """Return the block's output at one position per row, ``[batch, 1, d_model]``: the mixer
+        runs on every position of `resid` ``[batch, pos, d_model]`` (its hooks, and those before
+        it, fire there), what follows it (position-wise) at ``positions[i]`` of row i only."""
+        resid, mixer_out = self._mix(resid)
+        return self._after_mixer(take_window(resid, positions, 1), take_window(mixer_out, positions, 1))
+
+    def after_mixer_hooked(self) -> bool:
+        """Return True when a hook after the mixer's output (resid_mid, mlp_in, mlp_out, resid_post) is in use."""
+        points = [self.hook_resid_post]
+        if self.has_mlp:
+            points += [self.hook_resid_mid, self.hook_mlp_in, self.hook_mlp_out]
+        return any(hook_in_use(point) for point in points)
+
+    def _mix(self, resid: Resid) -> tuple[Resid, Resid]:
+        """Return (the block's input, the mixer's output) on every position, through their hooks."""
         resid = self.hook_resid_pre(resid)
         mixer_in = self.hook_mixer_in(self.ln1(resid))
         if self.contexts is None:
@@ -115,7 +133,7 @@ class Block(nn.Module):
         else:  # HookedLM.collecting_contexts: the mixer's context of this run, from the same pass
             mixer_out, context = self.mixer.forward_with_context(mixer_in)
             self.contexts.append({**self._with_input(context, mixer_in), MIXER_OUTPUT: mixer_out})
-        return self._after_mixer(resid, self.hook_mixer_out(mixer_out))
+        return resid, self.hook_mixer_out(mixer_out)
 
     def mixer_context(self, mixer_in: RunResid) -> Context:
         """Return the context `forward_from` resumes the mixer from (`Mixer.prefix_context`),
@@ -315,6 +333,7 @@ class HookedLM(HookedRootModule):
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
         positions: RowInts | None = None,
+        tail_at_positions: bool = False,
     ) -> Logits | QueryLogits | Resid:
         """Run the model.
 
@@ -323,9 +342,20 @@ class HookedLM(HookedRootModule):
         Returns logits ``[batch, pos, d_vocab]``; with `positions` ``[batch]`` only the
         logits at each row's position, ``[batch, d_vocab]``; with `stop_at_layer=l` the
         residual entering block l instead of logits.
+
+        `tail_at_positions` (with `positions`): what follows the last block's mixer, all of it
+        position-wise (its MLP, the final norm), runs at `positions` only, unless a hook there
+        is in use (then every position, as without it). The logits are the same computation on
+        fewer rows (equal to float rounding); the patching engine asks for it, training does not.
         """
         resid = self.embed_tokens(input) if start_at_layer is None else input
-        for block in self.blocks[start_at_layer or 0 : stop_at_layer]:
+        blocks = list(self.blocks[start_at_layer or 0 : stop_at_layer])
+        if tail_at_positions and positions is not None and stop_at_layer is None and not self._tail_hooked():
+            for block in blocks[:-1]:
+                resid = block(resid)
+            resid = blocks[-1].forward_at(resid, positions) if blocks else take_window(resid, positions, 1)
+            return self.unembed_resid(self.ln_final(resid)[:, 0])
+        for block in blocks:
             resid = block(resid)
         if stop_at_layer is not None:
             return resid
@@ -333,6 +363,10 @@ class HookedLM(HookedRootModule):
         if positions is not None:
             normed = normed[torch.arange(normed.shape[0], device=normed.device), positions]
         return self.unembed_resid(normed)
+
+    def _tail_hooked(self) -> bool:
+        """Return True when a hook after the last block's mixer (or the final norm's) is in use."""
+        return self.blocks[-1].after_mixer_hooked() or hook_in_use(self.ln_final.hook_normalized)
 
     # -- resuming a run from a position (the patching engine's fast path) -----------------
     def prefix_context(self, layer: int, mixer_in: RunResid) -> Context:

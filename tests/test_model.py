@@ -8,7 +8,7 @@ from transformer_lens import ActivationCache, HookedRootModule
 from hookmech.config import ModelConfig, build_config
 from hookmech.errors import UsageError
 
-from helpers import make_model
+from helpers import FLOAT64_SUM_TOL, make_model
 
 BLOCK_HOOKS = ["hook_resid_pre", "hook_mixer_in", "hook_mixer_out", "hook_resid_mid", "hook_mlp_in", "hook_mlp_out", "hook_resid_post"]
 ATTENTION_HOOKS = ["q", "k", "v", "attn_scores", "pattern", "z"]
@@ -92,6 +92,37 @@ def test_start_at_layer_and_positions_match_the_full_forward(ar_model, ar_task):
     torch.testing.assert_close(resumed, full[rows, batch.query_pos])
     stopped = ar_model(batch.tokens, stop_at_layer=1)
     torch.testing.assert_close(stopped, cache["blocks.1.hook_resid_pre"], rtol=0, atol=0)  # the same layers: exact
+
+
+@pytest.mark.parametrize("mixers", ["attention", "mamba"])
+def test_tail_at_positions_is_the_full_forward_at_the_positions(ar_task, mixers):
+    model = make_model(ar_task, mixers=mixers).double()
+    batch = ar_task.sample(6, seed=4)
+    rows = torch.arange(6)
+    full = model(batch.tokens)[rows, batch.query_pos]
+    # the same float64 computation on fewer rows: round-off only
+    tail = model(batch.tokens, positions=batch.query_pos, tail_at_positions=True)
+    torch.testing.assert_close(tail, full, rtol=0, atol=FLOAT64_SUM_TOL)
+    final_in = model(batch.tokens, stop_at_layer=model.cfg.n_layers)
+    resumed = model(final_in, start_at_layer=model.cfg.n_layers, positions=batch.query_pos, tail_at_positions=True)
+    torch.testing.assert_close(resumed, full, rtol=0, atol=FLOAT64_SUM_TOL)
+
+
+def test_tail_at_positions_runs_the_last_mlp_at_the_positions_unless_a_hook_there_is_in_use(ar_model, ar_task):
+    batch = ar_task.sample(5, seed=2)
+    seen = []
+    ar_model.blocks[-1].mlp.register_forward_hook(lambda module, args, out: seen.append(tuple(args[0].shape)))
+    try:
+        ar_model(batch.tokens, positions=batch.query_pos, tail_at_positions=True)
+        assert seen == [(5, 1, ar_model.cfg.d_model)]
+        fired = []
+        hooks = [("blocks.1.hook_mlp_out", lambda act, hook: fired.append(tuple(act.shape)))]
+        ar_model.run_with_hooks(batch.tokens, positions=batch.query_pos, tail_at_positions=True, fwd_hooks=hooks)
+        # a hook after the last mixer sees every position, as without the hint
+        assert fired == [(5, batch.tokens.shape[1], ar_model.cfg.d_model)]
+        assert seen[1] == (5, batch.tokens.shape[1], ar_model.cfg.d_model)
+    finally:
+        ar_model.blocks[-1].mlp._forward_hooks.clear()
 
 
 def test_model_is_causal(ar_model, ar_task):

@@ -83,6 +83,7 @@ def first_order_effects(
             corrupt_input,
             start_at_layer=start_at_layer,
             positions=query,
+            tail_at_positions=True,
             fwd_hooks=[(hook, make_hook(hook)) for hook in hooks],
         )
         values = measure.values(logits)

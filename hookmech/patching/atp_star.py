@@ -266,6 +266,7 @@ class _Estimator:
                 corrupt_input,
                 start_at_layer=self.start,
                 positions=query.to(device),
+                tail_at_positions=True,
                 # gates first: a leaf on the same hook sees the gradient before the gate drops it
                 fwd_hooks=[*self.gates, *((hook, leaf(hook)) for hook in self.leaves)],
             )

@@ -72,7 +72,11 @@ def full_pairs(
         fwd_hooks = [(plan.target.hook, replace_hook(plan, plan.values[rows], chunk_mask)) for plan in plans]
         model_input = tokens[rows.cpu()].to(device) if resid is None else resid[rows]
         logits = model.run_with_hooks(
-            model_input, start_at_layer=start, positions=batch.query_pos[rows.cpu()].to(device), fwd_hooks=fwd_hooks
+            model_input,
+            start_at_layer=start,
+            positions=batch.query_pos[rows.cpu()].to(device),
+            tail_at_positions=True,
+            fwd_hooks=fwd_hooks,
         )
         yield which_patch, rows, logits
 

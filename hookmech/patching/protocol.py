@@ -64,9 +64,12 @@ class PatchableModel(Protocol):
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
         positions: Tensor | None = None,
+        tail_at_positions: bool = False,
     ) -> Tensor:
         """Return logits ``[batch, pos, d_vocab]`` (``[batch, d_vocab]`` at `positions` ``[batch]``) of
-        tokens ``[batch, pos]``, or of the residual entering block `start_at_layer` ``[batch, pos, d_model]``."""
+        tokens ``[batch, pos]``, or of the residual entering block `start_at_layer` ``[batch, pos, d_model]``.
+        `tail_at_positions`: a hint that only the logits at `positions` are wanted, so what follows
+        the last mixer may run there only (a model may ignore it; the engine passes it)."""
         ...
 
     def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:

@@ -50,7 +50,9 @@ def reaches_query(
             nan = torch.full_like(plan.base[rows], float("nan"))
             fwd_hooks.append((plan.target.hook, replace_hook(plan, nan, chunk_mask)))
         model_input = tokens[rows.cpu()].to(device) if resid is None else resid[rows]
-        logits = model.run_with_hooks(model_input, start_at_layer=start, positions=query[rows], fwd_hooks=fwd_hooks)
+        logits = model.run_with_hooks(
+            model_input, start_at_layer=start, positions=query[rows], tail_at_positions=True, fwd_hooks=fwd_hooks
+        )
         reaches[chunk] = ~logits.isfinite().all(dim=-1)
     return reaches[group].view(n_patches, n_rows)
 

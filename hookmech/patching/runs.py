@@ -122,7 +122,11 @@ class CleanCorruptRuns:
                 keep_contexts = collect and which == base
                 with self.model.collecting_contexts() if keep_contexts or readers else nullcontext() as recorded:
                     out, acts = self.model.run_with_cache(
-                        tokens[rows].to(self.device), names_filter=fired, return_cache_object=False, positions=query
+                        tokens[rows].to(self.device),
+                        names_filter=fired,
+                        return_cache_object=False,
+                        positions=query,
+                        tail_at_positions=True,
                     )
                 for hook, read in readers.items():
                     layer = self.model.layer_of_hook(hook)
