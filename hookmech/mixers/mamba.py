@@ -361,7 +361,7 @@ class Mamba(Mixer):
         conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
         u, delta, B, C = self._ssm_inputs(conv, convolved=True)
         A = self._A()
-        decay = torch.exp(delta[..., None] * A)  # [N, T, d_inner, d_state]
+        decay = (delta[..., None] * A).exp_()  # [N, T, d_inner, d_state]
         states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :], overwrite=True)
         y = (states @ C[..., None])[..., 0] + u * self.D
         gate = torch.ones_like(y) if z is None else F.silu(z)
@@ -380,7 +380,8 @@ class Mamba(Mixer):
             else:
                 conv_j = new_in_x[rows, positions]
             u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
-            h = torch.exp(delta_j[..., None] * A) * h + (delta_j * u_j)[..., None] * B_j[:, None, :]
+            # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [P, d_inner, d_state] temporary
+            h = (delta_j[..., None] * A).exp_().mul_(h).addcmul_((delta_j * u_j)[..., None], B_j[:, None, :])
             y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
             gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
             moved += (grad_gated[..., rows, at, :] * (y_j * gate_j - gated[rows, at])).sum(-1).double() * inside
@@ -394,7 +395,9 @@ class Mamba(Mixer):
         for r in range(n_pos - 1, reach - 2, -1):
             here = (last == r).nonzero(as_tuple=True)[0]
             if len(here):
-                moved[..., here] += (moved_state[here] * adjoint[..., rows[here], :, :]).sum((-1, -2)).double()
+                moved[..., here] += torch.einsum(
+                    "pij,...pij->...p", moved_state[here], adjoint[..., rows[here], :, :]
+                ).double()
             adjoint = decay[:, r] * (adjoint + read[..., r, :, None] * C[:, r, None, :])
         effect[..., rows, positions] = moved
         return effect
