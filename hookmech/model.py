@@ -490,6 +490,14 @@ class HookedLM(HookedRootModule):
         mixer_in = base(f"blocks.{layer}.hook_mixer_in")
         return self.blocks[layer].mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local)
 
+    def mixer_patch_outputs(
+        self, layer: int, patched: RunResid, base: Callable[[str], Tensor], at: RowInts
+    ) -> RunResid | None:
+        """Return block `layer`'s `Mixer.position_patch_outputs` on the base run (its mixer input read
+        with `base`): ``[N, T, d_model]``, the change of the mixer's output at ``at[n]`` when its
+        input at position s alone becomes ``patched[n, s]``; None where the mixer has none."""
+        return self.blocks[layer].mixer.position_patch_outputs(base(f"blocks.{layer}.hook_mixer_in"), patched, at)
+
     def resume_layer(self, hook_name: str) -> int | None:
         """Return the block whose resumed run fires `hook_name` (`resume`), `n_layers` for
         the final norm, None for hooks a resumed run does not fire (the embeddings)."""

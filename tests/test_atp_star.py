@@ -125,12 +125,43 @@ def test_mamba_position_effects_equal_patched_forwards(options, hook):
     torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
 
 
+@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
+def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options):
+    """Mamba's output change at each row's query `at` for a patch at every s: within the
+    convolution's reach of s, beyond it (the state carried by the base run's decays) and after
+    the query (zero), against a forward of the mixer with position s patched (float64)."""
+    from hookmech.mixers.mamba import Mamba
+
+    torch.manual_seed(2)
+    mixer = Mamba(16, d_state=4, **options).double()
+    n, t = 3, 9
+    x = torch.randn(n, t, 16, dtype=torch.float64)
+    patched = 3 * torch.randn(n, t, 16, dtype=torch.float64)
+    at = torch.tensor([8, 6, 2])
+    rows = torch.arange(n)
+    with torch.no_grad():
+        y = mixer(x)
+        reference = torch.zeros(n, t, 16, dtype=torch.float64)
+        for s in range(t):
+            spliced = x.clone()
+            spliced[:, s] = patched[:, s]
+            reference[:, s] = (mixer(spliced) - y)[rows, at]
+        outputs = mixer.position_patch_outputs(x, patched, at)
+    far = reference[0, :3]  # row 0: s = 0..2 lie beyond the reach of its query 8
+    # a random-init state forgets fast, yet far effects stay 1e5 times the tolerance
+    assert far.abs().max() > 1e-5 and reference.abs().max() > 0.1
+    assert bool((reference[2, 3:] == 0).all())  # after the query
+    torch.testing.assert_close(outputs, reference, atol=FLOAT64_TOL, rtol=0)
+
+
 def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
     x, grads = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     assert Attention(32, qkv_conv="k").position_patch_effects(x, grads, x) is None  # a conv spreads the patch
     assert Attention(32).position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_z") is None
     model = make_model(ar_task, mixers="rwkv")
     assert model.blocks[0].mixer.position_patch_effects(x, grads, x) is None  # the base class's default
+    assert model.blocks[0].mixer.position_patch_outputs(x, x, torch.zeros(2, dtype=torch.long)) is None
+    assert Attention(32).position_patch_outputs(x, x, torch.zeros(2, dtype=torch.long)) is None
 
 
 # -- the route from a block-level hook to the next mixer ------------------------------------------
@@ -253,13 +284,19 @@ def test_cells_after_the_last_mixer_are_exact(ar_task):
         )
 
 
-def test_block_patch_is_exact_through_the_next_mixer_and_linear_after(ar_task):
-    """One cell by brute force: λ_corrupt + g_s·Δr_s + Σ_t g_t·(y'_t − y_t), with g = ∂λ/∂(mixer
-    output) by autograd and y' a forward of the mixer on the spliced input, mapped to p."""
-    model = unit_variance(make_model(ar_task, n_layers=2)).double()
+@pytest.mark.parametrize(("mixers", "query_exact"), [("attention", False), ("mamba", True)])
+def test_block_patch_is_exact_through_the_next_mixer_and_the_last_block_at_the_query(ar_task, mixers, query_exact):
+    """One cell by brute force: λ_corrupt + g_s·Δr_s + Σ_{t≠q} g_t·(y'_t − y_t) + (λ_q − λ_corrupt),
+    with g = ∂λ/∂(mixer output) by autograd, y' a forward of the mixer on the spliced input, and
+    λ_q a forward with only the query's mixer output set to y'_q (the last block exact there),
+    mapped to p. The patch is before every query, so the residual at the query is unchanged.
+    A mixer without `position_patch_outputs` (attention) keeps g_q·(y'_q − y_q) instead of λ_q."""
+    model = unit_variance(make_model(ar_task, n_layers=2, mixers=mixers)).double()
     batch = ar_task.sample(6, seed=6)
-    s = int(batch.roles["key"][0])
-    rows = torch.arange(6)
+    rows, query = torch.arange(6), batch.query_pos
+    # the last key, within Mamba's convolution of the query (a random-init SSM forgets fast)
+    s = int(batch.roles["key"].max())
+    assert bool((query - s < 4).all() & (query > s).all())
     resid_hook, in_hook, out_hook = "blocks.0.hook_resid_pre", "blocks.0.hook_mixer_in", "blocks.0.hook_mixer_out"
     clean = _activations(model, batch.tokens, [resid_hook])
     corrupt = _activations(model, batch.corrupt_tokens, [resid_hook, in_hook])
@@ -270,15 +307,28 @@ def test_block_patch_is_exact_through_the_next_mixer_and_linear_after(ar_task):
         return act + leaf["zero"]
 
     with torch.enable_grad():
-        logits = model.run_with_hooks(batch.corrupt_tokens, positions=batch.query_pos, fwd_hooks=[(out_hook, add_leaf)])
+        logits = model.run_with_hooks(batch.corrupt_tokens, positions=query, fwd_hooks=[(out_hook, add_leaf)])
         log_odds = answer_log_odds(logits, batch.answers)
         (grad,) = torch.autograd.grad(log_odds.sum(), leaf["zero"])
     with torch.no_grad():
         mixer, norm = model.blocks[0].mixer, model.blocks[0].ln1
         spliced = corrupt[resid_hook].clone()
         spliced[:, s] = clean[resid_hook][:, s]
-        change = ((mixer(norm(spliced)) - mixer(corrupt[in_hook])) * grad).sum((1, 2))
+        moved = mixer(norm(spliced)) - mixer(corrupt[in_hook])
+        moved_elsewhere = moved.clone()
+        if query_exact:
+            moved_elsewhere[rows, query] = 0
+        change = (moved_elsewhere * grad).sum((1, 2))
         change += (grad[:, s] * (clean[resid_hook][:, s] - corrupt[resid_hook][:, s])).sum(-1)
+
+        def query_moved(act, hook=None):
+            out = act.clone()
+            out[rows, query] += moved[rows, query]
+            return out
+
+        at_query = model.run_with_hooks(batch.corrupt_tokens, positions=query, fwd_hooks=[(out_hook, query_moved)])
+        if query_exact:
+            change += answer_log_odds(at_query, batch.answers) - log_odds
         p_corrupt = logits.softmax(-1)[rows, batch.answers]
         expected = p_corrupt + torch.sigmoid(log_odds + change) - torch.sigmoid(log_odds)
     (record,) = atp_star_patch(model, batch, ["L0.block_in"], [str(s)], per_example=True)

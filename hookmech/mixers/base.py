@@ -148,6 +148,14 @@ class Mixer(nn.Module):
         """
         return None
 
+    def position_patch_outputs(self, x: RunResid, patched: RunResid, at: RowInts) -> RunResid | None:
+        """Return ``[N, T, d_model]``: at ``[n, s]``, y'_{at[n]} − y_{at[n]}, the change of the mixer's
+        output at position ``at[n]`` of row n when the input at position s alone becomes
+        ``patched[n, s]`` (zeros for s > at[n]; `x`, `patched` ``[N, T, d_model]``). AtP* carries
+        it on through the last block exactly. None where the mixer has no such computation (the
+        default): AtP* keeps the linear estimate past this mixer."""
+        return None
+
     # -- effective attention (`hookmech.attention_maps`) ------------------------------------
     # Every mixer here mixes positions by an operator that is linear in some "value" once its
     # data-dependent parts (queries, keys, gates, decays) are fixed by the input. Written as a

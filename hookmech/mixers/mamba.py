@@ -402,6 +402,56 @@ class Mamba(Mixer):
         effect[..., rows, positions] = moved
         return effect
 
+    def position_patch_outputs(self, x: RunResid, patched: RunResid, at: RowInts) -> RunResid | None:
+        """Return ``[N, T, d_model]``: the change of the output at ``at[n]`` when position s alone
+        (of row n) takes the input ``patched[n, s]`` (`Mixer.position_patch_outputs`). Within the
+        convolution's reach of s, Δ, B, C and the state are recomputed (as `position_patch_effects`);
+        beyond it the state's change decays through the base run's decays to ``at``: Π_r exp(Δ_r A)
+        = exp(A · Σ_r Δ_r), then is read out by C and gated there."""
+        in_x, z = self._split(self.in_proj(x))
+        new_in_x, new_z = self._split(self.in_proj(patched))
+        n_pos = x.shape[1]
+        out = x.new_zeros(x.shape)
+        changed = (new_in_x != in_x).any(-1)
+        if z is not None and new_z is not None:
+            changed |= (new_z != z).any(-1)
+        changed &= torch.arange(n_pos, device=x.device)[None, :] <= at[:, None]
+        rows, positions = changed.nonzero(as_tuple=True)  # [P] each
+        if len(rows) == 0:
+            return out
+        conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
+        u, delta, B, C = self._ssm_inputs(conv, convolved=True)
+        A = self._A()
+        states = linear_scan((delta[..., None] * A).exp_(), (delta * u)[..., None] * B[:, :, None, :], overwrite=True)
+        gate = torch.ones_like(u) if z is None else F.silu(z)
+        gated = ((states @ C[..., None])[..., 0] + u * self.D) * gate
+        query, reach = at[rows], max(self.d_conv, 1)
+        change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
+        h = state_before(states, rows, positions)
+        moved = change.new_zeros(len(rows), change.shape[-1])  # Δ(gated y) at the query, per pair
+        for j in range(min(reach, n_pos)):
+            at_j = (positions + j).clamp(max=n_pos - 1)
+            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
+                conv_j = conv[rows, at_j] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
+            else:
+                conv_j = new_in_x[rows, positions]
+            u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
+            h = (delta_j[..., None] * A).exp_().mul_(h).addcmul_((delta_j * u_j)[..., None], B_j[:, None, :])
+            y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
+            gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at_j]
+            hit = positions + j == query
+            moved[hit] = (y_j * gate_j - gated[rows, at_j])[hit]
+        last = positions + reach - 1
+        far = (last < query).nonzero(as_tuple=True)[0]
+        if len(far):  # the state's change after the reach, carried by fixed decays to the query
+            summed = delta.double().cumsum(1)
+            span = (summed[rows[far], query[far]] - summed[rows[far], last[far]]).to(delta.dtype)  # [F, d_inner]
+            carried = (span[..., None] * A).exp_().mul_(h[far] - states[rows[far], last[far]])
+            read = (carried @ C[rows[far], query[far]][..., None])[..., 0]
+            moved[far] = read * gate[rows[far], query[far]]
+        out[rows, positions] = moved @ self.out_proj.weight.T  # the output projection's bias cancels
+        return out
+
     def _split(self, projected: Tensor) -> tuple[Tensor, Tensor | None]:
         """(in_x, z) of in_proj's output; z is None without the gate."""
         if self.gate:

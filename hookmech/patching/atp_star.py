@@ -22,7 +22,12 @@ each with its fix (one corrupt forward, then backward passes, per row chunk, as 
    with r, r' the residual entering the mixer's block before and after the patch, y, y' the
    mixer's outputs, and g = ∂λ/∂(mixer output) (the gradient of the residual after the mixer).
    Patches of a mixer's own q / k / v / scores go to the same method. Mixers without it keep
-   the linear estimate.
+   the linear estimate. Where that mixer is the one before the last and can say how its output
+   at the query changes (`PatchableModel.mixer_patch_outputs`: Mamba), that change goes on
+   through the last block exactly, resumed at the query alone from the corrupt run's context:
+   the g_q·(y'_q − y_q) term is replaced by the exact change of λ. A patch whose effect passes
+   the last mixer's own nonlinearity at the query (a read-out C_q·h, a gate) is then not lost to
+   the linearisation; changes at the last block's other positions stay first order.
 3. **Recurrent states** (``L*.mixer.ssm_state`` …): an edit there is carried on by the
    recurrence; the gradient at the state hook follows it (`hooks.gradients_follow_edits`).
 4. **Cancellation: GradDrop** (Kramár et al. §3.1.2). For each layer ℓ, one more backward pass
@@ -52,7 +57,7 @@ from ..shapes import RowFloats, RowInts
 from ..sites import as_specs, position_patches
 from ..tasks.batch import Batch
 from .atp import positional_hooks
-from .options import PatchOptions
+from .options import CONTEXT_MEMORY, PatchOptions
 from .protocol import PatchableModel, check_patchable
 from .records import estimate_record
 from .runs import CleanCorruptRuns, evaluating, open_source
@@ -99,11 +104,19 @@ def atp_star_patch(
     context.append(model.resid_hook(model.cfg.n_layers))  # the final norm's input
     with evaluating(model), open_source(source) as (batch, cache):
         runs = CleanCorruptRuns(
-            model, batch, list(dict.fromkeys(hooks + context)), cache, need_logits=False, max_batch=max_batch
+            model,
+            batch,
+            list(dict.fromkeys(hooks + context)),
+            cache,
+            need_logits=False,
+            max_batch=max_batch,
+            # the last block may resume at the query from the corrupt run's context (`_query_exact`),
+            # made from its mixer input when first asked for
+            context_memory=CONTEXT_MEMORY,
         )
         patches = position_patches(as_specs(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
         masks = torch.stack([p.mask for p in patches]).double()  # [P, N, T]
-        estimator = _Estimator(model, runs, hooks, start, blocks, graddrop)
+        estimator = _Estimator(model, runs, hooks, start, blocks, graddrop, max_batch)
         shifts = {hook: torch.empty(len(patches), len(batch), dtype=torch.float64) for hook in hooks}
         dropped_shifts = {
             hook: torch.empty(len(estimator.dropped), len(patches), len(batch), dtype=torch.float64) for hook in hooks
@@ -171,8 +184,10 @@ class _Estimator:
         start: int | None,
         blocks: range,
         graddrop: bool,
+        max_batch: int,
     ):
         self.model, self.runs, self.hooks, self.start, self.blocks = model, runs, hooks, start, blocks
+        self.max_batch = max_batch
         self.gradient_hooks = [f"blocks.{layer}.hook_mixer_out" for layer in blocks]
         self.leaves = list(dict.fromkeys(hooks + self.gradient_hooks))
         #: the layers whose gradient a GradDrop pass drops (layers the forward runs)
@@ -212,7 +227,8 @@ class _Estimator:
                 hook: torch.stack([grads[variant][hook] for variant in variants]) for hook in self.gradient_hooks
             }
             query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
-            exact = self._exact_terms(stacked, acts, base, query, answers, log_odds)
+            rows_index = torch.arange(rows.start, rows.stop, device=runs.device)
+            exact = self._exact_terms(stacked, acts, base, query, answers, log_odds, rows_index)
             estimates: dict[int | None, dict[str, Tensor]] = {variant: {} for variant in variants}
             for hook in self.hooks:
                 for index, variant in enumerate(variants):
@@ -291,14 +307,23 @@ class _Estimator:
         return log_odds.detach(), grads
 
     def _exact_terms(
-        self, stacked: dict[str, Tensor], acts, base, query: Tensor, answers: Tensor, log_odds: Tensor
+        self,
+        stacked: dict[str, Tensor],
+        acts,
+        base,
+        query: Tensor,
+        answers: Tensor,
+        log_odds: Tensor,
+        rows: Tensor,
     ) -> dict[str, tuple[int, Tensor, Tensor]]:
         """Return ``{hook: (L, effect, skip)}`` for the hooks whose next mixer (block L) computes
         the patch exactly: ``effect`` ``[V, n, T]`` the mixer's part, ``skip`` ``[V, n, T]`` the
         residual's own change past it (zeros for a patch inside the mixer), per gradient in
         `stacked`. Hooks sharing a mixer input (a block's input and its mixer's input) share one
         computation. After the last mixer (L = n_layers) only position-wise computation is left:
-        ``effect`` is the exact change of λ at each row's query (0 elsewhere)."""
+        ``effect`` is the exact change of λ at each row's query (0 elsewhere). Where the next
+        mixer is the one before the last, what its change at the query does goes on exactly
+        through the last block (`_query_exact`, in the full gradient's estimate)."""
         model = self.model
         n_layers = model.cfg.n_layers
         terms: dict[str, tuple[int, Tensor, Tensor]] = {}
@@ -328,6 +353,12 @@ class _Estimator:
                         continue
                     done.append((layer, mixer_in, found))
                 skip = torch.einsum("vntd,ntd->vnt", gradient, resid - base(f"blocks.{layer}.hook_resid_pre"))
+                if layer == n_layers - 2:
+                    correction = self._query_exact(
+                        layer, resid, mixer_in, base, gradient[0], rows, query, answers, log_odds
+                    )
+                    if correction is not None:
+                        found = torch.cat([found[:1] + correction, found[1:]])
                 terms[hook] = (layer, found, skip.double())
             elif (inside := model.layer_of_hook(hook)) is not None and inside in self.blocks:  # a mixer's q / k ...
                 gradient = stacked[f"blocks.{inside}.hook_mixer_out"]
@@ -335,6 +366,60 @@ class _Estimator:
                 if found is not None:
                     terms[hook] = (inside, found, torch.zeros_like(found))
         return terms
+
+    def _query_exact(
+        self,
+        layer: int,
+        resid: Tensor,
+        mixer_in: Tensor,
+        base,
+        gradient: Tensor,
+        rows: Tensor,
+        query: Tensor,
+        answers: Tensor,
+        log_odds: Tensor,
+    ) -> Tensor | None:
+        """Return ``[n, T]`` float64: per patched position s, the exact change of λ through the last
+        block at the query minus its linear estimate there, for a block-level patch whose next
+        mixer (block `layer`) is the one before the last; None where that mixer has no
+        `mixer_patch_outputs` or the contexts do not fit.
+
+        Block `layer`'s output at the query under the patch at s (its mixer's change there, the
+        residual's own change when s is the query) enters the last block, which resumes on the
+        query alone from the corrupt run's context: the last mixer's own nonlinearity at the query
+        (a readout C_q·h, a gate, a softmax row) is computed, not linearised. Changes the patch
+        makes at other positions of the last block's input stay first order. `gradient`
+        ``[n, T, d_model]`` is ∂λ/∂(block `layer`'s mixer output); `resid`, `mixer_in` ``[n, T,
+        d_model]`` are the residual entering block `layer` and its mixer input under each
+        position's own patch (`patch_to_next_mixer`); `rows` the rows' indices in the batch."""
+        model = self.model
+        n, n_pos, d_model = mixer_in.shape
+        at_query = torch.arange(n, device=query.device), query
+        moved = model.mixer_patch_outputs(layer, mixer_in, base, query)  # [n, s, d_model] at the query
+        contexts = None if moved is None else self.runs.resume_contexts(layer + 1, "corrupt", self.max_batch)
+        if moved is None or contexts is None:
+            return None
+        own = torch.arange(n_pos, device=query.device)[None, :] == query[:, None]  # [n, s]: s is the query
+        resid_change = (resid - base(f"blocks.{layer}.hook_resid_pre"))[at_query]  # [n, d_model]
+        before = base(f"blocks.{layer}.hook_resid_pre")[at_query][:, None] + own[..., None] * resid_change[:, None]
+        mixed = base(f"blocks.{layer}.hook_mixer_out")[at_query][:, None] + moved
+        pairs = n * n_pos
+        window = {f"blocks.{layer}.hook_resid_pre": before.reshape(pairs, 1, d_model)}
+        route = model.patch_to_next_mixer(
+            f"blocks.{layer}.hook_mixer_out", mixed.reshape(pairs, 1, d_model), lambda hook: window[hook]
+        )
+        assert route is not None  # a block-level hook
+        pair_query = query.repeat_interleave(n_pos)
+        entering = f"blocks.{layer + 1}.hook_resid_pre"
+        # resume takes the base run's residual; the pairs' own enters through the block's input hook
+        with model.hooks(fwd_hooks=[(entering, lambda activation, hook=None: route[1])]):
+            logits = model.resume(route[1], layer + 1, contexts, rows.repeat_interleave(n_pos), pair_query, pair_query)
+        exact = answer_log_odds(logits, answers.repeat_interleave(n_pos)).view(n, n_pos) - log_odds[:, None]
+        change = moved + own[..., None] * resid_change[:, None]
+        linear = torch.einsum("nsd,nd->ns", change, gradient[at_query])
+        # a patch after the query changes nothing there: keep its zero free of resume's round-off
+        reaches = torch.arange(n_pos, device=query.device)[None, :] <= query[:, None]
+        return ((exact - linear) * reaches).double()
 
 
 def _at(values: Tensor, pos_axis: int, positions: Tensor) -> Tensor:

@@ -163,6 +163,14 @@ class PatchableModel(Protocol):
         `hook_name` takes `patched` (AtP*); None where the mixer has no such computation."""
         ...
 
+    def mixer_patch_outputs(
+        self, layer: int, patched: Tensor, base: Callable[[str], Tensor], at: Tensor
+    ) -> Tensor | None:
+        """Return ``[N, T, d_model]``: the change of block `layer`'s mixer output at position ``at[n]``
+        when one position s of its input takes ``patched[n, s]`` (AtP*, which carries it through the
+        last block exactly); None where the mixer has no such computation."""
+        ...
+
 
 @runtime_checkable
 class PathPatchableModel(PatchableModel, Protocol):
