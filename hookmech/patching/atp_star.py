@@ -401,25 +401,26 @@ class _Estimator:
             return None
         own = torch.arange(n_pos, device=query.device)[None, :] == query[:, None]  # [n, s]: s is the query
         resid_change = (resid - base(f"blocks.{layer}.hook_resid_pre"))[at_query]  # [n, d_model]
-        before = base(f"blocks.{layer}.hook_resid_pre")[at_query][:, None] + own[..., None] * resid_change[:, None]
-        mixed = base(f"blocks.{layer}.hook_mixer_out")[at_query][:, None] + moved
-        pairs = n * n_pos
-        window = {f"blocks.{layer}.hook_resid_pre": before.reshape(pairs, 1, d_model)}
-        route = model.patch_to_next_mixer(
-            f"blocks.{layer}.hook_mixer_out", mixed.reshape(pairs, 1, d_model), lambda hook: window[hook]
-        )
+        # only pairs the patch changes at the query resume (a patch after the query changes nothing)
+        pair_row, pair_pos = ((moved != 0).any(-1) | own & (resid_change != 0).any(-1)[:, None]).nonzero(as_tuple=True)
+        correction = torch.zeros(n, n_pos, dtype=torch.float64, device=query.device)
+        if len(pair_row) == 0:
+            return correction
+        change = moved[pair_row, pair_pos] + own[pair_row, pair_pos, None] * resid_change[pair_row]  # [P, d_model]
+        before = base(f"blocks.{layer}.hook_resid_pre")[at_query][pair_row] + change - moved[pair_row, pair_pos]
+        mixed = base(f"blocks.{layer}.hook_mixer_out")[at_query][pair_row] + moved[pair_row, pair_pos]
+        window = {f"blocks.{layer}.hook_resid_pre": before[:, None]}
+        route = model.patch_to_next_mixer(f"blocks.{layer}.hook_mixer_out", mixed[:, None], lambda hook: window[hook])
         assert route is not None  # a block-level hook
-        pair_query = query.repeat_interleave(n_pos)
+        pair_query = query[pair_row]
         entering = f"blocks.{layer + 1}.hook_resid_pre"
         # resume takes the base run's residual; the pairs' own enters through the block's input hook
         with model.hooks(fwd_hooks=[(entering, lambda activation, hook=None: route[1])]):
-            logits = model.resume(route[1], layer + 1, contexts, rows.repeat_interleave(n_pos), pair_query, pair_query)
-        exact = answer_log_odds(logits, answers.repeat_interleave(n_pos)).view(n, n_pos) - log_odds[:, None]
-        change = moved + own[..., None] * resid_change[:, None]
-        linear = torch.einsum("nsd,nd->ns", change, gradient[at_query])
-        # a patch after the query changes nothing there: keep its zero free of resume's round-off
-        reaches = torch.arange(n_pos, device=query.device)[None, :] <= query[:, None]
-        return ((exact - linear) * reaches).double()
+            logits = model.resume(route[1], layer + 1, contexts, rows[pair_row], pair_query, pair_query)
+        exact = answer_log_odds(logits, answers[pair_row]) - log_odds[pair_row]
+        linear = (change * gradient[pair_row, pair_query]).sum(-1)
+        correction[pair_row, pair_pos] = (exact - linear).double()
+        return correction
 
 
 def _at(values: Tensor, pos_axis: int, positions: Tensor) -> Tensor:
