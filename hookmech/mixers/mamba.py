@@ -24,7 +24,7 @@ mixer is in use, since the fused kernels never expose their intermediates.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -352,39 +352,21 @@ class Mamba(Mixer):
             new_in_x, new_z = patched, z
         effect = grad_out.new_zeros(grad_out.shape[:-1], dtype=torch.float64)
         # only the (row, position) pairs whose input the patch changes can move anything
-        changed = (new_in_x != in_x).any(-1)
-        if z is not None and new_z is not None:
-            changed |= (new_z != z).any(-1)
-        rows, positions = changed.nonzero(as_tuple=True)  # [P] each
+        rows, positions = self._changed(in_x, z, new_in_x, new_z).nonzero(as_tuple=True)  # [P] each
         if len(rows) == 0:
             return effect
-        conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
-        u, delta, B, C = self._ssm_inputs(conv, convolved=True)
+        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z)
         A = self._A()
-        decay = (delta[..., None] * A).exp_()  # [N, T, d_inner, d_state]
-        states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :], overwrite=True)
-        y = (states @ C[..., None])[..., 0] + u * self.D
-        gate = torch.ones_like(y) if z is None else F.silu(z)
-        gated = y * gate
         grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
         n_pos, reach = x.shape[1], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
         h = state_before(states, rows, positions)  # h_{s-1}: [P, d_inner, d_state]
         moved = grad_out.new_zeros(*grad_out.shape[:-3], len(rows), dtype=torch.float64)  # per pair
-        for j in range(reach):
-            at = positions + j
-            inside = (at < n_pos).double()
-            at = at.clamp(max=n_pos - 1)
-            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
-                conv_j = conv[rows, at] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
-            else:
-                conv_j = new_in_x[rows, positions]
-            u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
-            # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [P, d_inner, d_state] temporary
-            h = (delta_j[..., None] * A).exp_().mul_(h).addcmul_((delta_j * u_j)[..., None], B_j[:, None, :])
-            y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
-            gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
-            moved += (grad_gated[..., rows, at, :] * (y_j * gate_j - gated[rows, at])).sum(-1).double() * inside
+        steps = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, h)
+        for j, at, gated_j, after in steps:
+            inside = (positions + j < n_pos).double()
+            moved += (grad_gated[..., rows, at, :] * (gated_j - gated[rows, at])).sum(-1).double() * inside
+            h = after  # the state after s + j; after the loop, after the reach's last position
         # After r = s + reach - 1 the state's change decays through the base run's fixed decays:
         # Σ_{t > r} ĝ_t · C_t (Π decay) Δh_r = Δh_r · μ_r with the adjoint state
         # μ_{r-1} = decay_r ⊙ (μ_r + ĝ_r ⊗ C_r), μ_{T-1} = 0, swept backwards once (ĝ: ∂m/∂y).
@@ -412,35 +394,22 @@ class Mamba(Mixer):
         new_in_x, new_z = self._split(self.in_proj(patched))
         n_pos = x.shape[1]
         out = x.new_zeros(x.shape)
-        changed = (new_in_x != in_x).any(-1)
-        if z is not None and new_z is not None:
-            changed |= (new_z != z).any(-1)
+        changed = self._changed(in_x, z, new_in_x, new_z)
         changed &= torch.arange(n_pos, device=x.device)[None, :] <= at[:, None]
         rows, positions = changed.nonzero(as_tuple=True)  # [P] each
         if len(rows) == 0:
             return out
-        conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
-        u, delta, B, C = self._ssm_inputs(conv, convolved=True)
+        conv, delta, C, _, states, gate, gated = self._base_branch(in_x, z)
         A = self._A()
-        states = linear_scan((delta[..., None] * A).exp_(), (delta * u)[..., None] * B[:, :, None, :], overwrite=True)
-        gate = torch.ones_like(u) if z is None else F.silu(z)
-        gated = ((states @ C[..., None])[..., 0] + u * self.D) * gate
         query, reach = at[rows], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
         h = state_before(states, rows, positions)
         moved = change.new_zeros(len(rows), change.shape[-1])  # Δ(gated y) at the query, per pair
-        for j in range(min(reach, n_pos)):
-            at_j = (positions + j).clamp(max=n_pos - 1)
-            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
-                conv_j = conv[rows, at_j] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
-            else:
-                conv_j = new_in_x[rows, positions]
-            u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
-            h = (delta_j[..., None] * A).exp_().mul_(h).addcmul_((delta_j * u_j)[..., None], B_j[:, None, :])
-            y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
-            gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at_j]
+        steps = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, h)
+        for j, at_j, gated_j, after in steps:
             hit = positions + j == query
-            moved[hit] = (y_j * gate_j - gated[rows, at_j])[hit]
+            moved[hit] = (gated_j - gated[rows, at_j])[hit]
+            h = after  # the state after s + j; after the loop, after the reach's last position
         last = positions + reach - 1
         far = (last < query).nonzero(as_tuple=True)[0]
         if len(far):  # the state's change after the reach, carried by fixed decays to the query
@@ -451,6 +420,53 @@ class Mamba(Mixer):
             moved[far] = read * gate[rows[far], query[far]]
         out[rows, positions] = moved @ self.out_proj.weight.T  # the output projection's bias cancels
         return out
+
+    def _changed(self, in_x: Tensor, z: Tensor | None, new_in_x: Tensor, new_z: Tensor | None) -> Tensor:
+        """Return ``[N, T]`` bool: where a patch changes the SSM branch's input or the gate's."""
+        changed = (new_in_x != in_x).any(-1)
+        if z is not None and new_z is not None:
+            changed |= (new_z != z).any(-1)
+        return changed
+
+    def _base_branch(self, in_x: Tensor, z: Tensor | None) -> tuple[Tensor, ...]:
+        """Return the base run's (convolved in_x, Δ, C, decay ``[N, T, d_inner, d_state]``, states,
+        gate, gated y) from in_proj's split output, for the patch computations of AtP*."""
+        conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
+        u, delta, B, C = self._ssm_inputs(conv, convolved=True)
+        decay = (delta[..., None] * self._A()).exp_()
+        states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :], overwrite=True)
+        gate = torch.ones_like(u) if z is None else F.silu(z)
+        gated = ((states @ C[..., None])[..., 0] + u * self.D) * gate
+        return conv, delta, C, decay, states, gate, gated
+
+    def _patched_reach(
+        self,
+        rows: Tensor,
+        positions: Tensor,
+        change: Tensor,
+        run: tuple[Tensor, Tensor, Tensor | None, Tensor],
+        A: Tensor,
+        h: Tensor,
+    ) -> Iterator[tuple[int, Tensor, Tensor, Tensor]]:
+        """Yield ``(j, at, y'·gate', h')`` for j = 0 .. reach − 1: with the SSM branch's input at
+        ``positions[i]`` of row ``rows[i]`` moved by `change` ``[P, d_inner]``, the gated output
+        ``[P, d_inner]`` at ``at = positions + j`` (clamped to the last position: callers drop
+        those past it) and the state after it ``[P, d_inner, d_state]``, from the state `h` before
+        s. `run` holds the base run's (convolved in_x, patched in_x, patched z or None, gate)."""
+        conv, new_in_x, new_z, gate = run
+        n_pos = conv.shape[1]
+        for j in range(max(self.d_conv, 1)):
+            at = (positions + j).clamp(max=n_pos - 1)
+            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
+                conv_j = conv[rows, at] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
+            else:
+                conv_j = new_in_x[rows, positions]
+            u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
+            # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [P, d_inner, d_state] temporary
+            h = (delta_j[..., None] * A).exp_().mul_(h).addcmul_((delta_j * u_j)[..., None], B_j[:, None, :])
+            y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
+            gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
+            yield j, at, y_j * gate_j, h
 
     def _split(self, projected: Tensor) -> tuple[Tensor, Tensor | None]:
         """(in_x, z) of in_proj's output; z is None without the gate."""
