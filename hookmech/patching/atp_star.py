@@ -327,7 +327,8 @@ class _Estimator:
         model = self.model
         n_layers = model.cfg.n_layers
         terms: dict[str, tuple[int, Tensor, Tensor]] = {}
-        done: list[tuple[int, Tensor, Tensor]] = []  # (layer, mixer input, effect) computed so far
+        # (layer, mixer input, effect, output change at the query or None) computed so far
+        done: list[tuple[int, Tensor, Tensor, Tensor | None]] = []
         variants = next(iter(stacked.values())).shape[0] if stacked else 1
         for hook in self.hooks:
             clean = acts(hook, "clean")
@@ -346,32 +347,38 @@ class _Estimator:
             elif route is not None and route[2] is not None:  # a block-level patch: exact through the next mixer
                 layer, resid, mixer_in = route[0], route[1], route[2]
                 gradient = stacked[f"blocks.{layer}.hook_mixer_out"]
-                found = next((e for at, x, e in done if at == layer and torch.equal(x, mixer_in)), None)
-                if found is None:
-                    found = model.mixer_patch_effects(layer, gradient, mixer_in, base)
-                    if found is None:
+                entry = next((d for d in done if d[0] == layer and torch.equal(d[1], mixer_in)), None)
+                if entry is None:
+                    mixer_effect = model.mixer_patch_effects(layer, gradient, mixer_in, base)
+                    if mixer_effect is None:
                         continue
-                    done.append((layer, mixer_in, found))
+                    # the mixer before the last: its output's change at the query, for `_query_exact`
+                    at_query = (
+                        model.mixer_patch_outputs(layer, mixer_in, base, query) if layer == n_layers - 2 else None
+                    )
+                    entry = (layer, mixer_in, mixer_effect, at_query)
+                    done.append(entry)
+                found, moved = entry[2], entry[3]
                 skip = torch.einsum("vntd,ntd->vnt", gradient, resid - base(f"blocks.{layer}.hook_resid_pre"))
-                if layer == n_layers - 2:
+                if moved is not None:
                     correction = self._query_exact(
-                        layer, resid, mixer_in, base, gradient[0], rows, query, answers, log_odds
+                        layer, resid, moved, base, gradient[0], rows, query, answers, log_odds
                     )
                     if correction is not None:
                         found = torch.cat([found[:1] + correction, found[1:]])
                 terms[hook] = (layer, found, skip.double())
             elif (inside := model.layer_of_hook(hook)) is not None and inside in self.blocks:  # a mixer's q / k ...
                 gradient = stacked[f"blocks.{inside}.hook_mixer_out"]
-                found = model.mixer_patch_effects(inside, gradient, clean, base, hook)
-                if found is not None:
-                    terms[hook] = (inside, found, torch.zeros_like(found))
+                inside_effect = model.mixer_patch_effects(inside, gradient, clean, base, hook)
+                if inside_effect is not None:
+                    terms[hook] = (inside, inside_effect, torch.zeros_like(inside_effect))
         return terms
 
     def _query_exact(
         self,
         layer: int,
         resid: Tensor,
-        mixer_in: Tensor,
+        moved: Tensor,
         base,
         gradient: Tensor,
         rows: Tensor,
@@ -381,24 +388,23 @@ class _Estimator:
     ) -> Tensor | None:
         """Return ``[n, T]`` float64: per patched position s, the exact change of λ through the last
         block at the query minus its linear estimate there, for a block-level patch whose next
-        mixer (block `layer`) is the one before the last; None where that mixer has no
-        `mixer_patch_outputs` or the contexts do not fit.
+        mixer (block `layer`) is the one before the last; None where the contexts do not fit.
 
         Block `layer`'s output at the query under the patch at s (its mixer's change there, the
         residual's own change when s is the query) enters the last block, which resumes on the
         query alone from the corrupt run's context: the last mixer's own nonlinearity at the query
         (a readout C_q·h, a gate, a softmax row) is computed, not linearised. Changes the patch
-        makes at other positions of the last block's input stay first order. `gradient`
-        ``[n, T, d_model]`` is ∂λ/∂(block `layer`'s mixer output); `resid`, `mixer_in` ``[n, T,
-        d_model]`` are the residual entering block `layer` and its mixer input under each
-        position's own patch (`patch_to_next_mixer`); `rows` the rows' indices in the batch."""
+        makes at other positions of the last block's input stay first order. `moved` ``[n, T,
+        d_model]`` is the mixer's output change at the query under the patch at each s
+        (`PatchableModel.mixer_patch_outputs`), `gradient` ``[n, T, d_model]`` ∂λ/∂(its output),
+        `resid` ``[n, T, d_model]`` the residual entering block `layer` under each position's own
+        patch (`patch_to_next_mixer`), `rows` the rows' indices in the batch."""
         model = self.model
-        n, n_pos, d_model = mixer_in.shape
-        at_query = torch.arange(n, device=query.device), query
-        moved = model.mixer_patch_outputs(layer, mixer_in, base, query)  # [n, s, d_model] at the query
-        contexts = None if moved is None else self.runs.resume_contexts(layer + 1, "corrupt", self.max_batch)
-        if moved is None or contexts is None:
+        contexts = self.runs.resume_contexts(layer + 1, "corrupt", self.max_batch)
+        if contexts is None:
             return None
+        n, n_pos, _ = moved.shape
+        at_query = torch.arange(n, device=query.device), query
         own = torch.arange(n_pos, device=query.device)[None, :] == query[:, None]  # [n, s]: s is the query
         resid_change = (resid - base(f"blocks.{layer}.hook_resid_pre"))[at_query]  # [n, d_model]
         # only pairs the patch changes at the query resume (a patch after the query changes nothing)
@@ -406,8 +412,8 @@ class _Estimator:
         correction = torch.zeros(n, n_pos, dtype=torch.float64, device=query.device)
         if len(pair_row) == 0:
             return correction
-        change = moved[pair_row, pair_pos] + own[pair_row, pair_pos, None] * resid_change[pair_row]  # [P, d_model]
-        before = base(f"blocks.{layer}.hook_resid_pre")[at_query][pair_row] + change - moved[pair_row, pair_pos]
+        own_change = own[pair_row, pair_pos, None] * resid_change[pair_row]  # [P, d_model]
+        before = base(f"blocks.{layer}.hook_resid_pre")[at_query][pair_row] + own_change
         mixed = base(f"blocks.{layer}.hook_mixer_out")[at_query][pair_row] + moved[pair_row, pair_pos]
         window = {f"blocks.{layer}.hook_resid_pre": before[:, None]}
         route = model.patch_to_next_mixer(f"blocks.{layer}.hook_mixer_out", mixed[:, None], lambda hook: window[hook])
@@ -418,7 +424,7 @@ class _Estimator:
         with model.hooks(fwd_hooks=[(entering, lambda activation, hook=None: route[1])]):
             logits = model.resume(route[1], layer + 1, contexts, rows[pair_row], pair_query, pair_query)
         exact = answer_log_odds(logits, answers[pair_row]) - log_odds[pair_row]
-        linear = (change * gradient[pair_row, pair_query]).sum(-1)
+        linear = ((moved[pair_row, pair_pos] + own_change) * gradient[pair_row, pair_query]).sum(-1)
         correction[pair_row, pair_pos] = (exact - linear).double()
         return correction
 
