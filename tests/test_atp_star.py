@@ -35,6 +35,48 @@ def test_answer_log_odds_is_log_p_over_one_minus_p():
 
 
 # -- attention: the softmax recomputed for one patched position -----------------------------------
+def _patched_forward_effects(mixer, x, grads, hook):
+    """Return (patched, reference): a large patch of the mixer's input (`hook` None) or of its
+    inside hook `hook` at every position ``[N, T, ...]``, and ``[V, N, T]`` Σ_t (y'_t − y_t)·g_t per
+    gradient in `grads` ``[V, N, T, d_model]`` with position s alone patched, by one forward of
+    the mixer per position."""
+    n, t, d_model = x.shape
+    point = None if hook is None else getattr(mixer, hook)
+    if point is None:
+        patched = 3 * torch.randn(n, t, d_model, dtype=torch.float64)
+    else:
+        seen = {}
+        point.add_hook(lambda act, hook: seen.setdefault("base", act.clone()))
+        mixer(x)
+        point.remove_hooks()
+        # large moves: a saturated normalisation is what the closed form must get right
+        patched = seen["base"] + 3 * torch.randn_like(seen["base"])
+    y = mixer(x)
+    reference = torch.zeros(grads.shape[0], n, t, dtype=torch.float64)
+    for s in range(t):
+        if point is None:
+            spliced = x.clone()
+            spliced[:, s] = patched[:, s]
+            y_patched = mixer(spliced)
+        else:
+            axis = point.pos_axis
+
+            def replace(act, hook=None, s=s, axis=axis):
+                index = [slice(None)] * act.dim()
+                index[axis] = s
+                act = act.clone()
+                act[tuple(index)] = patched[tuple(index)]
+                return act
+
+            point.add_hook(replace)
+            y_patched = mixer(x)
+            point.remove_hooks()
+        reference[:, :, s] = torch.einsum("vntd,ntd->vn", grads, y_patched - y)
+    if hook == "hook_attn_scores":  # masked scores stay -inf, as a run's own scores do
+        patched = torch.where(torch.isinf(seen["base"]), seen["base"], patched)
+    return patched, reference
+
+
 @pytest.mark.parametrize("window", [None, 2])
 @pytest.mark.parametrize("hook", [None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"])
 def test_attention_position_effects_equal_patched_forwards(window, hook):
@@ -42,43 +84,30 @@ def test_attention_position_effects_equal_patched_forwards(window, hook):
     position s patched (float64, one forward per position)."""
     torch.manual_seed(0)
     mixer = Attention(16, n_heads=2, window=window).double()
-    n, t = 3, 7
-    x = torch.randn(n, t, 16, dtype=torch.float64)
-    grads = torch.randn(2, n, t, 16, dtype=torch.float64)  # two gradients at once (a leading axis)
-    point = None if hook is None else getattr(mixer, hook)
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    grads = torch.randn(2, 3, 7, 16, dtype=torch.float64)  # two gradients at once (a leading axis)
     with torch.no_grad():
-        if point is None:
-            patched = 3 * torch.randn(n, t, 16, dtype=torch.float64)
-        else:
-            seen = {}
-            point.add_hook(lambda act, hook: seen.setdefault("base", act.clone()))
-            mixer(x)
-            point.remove_hooks()
-            # large moves: a saturated softmax is what the closed form must get right
-            patched = seen["base"] + 3 * torch.randn_like(seen["base"])
-        y = mixer(x)
-        reference = torch.zeros(2, n, t, dtype=torch.float64)
-        for s in range(t):
-            if point is None:
-                spliced = x.clone()
-                spliced[:, s] = patched[:, s]
-                y_patched = mixer(spliced)
-            else:
-                axis = point.pos_axis
+        patched, reference = _patched_forward_effects(mixer, x, grads, hook)
+        effects = mixer.position_patch_effects(x, grads, patched, hook)
+    assert reference.abs().max() > 0.1
+    torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
 
-                def replace(act, hook=None, s=s, axis=axis):
-                    index = [slice(None)] * act.dim()
-                    index[axis] = s
-                    act = act.clone()
-                    act[tuple(index)] = patched[tuple(index)]
-                    return act
 
-                point.add_hook(replace)
-                y_patched = mixer(x)
-                point.remove_hooks()
-            reference[:, :, s] = torch.einsum("vntd,ntd->vn", grads, y_patched - y)
-        if hook == "hook_attn_scores":  # masked scores stay -inf, as a run's own scores do
-            patched = torch.where(torch.isinf(seen["base"]), seen["base"], patched)
+# -- Based: the normalised kernel recomputed for one patched position -----------------------------
+@pytest.mark.parametrize("train_view", ["quadratic", "linear"])
+@pytest.mark.parametrize("hook", [None, "hook_q", "hook_k", "hook_phi_q", "hook_phi_k", "hook_v"])
+def test_based_position_effects_equal_patched_forwards(train_view, hook):
+    """Based's Σ_t (y'_t − y_t)·g_t for each patched position s, against a forward of the mixer
+    with position s patched (float64; both views compute the same y)."""
+    from hookmech.mixers.based import Based
+
+    torch.manual_seed(3)
+    mixer = Based(16, feature_dim=4, num_heads=2, num_key_value_heads=2, train_view=train_view, chunk_size=3)
+    mixer = mixer.double()
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    grads = torch.randn(2, 3, 7, 16, dtype=torch.float64)
+    with torch.no_grad():
+        patched, reference = _patched_forward_effects(mixer, x, grads, hook)
         effects = mixer.position_patch_effects(x, grads, patched, hook)
     assert reference.abs().max() > 0.1
     torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
@@ -161,6 +190,8 @@ def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
     model = make_model(ar_task, mixers="rwkv")
     assert model.blocks[0].mixer.position_patch_effects(x, grads, x) is None  # the base class's default
     assert model.blocks[0].mixer.position_patch_outputs(x, x, torch.zeros(2, dtype=torch.long)) is None
+    based = make_model(ar_task, mixers="based").blocks[0].mixer
+    assert based.position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_y") is None  # after the kernel
     assert Attention(32).position_patch_outputs(x, x, torch.zeros(2, dtype=torch.long)) is None
 
 
@@ -284,13 +315,13 @@ def test_cells_after_the_last_mixer_are_exact(ar_task):
         )
 
 
-@pytest.mark.parametrize(("mixers", "query_exact"), [("attention", False), ("mamba", True)])
+@pytest.mark.parametrize(("mixers", "query_exact"), [("attention", False), ("based", False), ("mamba", True)])
 def test_block_patch_is_exact_through_the_next_mixer_and_the_last_block_at_the_query(ar_task, mixers, query_exact):
     """One cell by brute force: λ_corrupt + g_s·Δr_s + Σ_{t≠q} g_t·(y'_t − y_t) + (λ_q − λ_corrupt),
     with g = ∂λ/∂(mixer output) by autograd, y' a forward of the mixer on the spliced input, and
     λ_q a forward with only the query's mixer output set to y'_q (the last block exact there),
     mapped to p. The patch is before every query, so the residual at the query is unchanged.
-    A mixer without `position_patch_outputs` (attention) keeps g_q·(y'_q − y_q) instead of λ_q."""
+    A mixer without `position_patch_outputs` (attention, Based) keeps g_q·(y'_q − y_q) instead of λ_q."""
     model = unit_variance(make_model(ar_task, n_layers=2, mixers=mixers)).double()
     batch = ar_task.sample(6, seed=6)
     rows, query = torch.arange(6), batch.query_pos

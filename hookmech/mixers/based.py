@@ -28,7 +28,9 @@ from ..hooks import AxisHookPoint, declare_sizes
 from ..shapes import (
     Context,
     EffectiveAttention,
+    Gradients,
     KeptWindow,
+    PositionEffects,
     Resid,
     RowInts,
     RunActs,
@@ -196,6 +198,54 @@ class Based(Mixer):
             return numerator / (torch.einsum("bthf,bthf->bth", phi_q, k_state).unsqueeze(-1) + self.eps)
 
         return read(kv_state + kv_change, k_state + k_change) - read(kv_state, k_state)
+
+    # -- one position patched, through the normalised kernel exactly (AtP*, see `Mixer.position_patch_effects`)
+    def position_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+    ) -> PositionEffects | None:
+        """Return ``[..., N, T]`` (float64): Σ_t (y'_t − y_t)·grad_out_t when position s alone is
+        patched, the normalisation recomputed, not linearised: with a_tj = phi(q_t)·phi(k_j),
+        y_t = Σ_j a_tj v_j / (Σ_j a_tj + eps). `patched` is the new input (`hook` None: new q, k
+        and v at s) or the new ``hook_q`` / ``hook_k`` / ``hook_phi_q`` / ``hook_phi_k`` /
+        ``hook_v`` there. Each query t > s sees key s's score and value change (one column of
+        the kernel moved: its numerator and normaliser updated in closed form); query s gets a
+        new row. None for ``hook_y`` and the state hooks (the linear estimate is exact after
+        the kernel; a state patch is carried by the recurrence)."""
+        features = ("phi_q", "phi_k", "v")
+        if hook not in (None, "hook_q", "hook_k", *(f"hook_{name}" for name in features)):
+            return None
+        base = dict(zip(features, (t.double() for t in self._features(x)), strict=True))
+        new = dict(base)
+        if hook is None:
+            new = dict(zip(features, (t.double() for t in self._features(patched)), strict=True))
+        elif hook in ("hook_q", "hook_k"):  # before the feature map
+            new[f"phi_{hook[-1]}"] = self.feature_map(patched.double())
+        else:
+            new[hook[len("hook_") :]] = patched.double()
+        phi_q, phi_k, v = base["phi_q"], base["phi_k"], base["v"]
+        # y_out = y Wᵀ (bias-free), so ∂m/∂y = ∂m/∂y_out · W, per head
+        grad_y = (grad_out.double() @ self.out_proj.weight.double()).unflatten(-1, (self.num_heads, self.d_head))
+        n_pos = x.shape[1]
+        causal = torch.ones(n_pos, n_pos, dtype=torch.bool, device=x.device).tril()  # [t, j]: j <= t
+        earlier = causal & ~torch.eye(n_pos, dtype=torch.bool, device=x.device)  # j < t
+        scores = torch.einsum("bthf,bjhf->bhtj", phi_q, phi_k).masked_fill(~causal, 0.0)
+        total = scores.sum(-1) + self.eps  # the normaliser of each query [b, h, t]
+        seen = torch.einsum("bjhd,...bthd->...bhtj", v, grad_y)  # value j read along query t's gradient
+        read = (scores * seen).sum(-1) / total  # y_t · ∂m/∂y_t  [..., b, h, t]
+        # Query t > s: key s's column moves, the numerator and normaliser lose a_ts and gain a'_ts.
+        new_score = torch.einsum("bthf,bshf->bhts", phi_q, new["phi_k"])
+        new_seen = torch.einsum("bshd,...bthd->...bhts", new["v"], grad_y)
+        new_total = total[..., None] - scores + new_score  # the Taylor kernel is positive: > 0
+        column = (read[..., None] * total[..., None] - scores * seen + new_score * new_seen) / new_total
+        column = (column - read[..., None]).masked_fill(~earlier, 0.0).sum(dim=-2)  # over t: [..., b, h, s]
+        # Query s: a new row, its new query against the keys before it and its own new key.
+        row_scores = torch.einsum("bshf,bjhf->bhsj", new["phi_q"], phi_k)
+        own = (new["phi_q"] * new["phi_k"]).sum(-1).transpose(1, 2)  # [b, h, s]
+        row_scores = torch.where(earlier, row_scores, own[..., None]).masked_fill(~causal, 0.0)
+        own_seen = (new["v"] * grad_y).sum(-1).transpose(-1, -2)  # [..., b, h, s]
+        row_seen = torch.where(earlier, seen, own_seen[..., None])
+        row = (row_scores * row_seen).sum(-1) / (row_scores.sum(-1) + self.eps) - read
+        return (column + row).sum(dim=-2)
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
     def prefix_context(self, x: RunResid) -> Context:
