@@ -14,6 +14,11 @@ clean and corrupt runs). Scores compared: p_patched - p_corrupt per cell, at a r
 * cost in forward-equivalents: the method's time over the time of one forward (`model(tokens)`,
   no hooks) of the same rows; times are the best of `--reps`, methods interleaved.
 
+Also timed: the floor of any estimator that takes gradients of the corrupt run, what it cannot do
+without (`gradient_floor`): the clean run at the query (no gradient) and the corrupt run with one
+backward pass of the answer's log-odds to every block's input. Plain AtP and AtP* both compute it
+and more; where the floor alone exceeds a cost target, no gradient-based estimator meets it.
+
     python bench/atp.py [CKPT ...] [--n 320] [--reps 3] [--threads 1] [--budgets 10,20]
 
 Default checkpoints: the bundled fixtures/attention_ar_cpu.safetensors, mamba_ar_cpu.safetensors
@@ -30,6 +35,7 @@ import torch
 import hookmech
 from hookmech.patching import atp_star_patch, patch
 from hookmech.patching.atp import verify_priority
+from hookmech.patching.atp_star import answer_log_odds
 
 DEFAULTS = [
     "fixtures/attention_ar_cpu.safetensors",
@@ -83,10 +89,29 @@ def scores(exact: torch.Tensor, records, budgets: list[int]) -> dict[str, float]
     }
 
 
+def gradient_floor(model, batch) -> None:
+    """The clean run at the query (no gradient), then the corrupt run with one backward pass of the
+    answer's log-odds to the residual entering every block (`autograd.grad` to those alone, as the
+    estimators take theirs: no weight gradients)."""
+    query = batch.query_pos
+    with torch.no_grad():
+        model(batch.tokens, positions=query, tail_at_positions=True)
+    leaves = []
+
+    def leaf(activation, hook=None):
+        leaves.append(torch.zeros_like(activation, requires_grad=True))
+        return activation + leaves[-1]
+
+    hooks = [(f"blocks.{layer}.hook_resid_pre", leaf) for layer in range(model.cfg.n_layers)]
+    with torch.enable_grad():
+        logits = model.run_with_hooks(batch.corrupt_tokens, positions=query, tail_at_positions=True, fwd_hooks=hooks)
+        torch.autograd.grad(answer_log_odds(logits, batch.answers).sum(), leaves)
+
+
 def bench(path: str, n: int, reps: int, budgets: list[int]) -> None:
     model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
     batch = task.sample(n, seed=1)
-    best = {name: float("inf") for name in ("exact", "forward", *METHODS)}
+    best = {name: float("inf") for name in ("exact", "forward", "floor", *METHODS)}
     results = {}
     for _ in range(reps):
         for name in best:
@@ -94,6 +119,8 @@ def bench(path: str, n: int, reps: int, budgets: list[int]) -> None:
             if name == "forward":
                 with torch.no_grad():
                     model(batch.corrupt_tokens)
+            elif name == "floor":
+                gradient_floor(model, batch)
             elif name == "exact" and "exact" in results:
                 continue  # once is enough: its time is only reported
             elif name == METHODS[2]:
@@ -111,7 +138,8 @@ def bench(path: str, n: int, reps: int, budgets: list[int]) -> None:
           f"{len({r['pos'] for r in records})} positions = {len(records)} cells, N={n}, "
           f"p_clean {records[0]['p_clean']:.3f}, p_corrupt {records[0]['p_corrupt']:.3f}")
     print(f"  one forward {best['forward'] * 1e3:.1f} ms, exact engine {best['exact']:.3f} s "
-          f"({best['exact'] / best['forward']:.0f} forward-equivalents)")
+          f"({best['exact'] / best['forward']:.0f} forward-equivalents), gradient floor "
+          f"{best['floor'] / best['forward']:.2f} forward-equivalents")
     recalls = "".join(f" {f'recall@{b}':>10}" for b in budgets)
     print(f"  {'method':<22} {'Spearman':>8} {'top-10 err':>10}{recalls} {'time s':>7} {'fwd-eq':>7}")
     for name in METHODS:
