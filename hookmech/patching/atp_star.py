@@ -50,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..cache import CacheFile, run_chunks
+from ..cache import CacheFile, answer_probs, run_chunks
 from ..errors import HookmechError
 from ..hooks import gradients_follow_edits, pos_axis_of
 from ..shapes import RowFloats, RowInts
@@ -103,20 +103,25 @@ def atp_star_patch(
     ]
     context.append(model.resid_hook(model.cfg.n_layers))  # the final norm's input
     with evaluating(model), open_source(source) as (batch, cache):
+        wanted = list(dict.fromkeys(hooks + context))
+        # From tokens, the corrupt run's activations are read off the estimator's own corrupt
+        # forward (the one its backward passes go through), not computed by a second forward.
+        capture = wanted if cache is None and start is None else None
         runs = CleanCorruptRuns(
             model,
             batch,
-            list(dict.fromkeys(hooks + context)),
+            wanted,
             cache,
             need_logits=False,
             max_batch=max_batch,
             # the last block may resume at the query from the corrupt run's context (`_query_exact`),
             # made from its mixer input when first asked for
             context_memory=CONTEXT_MEMORY,
+            only=("clean",) if capture else ("clean", "corrupt"),
         )
         patches = position_patches(as_specs(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
         masks = torch.stack([p.mask for p in patches]).double()  # [P, N, T]
-        estimator = _Estimator(model, runs, hooks, start, blocks, graddrop, max_batch)
+        estimator = _Estimator(model, runs, hooks, start, blocks, graddrop, max_batch, capture)
         shifts = {hook: torch.empty(len(patches), len(batch), dtype=torch.float64) for hook in hooks}
         dropped_shifts = {
             hook: torch.empty(len(estimator.dropped), len(patches), len(batch), dtype=torch.float64) for hook in hooks
@@ -127,7 +132,8 @@ def atp_star_patch(
                 shifts[hook][:, rows] = _p_shift(log_odds, masks[:, rows], variants[None][hook])
                 for index, layer in enumerate(estimator.dropped):
                     dropped_shifts[hook][index, :, rows] = _p_shift(log_odds, masks[:, rows], variants[layer][hook])
-    p_clean_rows, p_corrupt_rows = (runs.p_answer[run].double().cpu() for run in ("clean", "corrupt"))
+    p_clean_rows = runs.p_answer["clean"].double().cpu()
+    p_corrupt_rows = (estimator.p_corrupt if capture else runs.p_answer["corrupt"]).double().cpu()
     records = []
     for hook in hooks:
         for index, patch_spec in enumerate(patches):
@@ -185,13 +191,21 @@ class _Estimator:
         blocks: range,
         graddrop: bool,
         max_batch: int,
+        capture: list[str] | None = None,
     ):
         self.model, self.runs, self.hooks, self.start, self.blocks = model, runs, hooks, start, blocks
         self.max_batch = max_batch
+        #: the corrupt run's hooks read off the gradient forward (None: from `runs`), its p(answer)
+        #: ``[N]`` and, per chunk, the last blocks' contexts made from that forward's mixer inputs
+        self.capture = capture
+        self.p_corrupt = torch.empty(len(runs.batch), dtype=torch.float64)
+        self.chunk_contexts: dict[int, dict[str, Tensor]] = {}
         self.gradient_hooks = [f"blocks.{layer}.hook_mixer_out" for layer in blocks]
         self.leaves = list(dict.fromkeys(hooks + self.gradient_hooks))
         #: the layers whose gradient a GradDrop pass drops (layers the forward runs)
         self.dropped = list(blocks) if graddrop else []
+        #: the backward passes: all paths (None), then each GradDrop layer's
+        self.variants: list[int | None] = [None, *self.dropped]
         self.gate = _GradGate(self.dropped)
         self.gates = [
             (f"blocks.{layer}.{name}", self.gate.forward_hook(layer))
@@ -219,8 +233,12 @@ class _Estimator:
             if self.start is None
             else base(f"blocks.{self.start}.hook_resid_pre")
         )
-        log_odds, grads = self._backward(corrupt_input, batch.query_pos[rows], batch.answers[rows])
-        variants = [None, *self.dropped]
+        captured: dict[str, Tensor] = {}
+        self.chunk_contexts = {}
+        log_odds, p_answer, grads = self._backward(corrupt_input, batch.query_pos[rows], batch.answers[rows], captured)
+        self.p_corrupt[rows] = p_answer
+        chunk_acts.update({(hook, "corrupt"): activation for hook, activation in captured.items()})
+        variants = self.variants
         with torch.no_grad():
             # every backward pass's gradient of each mixer's output, stacked: [V, n, T, d_model]
             stacked = {
@@ -262,14 +280,21 @@ class _Estimator:
         return answer_log_odds(logits, answers)
 
     def _backward(
-        self, corrupt_input: Tensor, query: Tensor, answers: Tensor
-    ) -> tuple[Tensor, dict[int | None, dict[str, Tensor]]]:
-        """One corrupt forward; backward passes of λ: all paths, then each GradDrop layer's."""
+        self, corrupt_input: Tensor, query: Tensor, answers: Tensor, captured: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor, dict[int | None, dict[str, Tensor]]]:
+        """One corrupt forward; backward passes of λ: all paths, then each GradDrop layer's.
+        Returns (λ ``[n]``, p(answer) ``[n]`` float64 on the CPU, {variant: {hook: gradient}}); with
+        `capture`, the forward's activations of those hooks go into `captured` ``{hook: [n, ...]}``."""
         model, device = self.model, self.runs.device
         zeros: dict[str, Tensor] = {}
+        recorded = set(self.capture or ())
 
         def leaf(name: str):
             def add_zero(activation: Tensor, hook=None) -> Tensor:
+                if name in recorded:
+                    captured[name] = activation.detach()
+                if name not in self.leaves:
+                    return activation
                 # a zero leaf leaves the forward unchanged; its gradient is ∂λ/∂activation
                 zeros[name] = torch.zeros_like(activation, requires_grad=True)
                 return activation + zeros[name]
@@ -284,15 +309,16 @@ class _Estimator:
                 positions=query.to(device),
                 tail_at_positions=True,
                 # gates first: a leaf on the same hook sees the gradient before the gate drops it
-                fwd_hooks=[*self.gates, *((hook, leaf(hook)) for hook in self.leaves)],
+                fwd_hooks=[*self.gates, *((hook, leaf(hook)) for hook in dict.fromkeys(self.leaves + [*recorded]))],
             )
             log_odds = answer_log_odds(logits, answers)
+            p_answer = answer_probs(logits.detach(), answers.to(logits.device)).double().cpu()
             missing = [hook for hook in self.leaves if hook not in zeros]
             if missing:
                 raise HookmechError(f"hook {missing[0]} did not fire in the forward pass")
             inputs = [zeros[hook] for hook in self.leaves]
             grads: dict[int | None, dict[str, Tensor]] = {}
-            variants = [None, *self.dropped]
+            variants = self.variants
             for index, dropped in enumerate(variants):
                 for layer in self.dropped:
                     self.gate.open[layer] = layer != dropped
@@ -304,7 +330,7 @@ class _Estimator:
                 }
             for layer in self.dropped:
                 self.gate.open[layer] = True
-        return log_odds.detach(), grads
+        return log_odds.detach(), p_answer, grads
 
     def _exact_terms(
         self,
@@ -349,7 +375,7 @@ class _Estimator:
                 gradient = stacked[f"blocks.{layer}.hook_mixer_out"]
                 entry = next((d for d in done if d[0] == layer and torch.equal(d[1], mixer_in)), None)
                 if entry is None:
-                    mixer_effect = model.mixer_patch_effects(layer, gradient, mixer_in, base)
+                    mixer_effect = self._along_kept(layer, gradient, mixer_in, base)
                     if mixer_effect is None:
                         continue
                     # the mixer before the last: its output's change at the query, for `_query_exact`
@@ -369,10 +395,25 @@ class _Estimator:
                 terms[hook] = (layer, found, skip.double())
             elif (inside := model.layer_of_hook(hook)) is not None and inside in self.blocks:  # a mixer's q / k ...
                 gradient = stacked[f"blocks.{inside}.hook_mixer_out"]
-                inside_effect = model.mixer_patch_effects(inside, gradient, clean, base, hook)
+                inside_effect = self._along_kept(inside, gradient, clean, base, hook)
                 if inside_effect is not None:
                     terms[hook] = (inside, inside_effect, torch.zeros_like(inside_effect))
         return terms
+
+    def _along_kept(
+        self, layer: int, gradient: Tensor, patched: Tensor, base, hook: str | None = None
+    ) -> Tensor | None:
+        """Return block `layer`'s `PatchableModel.mixer_patch_effects` ``[V, n, T]`` (or None) along
+        the gradients `gradient` ``[V, n, T, d_model]`` of the backward passes that keep that block's
+        path, zeros for the GradDrop pass that drops it: its estimate leaves the mixer's effect out
+        (`chunk`), so it is not computed."""
+        kept = [index for index, variant in enumerate(self.variants) if variant != layer]
+        found = self.model.mixer_patch_effects(layer, gradient[kept], patched, base, hook)
+        if found is None or len(kept) == len(self.variants):
+            return found
+        full = found.new_zeros(len(self.variants), *found.shape[1:])
+        full[kept] = found
+        return full
 
     def _query_exact(
         self,
@@ -400,9 +441,10 @@ class _Estimator:
         `resid` ``[n, T, d_model]`` the residual entering block `layer` under each position's own
         patch (`patch_to_next_mixer`), `rows` the rows' indices in the batch."""
         model = self.model
-        contexts = self.runs.resume_contexts(layer + 1, "corrupt", self.max_batch)
-        if contexts is None:
+        found = self._corrupt_contexts(layer + 1, base, rows)
+        if found is None:
             return None
+        contexts, rows = found
         n, n_pos, _ = moved.shape
         at_query = torch.arange(n, device=query.device), query
         own = torch.arange(n_pos, device=query.device)[None, :] == query[:, None]  # [n, s]: s is the query
@@ -427,6 +469,23 @@ class _Estimator:
         linear = ((moved[pair_row, pair_pos] + own_change) * gradient[pair_row, pair_query]).sum(-1)
         correction[pair_row, pair_pos] = (exact - linear).double()
         return correction
+
+    def _corrupt_contexts(self, layer: int, base, rows: Tensor) -> tuple[dict[int, dict[str, Tensor]], Tensor] | None:
+        """Return (the corrupt run's mixer contexts of blocks `layer` .. last, the indices of the chunk's
+        rows `rows` ``[n]`` in them), or None when they do not fit in `CONTEXT_MEMORY` bytes. Read off
+        the gradient forward (`capture`): the chunk's own, made from its mixer inputs once per
+        chunk; else the whole run's, from `runs`."""
+        if self.capture is None:
+            found = self.runs.resume_contexts(layer, "corrupt", self.max_batch)
+            return None if found is None else (found, rows)
+        for index in range(layer, self.model.cfg.n_layers):
+            if index not in self.chunk_contexts:
+                self.chunk_contexts[index] = self.model.prefix_context(index, base(f"blocks.{index}.hook_mixer_in"))
+        contexts = {index: self.chunk_contexts[index] for index in range(layer, self.model.cfg.n_layers)}
+        size = sum(t.numel() * t.element_size() for context in contexts.values() for t in context.values())
+        if size > CONTEXT_MEMORY:
+            return None
+        return contexts, torch.arange(len(rows), device=rows.device)
 
 
 def _at(values: Tensor, pos_axis: int, positions: Tensor) -> Tensor:

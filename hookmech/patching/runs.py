@@ -74,8 +74,10 @@ class CleanCorruptRuns:
         base: str | None = None,
         context_memory: int = 0,
         read_at: dict[str, Tensor] | None = None,
+        only: Sequence[str] = RUNS,
     ):
         self.model, self.batch, self.cache = model, batch, cache
+        self.only = [which for which in RUNS if which in only]
         # hooks whose computed activations are read only at some positions ([N, T] bool): only
         # those are copied out of each chunk (a state hook's are the largest tensors of a run)
         read_at = read_at or {}
@@ -105,7 +107,7 @@ class CleanCorruptRuns:
         (`PatchableModel.collecting_contexts`), which resumed patches start from."""
         parts: dict[tuple[str, str], list[Tensor]] = {}
         sparse: dict[tuple[str, str], Tensor] = {}
-        logits: dict[str, list[Tensor]] = {which: [] for which in RUNS}
+        logits: dict[str, list[Tensor]] = {which: [] for which in self.only}
         collect = base is not None and not self.contexts_refused
         contexts: dict[int, list[dict[str, Tensor]]] = (
             {layer: [] for layer in range(self.model.cfg.n_layers)} if collect else {}
@@ -118,7 +120,8 @@ class CleanCorruptRuns:
         fired = [hook for hook in hooks if hook not in readers]
         for rows in run_chunks(len(self.batch), max_batch):
             query = self.batch.query_pos[rows].to(self.device)
-            for which, tokens in (("clean", self.batch.tokens), ("corrupt", self.batch.corrupt_tokens)):
+            for which in self.only:
+                tokens = self.batch.tokens if which == "clean" else self.batch.corrupt_tokens
                 keep_contexts = collect and which == base
                 with self.model.collecting_contexts() if keep_contexts or readers else nullcontext() as recorded:
                     out, acts = self.model.run_with_cache(
