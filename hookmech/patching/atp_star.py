@@ -105,8 +105,9 @@ def atp_star_patch(
     with evaluating(model), open_source(source) as (batch, cache):
         wanted = list(dict.fromkeys(hooks + context))
         # From tokens, the corrupt run's activations are read off the estimator's own corrupt
-        # forward (the one its backward passes go through), not computed by a second forward.
-        capture = wanted if cache is None and start is None else None
+        # forward (the one its backward passes go through, then run from the tokens), not
+        # computed by a second forward.
+        capture = wanted if cache is None else None
         runs = CleanCorruptRuns(
             model,
             batch,
@@ -193,7 +194,9 @@ class _Estimator:
         max_batch: int,
         capture: list[str] | None = None,
     ):
-        self.model, self.runs, self.hooks, self.start, self.blocks = model, runs, hooks, start, blocks
+        self.model, self.runs, self.hooks, self.blocks = model, runs, hooks, blocks
+        #: the block the corrupt forward starts at, from the corrupt run's residual there (None: the tokens)
+        self.start = None if capture is not None else start
         self.max_batch = max_batch
         #: the corrupt run's hooks read off the gradient forward (None: from `runs`), its p(answer)
         #: ``[N]`` and, per chunk, the last blocks' contexts made from that forward's mixer inputs
