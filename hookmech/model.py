@@ -435,7 +435,7 @@ class HookedLM(HookedRootModule):
 
     # -- one position patched, through the next mixer exactly (AtP*) ----------------------
     def patch_to_next_mixer(
-        self, hook_name: str, values: Tensor, base: Callable[[str], Tensor]
+        self, hook_name: str, values: Tensor, base: Callable[[str], Tensor], at: RowInts | None = None
     ) -> tuple[int, RunResid, RunResid | None] | None:
         """Follow a patch of `hook_name` to the input of the next mixer, every position at once.
 
@@ -445,8 +445,10 @@ class HookedLM(HookedRootModule):
         at once gives, at each position s, what patching s alone gives there. Returns
         ``(L, resid, mixer_in)``: the next mixer's block L, the residual entering block L and
         that mixer's input ``[N, T, d_model]`` at every position under its own patch; after the
-        last block's mixer ``(n_layers, resid, None)``, the residual entering the final norm;
-        None for hooks that are not block-level (embeddings, inside a mixer, the final norm).
+        last block's mixer ``(n_layers, resid, None)``, the residual entering the final norm,
+        and with `at` ``[N]`` only at position ``at[n]`` of each row (``[N, 1, d_model]``: all a
+        read-out there needs); None for hooks that are not block-level (embeddings, inside a
+        mixer, the final norm).
         """
         parts = hook_name.split(".")
         if len(parts) != 3 or parts[0] != "blocks" or not parts[2].startswith("hook_"):
@@ -457,15 +459,27 @@ class HookedLM(HookedRootModule):
             return layer, values, block.ln1(values)
         if name == "hook_mixer_in":
             return layer, base(f"blocks.{layer}.hook_resid_pre"), values
-        resid = base(f"blocks.{layer}.hook_resid_pre")
-        if name == "hook_mixer_out":
-            out = block._after_mixer(resid, values)
-        else:  # resid_mid, mlp_in, mlp_out, resid_post: the rest of the block, with the hook replaced
-            with self.hooks(fwd_hooks=[(hook_name, lambda activation, hook=None: values)]):
-                out = block._after_mixer(resid, base(f"blocks.{layer}.hook_mixer_out"))
+        if at is not None and layer + 1 == self.cfg.n_layers:  # past the last mixer: at `at` alone
+            values, base = take_window(values, at, 1), _at_positions(base, at)
+        out = self._after_hook(layer, name, values, base)
         if layer + 1 == self.cfg.n_layers:
             return layer + 1, out, None
         return layer + 1, out, self.blocks[layer + 1].ln1(out)
+
+    def _after_hook(self, layer: int, name: str, values: Tensor, base: Callable[[str], Tensor]) -> Tensor:
+        """Return block `layer`'s output ``[N, T, d_model]`` when its hook `name` (after the mixer)
+        takes `values` and everything before that hook is the base run's (read with `base`)."""
+        if name == "hook_resid_post":
+            return values
+        if name == "hook_mlp_out":  # the residual before the MLP is the base run's
+            return base(f"blocks.{layer}.hook_resid_mid") + values
+        block = self.blocks[layer]
+        resid = base(f"blocks.{layer}.hook_resid_pre")
+        if name == "hook_mixer_out":
+            return block._after_mixer(resid, values)
+        # resid_mid, mlp_in: the rest of the block, with the hook replaced
+        with self.hooks(fwd_hooks=[(f"blocks.{layer}.{name}", lambda activation, hook=None: values)]):
+            return block._after_mixer(resid, base(f"blocks.{layer}.hook_mixer_out"))
 
     def mixer_patch_effects(
         self,
@@ -564,3 +578,9 @@ class HookedLM(HookedRootModule):
         if hook_name.startswith("blocks."):
             return int(hook_name.split(".")[1])
         return None
+
+
+def _at_positions(base: Callable[[str], Tensor], at: RowInts) -> Callable[[str], Tensor]:
+    """Return a reader of `base`'s activations ``[N, T, ...]`` at position ``at[n]`` of each row,
+    ``[N, 1, ...]``."""
+    return lambda hook: take_window(base(hook), at, 1)

@@ -212,6 +212,12 @@ def test_patch_to_next_mixer_is_a_patched_forward_at_each_position(ar_task, mixe
             layer, resid, mixer_in = model.patch_to_next_mixer(hook, clean[hook], corrupt.__getitem__)
         expected_layer = model.layer_of_hook(hook) + (0 if hook.endswith(("resid_pre", "mixer_in")) else 1)
         assert layer == expected_layer, hook
+        if mixer_in is None:  # past the last mixer: followed at one position per row alone, the same
+            at = torch.tensor([0, 3, n_pos - 1, 2])
+            with torch.no_grad():
+                _, at_resid, _ = model.patch_to_next_mixer(hook, clean[hook], corrupt.__getitem__, at=at)
+            assert at_resid.shape == (4, 1, resid.shape[-1])
+            torch.testing.assert_close(at_resid[:, 0], resid[torch.arange(4), at], atol=FLOAT64_TOL, rtol=0)
         resid_hook = model.resid_hook(layer)
         for s in (0, 3, n_pos - 1):
 

@@ -97,9 +97,13 @@ def atp_star_patch(
     hooks, start = positional_hooks(model, sites)
     first = 0 if start is None else start
     blocks = range(first, model.cfg.n_layers)
-    # what the estimates read of the corrupt run: each block's input, mixer input and output
+    # what the estimates read of the corrupt run: each block's input, mixer input and output, and
+    # the residual before its MLP
     context = [
-        f"blocks.{layer}.{name}" for layer in blocks for name in ("hook_resid_pre", "hook_mixer_in", "hook_mixer_out")
+        f"blocks.{layer}.{name}"
+        for layer in blocks
+        for name in ("hook_resid_pre", "hook_mixer_in", "hook_mixer_out", "hook_resid_mid")
+        if f"blocks.{layer}.{name}" in model.hook_dict
     ]
     context.append(model.resid_hook(model.cfg.n_layers))  # the final norm's input
     with evaluating(model), open_source(source) as (batch, cache):
@@ -262,12 +266,10 @@ class _Estimator:
                     estimates[variant][hook] = estimate
         return log_odds, estimates
 
-    def _query_log_odds(self, hook: str | None, resid: Tensor, clean: Tensor, query: Tensor, answers: Tensor) -> Tensor:
+    def _query_log_odds(self, hook: str | None, start: Tensor, clean: Tensor, query: Tensor, answers: Tensor) -> Tensor:
         """Return λ ``[n]`` of the logits at the query when only position-wise computation is left:
-        from `resid` ``[n, T, d_model]``, the residual entering the final norm, at the query; with
+        from `start` ``[n, 1, d_model]``, the residual entering the final norm at the query; with
         `hook` (the final norm's output), the base run's residual there with `hook` set to `clean`."""
-        rows = torch.arange(len(query), device=query.device)
-        start = resid[rows, query][:, None]  # [n, 1, d_model]
         fwd_hooks = []
         if hook is not None:
             pos_axis = pos_axis_of(self.model.hook_dict[hook])
@@ -361,9 +363,11 @@ class _Estimator:
         variants = next(iter(stacked.values())).shape[0] if stacked else 1
         for hook in self.hooks:
             clean = acts(hook, "clean")
-            route = model.patch_to_next_mixer(hook, clean, base)
+            # past the last mixer only the query's residual is followed: all its read-out needs
+            route = model.patch_to_next_mixer(hook, clean, base, at=query)
             if route is None and model.resume_layer(hook) == n_layers:  # the final norm itself
-                patched = self._query_log_odds(hook, base(model.resid_hook(n_layers)), clean, query, answers)
+                final_resid = _at(base(model.resid_hook(n_layers)), 1, query)
+                patched = self._query_log_odds(hook, final_resid, clean, query, answers)
             elif route is not None and route[2] is None:  # after the last mixer
                 patched = self._query_log_odds(None, route[1], clean, query, answers)
             else:

@@ -141,13 +141,14 @@ class PatchableModel(Protocol):
         ...
 
     def patch_to_next_mixer(
-        self, hook_name: str, values: Tensor, base: Callable[[str], Tensor]
+        self, hook_name: str, values: Tensor, base: Callable[[str], Tensor], at: Tensor | None = None
     ) -> tuple[int, Tensor, Tensor | None] | None:
         """Return ``(L, resid, mixer_in)`` ``[N, T, d_model]``: block L of the next mixer after
         `hook_name`, and the residual entering it and that mixer's input at every position when
         that position alone of `hook_name` takes `values` ``[N, T, ...]`` (the base run's
         activations read with `base(hook)`); ``(n_layers, resid entering the final norm, None)``
-        after the last mixer; None when the hook is not a block-level hook (AtP*)."""
+        after the last mixer, with `at` ``[N]`` at position ``at[n]`` alone (``[N, 1, d_model]``);
+        None when the hook is not a block-level hook (AtP*)."""
         ...
 
     def mixer_patch_effects(
