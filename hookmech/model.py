@@ -488,13 +488,15 @@ class HookedLM(HookedRootModule):
         patched: Tensor,
         base: Callable[[str], Tensor],
         hook_name: str | None = None,
+        shared: dict[int, dict[str, Any]] | None = None,
     ) -> PositionEffects | None:
         """Return block `layer`'s `Mixer.position_patch_effects` ``[..., N, T]`` on the base run (its
         mixer input read with `base`, as in `patch_to_next_mixer`): the exact change of the
         mixer's output along `grad_mixer_out` ``[..., N, T, d_model]`` when one position's input becomes `patched`
         (`hook_name` None) or one position of `hook_name`, a hook inside that mixer
         (``blocks.{layer}.mixer.hook_k``), does. None where the mixer has none, or `hook_name`
-        is not inside that mixer."""
+        is not inside that mixer. `shared`: a dict the caller keeps for its calls on one base run
+        (this method's and `mixer_patch_outputs`'), where each mixer keeps what they share."""
         local = None
         if hook_name is not None:
             prefix = f"blocks.{layer}.mixer."
@@ -502,15 +504,23 @@ class HookedLM(HookedRootModule):
                 return None
             local = hook_name[len(prefix) :]
         mixer_in = base(f"blocks.{layer}.hook_mixer_in")
-        return self.blocks[layer].mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local)
+        kept = None if shared is None else shared.setdefault(layer, {})
+        return self.blocks[layer].mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local, kept)
 
     def mixer_patch_outputs(
-        self, layer: int, patched: RunResid, base: Callable[[str], Tensor], at: RowInts
+        self,
+        layer: int,
+        patched: RunResid,
+        base: Callable[[str], Tensor],
+        at: RowInts,
+        shared: dict[int, dict[str, Any]] | None = None,
     ) -> RunResid | None:
         """Return block `layer`'s `Mixer.position_patch_outputs` on the base run (its mixer input read
         with `base`): ``[N, T, d_model]``, the change of the mixer's output at ``at[n]`` when its
-        input at position s alone becomes ``patched[n, s]``; None where the mixer has none."""
-        return self.blocks[layer].mixer.position_patch_outputs(base(f"blocks.{layer}.hook_mixer_in"), patched, at)
+        input at position s alone becomes ``patched[n, s]``; None where the mixer has none (`shared`
+        as in `mixer_patch_effects`)."""
+        kept = None if shared is None else shared.setdefault(layer, {})
+        return self.blocks[layer].mixer.position_patch_outputs(base(f"blocks.{layer}.hook_mixer_in"), patched, at, kept)
 
     def resume_layer(self, hook_name: str) -> int | None:
         """Return the block whose resumed run fires `hook_name` (`resume`), `n_layers` for

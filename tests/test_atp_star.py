@@ -183,6 +183,31 @@ def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options):
     torch.testing.assert_close(outputs, reference, atol=FLOAT64_TOL, rtol=0)
 
 
+def test_mamba_patch_computations_share_the_base_run(monkeypatch):
+    """Calls given the same `shared` dict compute the base run's branch once and give the numbers
+    of calls without it, bit for bit."""
+    from hookmech.mixers.mamba import Mamba
+
+    torch.manual_seed(4)
+    mixer = Mamba(16, d_state=4).double()
+    x, patched = torch.randn(2, 6, 16, dtype=torch.float64), torch.randn(2, 6, 16, dtype=torch.float64)
+    grads, at = torch.randn(1, 2, 6, 16, dtype=torch.float64), torch.tensor([5, 3])
+    with torch.no_grad():
+        alone = (mixer.position_patch_effects(x, grads, patched), mixer.position_patch_outputs(x, patched, at))
+        calls = []
+        compute = mixer._compute_base_branch
+        monkeypatch.setattr(mixer, "_compute_base_branch", lambda *args: calls.append(1) or compute(*args))
+        shared: dict = {}
+        together = (
+            mixer.position_patch_effects(x, grads, patched, shared=shared),
+            mixer.position_patch_effects(x, grads, 3 * torch.randn(2, 6, 32).double(), "hook_in_x", shared=shared),
+            mixer.position_patch_outputs(x, patched, at, shared=shared),
+        )
+    assert len(calls) == 1
+    assert torch.equal(together[0], alone[0]) and torch.equal(together[2], alone[1])
+    assert together[1].abs().max() > 0  # the inside hook's patch, from the same branch
+
+
 def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
     x, grads = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     assert Attention(32, qkv_conv="k").position_patch_effects(x, grads, x) is None  # a conv spreads the patch

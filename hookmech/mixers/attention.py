@@ -8,6 +8,7 @@ causal convolution on any of q/k/v (`qkv_conv="k"`, paper 003 table 1).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -134,7 +135,12 @@ class Attention(Mixer):
 
     # -- one position patched, through the softmax exactly (AtP*, see `Mixer.position_patch_effects`)
     def position_patch_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+        self,
+        x: RunResid,
+        grad_out: Gradients,
+        patched: Tensor,
+        hook: str | None = None,
+        shared: dict[str, Any] | None = None,
     ) -> PositionEffects | None:
         """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
         alone is patched, with the softmax recomputed, not linearised (Kramár et al. 2024,

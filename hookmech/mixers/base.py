@@ -132,7 +132,12 @@ class Mixer(nn.Module):
     # Kramár et al. 2024, "AtP*", §3.1.1), the engine asks the mixer for the exact change of its
     # outputs when one position is patched, and linearises only what comes after the mixer.
     def position_patch_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+        self,
+        x: RunResid,
+        grad_out: Gradients,
+        patched: Tensor,
+        hook: str | None = None,
+        shared: dict[str, Any] | None = None,
     ) -> PositionEffects | None:
         """Return ``[..., N, T]`` (float64): at ``[..., n, s]``, Σ_t (y'_t − y_t) · grad_out[..., n, t], where y is
         the mixer's output on `x` ``[N, T, d_model]`` and y' its output when position s alone is
@@ -143,17 +148,24 @@ class Mixer(nn.Module):
         several gradients at once), so the result is the metric's change with the mixer computed
         exactly and the rest of the model linearised.
 
+        `shared`: a dict the caller keeps for its calls on the same `x` (this method's and
+        `position_patch_outputs`'), where a mixer may keep what they have in common (what it
+        computes of the base run).
+
         Returns None where the mixer has no such computation for that patch (the default): the
         engine then keeps the first-order estimate (plain AtP) there.
         """
         return None
 
-    def position_patch_outputs(self, x: RunResid, patched: RunResid, at: RowInts) -> RunResid | None:
+    def position_patch_outputs(
+        self, x: RunResid, patched: RunResid, at: RowInts, shared: dict[str, Any] | None = None
+    ) -> RunResid | None:
         """Return ``[N, T, d_model]``: at ``[n, s]``, y'_{at[n]} − y_{at[n]}, the change of the mixer's
         output at position ``at[n]`` of row n when the input at position s alone becomes
         ``patched[n, s]`` (zeros for s > at[n]; `x`, `patched` ``[N, T, d_model]``). AtP* carries
-        it on through the last block exactly. None where the mixer has no such computation (the
-        default): AtP* keeps the linear estimate past this mixer."""
+        it on through the last block exactly (`shared` as in `position_patch_effects`). None where
+        the mixer has no such computation (the default): AtP* keeps the linear estimate past this
+        mixer."""
         return None
 
     # -- effective attention (`hookmech.attention_maps`) ------------------------------------

@@ -19,6 +19,7 @@ The recurrent state (S_t, z_t) is materialised per position only when its hook i
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -201,7 +202,12 @@ class Based(Mixer):
 
     # -- one position patched, through the normalised kernel exactly (AtP*, see `Mixer.position_patch_effects`)
     def position_patch_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+        self,
+        x: RunResid,
+        grad_out: Gradients,
+        patched: Tensor,
+        hook: str | None = None,
+        shared: dict[str, Any] | None = None,
     ) -> PositionEffects | None:
         """Return ``[..., N, T]`` (float64): Σ_t (y'_t − y_t)·grad_out_t when position s alone is
         patched, the normalisation recomputed, not linearised: with a_tj = phi(q_t)·phi(k_j),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -335,7 +336,12 @@ class Mamba(Mixer):
 
     # -- one position patched, through the mixer exactly (AtP*, see `Mixer.position_patch_effects`)
     def position_patch_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None = None
+        self,
+        x: RunResid,
+        grad_out: Gradients,
+        patched: Tensor,
+        hook: str | None = None,
+        shared: dict[str, Any] | None = None,
     ) -> PositionEffects | None:
         """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
         alone is patched (`hook` None: the input; ``"hook_in_x"``: the SSM branch of in_proj).
@@ -355,7 +361,7 @@ class Mamba(Mixer):
         rows, positions = self._changed(in_x, z, new_in_x, new_z).nonzero(as_tuple=True)  # [P] each
         if len(rows) == 0:
             return effect
-        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z)
+        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, shared)
         A = self._A()
         grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
         n_pos, reach = x.shape[1], max(self.d_conv, 1)
@@ -384,7 +390,9 @@ class Mamba(Mixer):
         effect[..., rows, positions] = moved
         return effect
 
-    def position_patch_outputs(self, x: RunResid, patched: RunResid, at: RowInts) -> RunResid | None:
+    def position_patch_outputs(
+        self, x: RunResid, patched: RunResid, at: RowInts, shared: dict[str, Any] | None = None
+    ) -> RunResid | None:
         """Return ``[N, T, d_model]``: the change of the output at ``at[n]`` when position s alone
         (of row n) takes the input ``patched[n, s]`` (`Mixer.position_patch_outputs`). Within the
         convolution's reach of s, Δ, B, C and the state are recomputed (as `position_patch_effects`);
@@ -399,7 +407,7 @@ class Mamba(Mixer):
         rows, positions = changed.nonzero(as_tuple=True)  # [P] each
         if len(rows) == 0:
             return out
-        conv, delta, C, _, states, gate, gated = self._base_branch(in_x, z)
+        conv, delta, C, _, states, gate, gated = self._base_branch(in_x, z, shared)
         A = self._A()
         query, reach = at[rows], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
@@ -428,9 +436,18 @@ class Mamba(Mixer):
             changed |= (new_z != z).any(-1)
         return changed
 
-    def _base_branch(self, in_x: Tensor, z: Tensor | None) -> tuple[Tensor, ...]:
+    def _base_branch(self, in_x: Tensor, z: Tensor | None, shared: dict[str, Any] | None = None) -> tuple[Tensor, ...]:
         """Return the base run's (convolved in_x, Δ, C, decay ``[N, T, d_inner, d_state]``, states,
-        gate, gated y) from in_proj's split output, for the patch computations of AtP*."""
+        gate, gated y) from in_proj's split output, for the patch computations of AtP*; kept in
+        `shared` (the caller's dict for calls on the same input) for the next such call."""
+        if shared is not None and "branch" in shared:
+            return shared["branch"]
+        branch = self._compute_base_branch(in_x, z)
+        if shared is not None:
+            shared["branch"] = branch
+        return branch
+
+    def _compute_base_branch(self, in_x: Tensor, z: Tensor | None) -> tuple[Tensor, ...]:
         conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
         u, delta, B, C = self._ssm_inputs(conv, convolved=True)
         decay = (delta[..., None] * self._A()).exp_()

@@ -207,6 +207,8 @@ class _Estimator:
         self.capture = capture
         self.p_corrupt = torch.empty(len(runs.batch), dtype=torch.float64)
         self.chunk_contexts: dict[int, dict[str, Tensor]] = {}
+        #: what the mixers' patch computations share within a chunk (`mixer_patch_effects`)
+        self.shared: dict[int, dict[str, Any]] = {}
         self.gradient_hooks = [f"blocks.{layer}.hook_mixer_out" for layer in blocks]
         self.leaves = list(dict.fromkeys(hooks + self.gradient_hooks))
         #: the layers whose gradient a GradDrop pass drops (layers the forward runs)
@@ -241,7 +243,7 @@ class _Estimator:
             else base(f"blocks.{self.start}.hook_resid_pre")
         )
         captured: dict[str, Tensor] = {}
-        self.chunk_contexts = {}
+        self.chunk_contexts, self.shared = {}, {}
         log_odds, p_answer, grads = self._backward(corrupt_input, batch.query_pos[rows], batch.answers[rows], captured)
         self.p_corrupt[rows] = p_answer
         chunk_acts.update({(hook, "corrupt"): activation for hook, activation in captured.items()})
@@ -387,7 +389,9 @@ class _Estimator:
                         continue
                     # the mixer before the last: its output's change at the query, for `_query_exact`
                     at_query = (
-                        model.mixer_patch_outputs(layer, mixer_in, base, query) if layer == n_layers - 2 else None
+                        model.mixer_patch_outputs(layer, mixer_in, base, query, self.shared)
+                        if layer == n_layers - 2
+                        else None
                     )
                     entry = (layer, mixer_in, mixer_effect, at_query)
                     done.append(entry)
@@ -415,7 +419,7 @@ class _Estimator:
         path, zeros for the GradDrop pass that drops it: its estimate leaves the mixer's effect out
         (`chunk`), so it is not computed."""
         kept = [index for index, variant in enumerate(self.variants) if variant != layer]
-        found = self.model.mixer_patch_effects(layer, gradient[kept], patched, base, hook)
+        found = self.model.mixer_patch_effects(layer, gradient[kept], patched, base, hook, self.shared)
         if found is None or len(kept) == len(self.variants):
             return found
         full = found.new_zeros(len(self.variants), *found.shape[1:])

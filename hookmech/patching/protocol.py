@@ -158,18 +158,27 @@ class PatchableModel(Protocol):
         patched: Tensor,
         base: Callable[[str], Tensor],
         hook_name: str | None = None,
+        shared: dict[int, dict[str, Any]] | None = None,
     ) -> Tensor | None:
         """Return ``[N, T]``: the exact change of block `layer`'s mixer output along
         `grad_mixer_out` when one position of its input (`hook_name` None) or of its inside hook
-        `hook_name` takes `patched` (AtP*); None where the mixer has no such computation."""
+        `hook_name` takes `patched` (AtP*); None where the mixer has no such computation.
+        `shared`: a dict the caller keeps for its calls on one base run, where the model may keep
+        what they have in common."""
         ...
 
     def mixer_patch_outputs(
-        self, layer: int, patched: Tensor, base: Callable[[str], Tensor], at: Tensor
+        self,
+        layer: int,
+        patched: Tensor,
+        base: Callable[[str], Tensor],
+        at: Tensor,
+        shared: dict[int, dict[str, Any]] | None = None,
     ) -> Tensor | None:
         """Return ``[N, T, d_model]``: the change of block `layer`'s mixer output at position ``at[n]``
         when one position s of its input takes ``patched[n, s]`` (AtP*, which carries it through the
-        last block exactly); None where the mixer has no such computation."""
+        last block exactly); None where the mixer has no such computation (`shared` as in
+        `mixer_patch_effects`)."""
         ...
 
 
