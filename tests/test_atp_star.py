@@ -507,7 +507,9 @@ def test_records_have_the_contract_fields(ar_model, ar_task):
         patch(ar_model, batch, ["all"], ["key"], method="atp", graddrop=False)
 
 
-@pytest.mark.parametrize(("mixers", "inside"), [("attention", ["L1.mixer.k", "L0.mixer.q"]), ("mamba", ["L1.mixer.in_x"])])
+@pytest.mark.parametrize(
+    ("mixers", "inside"), [("attention", ["L1.mixer.k", "L0.mixer.q"]), ("mamba", ["L1.mixer.in_x"])]
+)
 def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_task, mixers, inside):
     """From tokens the corrupt run is read off AtP*'s own gradient forward (and Mamba's last block
     resumes from each chunk's contexts); from a cache it is read from the file, the contexts made
