@@ -115,10 +115,16 @@ def test_based_position_effects_equal_patched_forwards(train_view, hook):
 
 @pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
 @pytest.mark.parametrize("hook", [None, "hook_in_x"])
-def test_mamba_position_effects_equal_patched_forwards(options, hook):
+@pytest.mark.parametrize("rows_at_once", ["all", "one"])
+def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_once, monkeypatch):
     """Mamba: Δ, B, C and the state recomputed over the convolution's reach, the adjoint state
-    after it, against a forward of the mixer with position s patched (float64)."""
+    after it, against a forward of the mixer with position s patched (float64); all rows at once,
+    or a row at a time (`PATCH_BLOCK_BYTES`)."""
+    from hookmech.mixers import mamba
     from hookmech.mixers.mamba import Mamba
+
+    if rows_at_once == "one":
+        monkeypatch.setattr(mamba, "PATCH_BLOCK_BYTES", 1)
 
     torch.manual_seed(1)
     mixer = Mamba(16, d_state=4, **options).double()
@@ -155,11 +161,17 @@ def test_mamba_position_effects_equal_patched_forwards(options, hook):
 
 
 @pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
-def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options):
+@pytest.mark.parametrize("rows_at_once", ["all", "one"])
+def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, rows_at_once, monkeypatch):
     """Mamba's output change at each row's query `at` for a patch at every s: within the
     convolution's reach of s, beyond it (the state carried by the base run's decays) and after
-    the query (zero), against a forward of the mixer with position s patched (float64)."""
+    the query (zero), against a forward of the mixer with position s patched (float64); all rows
+    at once, or a row at a time (`PATCH_BLOCK_BYTES`)."""
+    from hookmech.mixers import mamba
     from hookmech.mixers.mamba import Mamba
+
+    if rows_at_once == "one":
+        monkeypatch.setattr(mamba, "PATCH_BLOCK_BYTES", 1)
 
     torch.manual_seed(2)
     mixer = Mamba(16, d_state=4, **options).double()

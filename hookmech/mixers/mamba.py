@@ -52,6 +52,10 @@ from .selective_scan import linear_scan, selective_scan
 from .short_conv import causal_taps
 from .state_patch import hook_state_with_propagation
 
+#: bytes of one ``[rows, T, d_inner, d_state]`` tensor AtP*'s patch computations work on at once
+#: (`Mamba._row_blocks`)
+PATCH_BLOCK_BYTES = 16 << 20
+
 # The optional CUDA kernels, bound on first use by `fused_kernels_available` (tests replace them).
 causal_conv1d_fn: Callable[..., Tensor] | None = None
 selective_scan_fn: Callable[..., Tensor] | None = None
@@ -348,9 +352,20 @@ class Mamba(Mixer):
         A patch at s reaches the d_conv positions s .. s + d_conv − 1 through the convolution,
         where Δ, B, C and the state are recomputed exactly (the selection is what makes Mamba
         nonlinear); after them the state's change moves on through fixed decays, so its effect is
-        the change of the state times the adjoint state of the later read-outs (exact as well)."""
+        the change of the state times the adjoint state of the later read-outs (exact as well).
+        Computed a block of rows at a time (`_row_blocks`)."""
         if hook not in (None, "hook_in_x"):
             return None
+        parts = [
+            self._row_effects(x[rows], grad_out[..., rows, :, :], patched[rows], hook, _block_shared(shared, rows))
+            for rows in self._row_blocks(x)
+        ]
+        return torch.cat(parts, dim=-2)
+
+    def _row_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
+    ) -> PositionEffects:
+        """`position_patch_effects` of a block of rows."""
         in_x, z = self._split(self.in_proj(x))
         if hook is None:
             new_in_x, new_z = self._split(self.in_proj(patched))
@@ -397,7 +412,16 @@ class Mamba(Mixer):
         (of row n) takes the input ``patched[n, s]`` (`Mixer.position_patch_outputs`). Within the
         convolution's reach of s, Δ, B, C and the state are recomputed (as `position_patch_effects`);
         beyond it the state's change decays through the base run's decays to ``at``: Π_r exp(Δ_r A)
-        = exp(A · Σ_r Δ_r), then is read out by C and gated there."""
+        = exp(A · Σ_r Δ_r), then is read out by C and gated there. Computed a block of rows at a
+        time (`_row_blocks`)."""
+        parts = [
+            self._row_outputs(x[rows], patched[rows], at[rows], _block_shared(shared, rows))
+            for rows in self._row_blocks(x)
+        ]
+        return torch.cat(parts)
+
+    def _row_outputs(self, x: RunResid, patched: RunResid, at: RowInts, shared: dict[str, Any] | None) -> RunResid:
+        """`position_patch_outputs` of a block of rows."""
         in_x, z = self._split(self.in_proj(x))
         new_in_x, new_z = self._split(self.in_proj(patched))
         n_pos = x.shape[1]
@@ -428,6 +452,14 @@ class Mamba(Mixer):
             moved[far] = read * gate[rows[far], query[far]]
         out[rows, positions] = moved @ self.out_proj.weight.T  # the output projection's bias cancels
         return out
+
+    def _row_blocks(self, x: RunResid) -> list[slice]:
+        """Return the blocks of rows of `x` ``[N, T, d_model]`` the patch computations take at once:
+        each step touches several ``[rows, T, d_inner, d_state]`` tensors, which run several times
+        faster on a CPU while one of them stays within `PATCH_BLOCK_BYTES`."""
+        per_row = x.shape[1] * self.d_inner * self.d_state * x.element_size()
+        size = max(1, PATCH_BLOCK_BYTES // per_row)
+        return [slice(start, min(len(x), start + size)) for start in range(0, len(x), size)]
 
     def _changed(self, in_x: Tensor, z: Tensor | None, new_in_x: Tensor, new_z: Tensor | None) -> Tensor:
         """Return ``[N, T]`` bool: where a patch changes the SSM branch's input or the gate's."""
@@ -574,3 +606,9 @@ def _check_options(d_state, d_conv, expand, dt_rank, dt_min, dt_max, dt_init) ->
         raise UsageError(f"mamba: need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
     if dt_init not in ("random", "constant"):
         raise UsageError(f"mamba: dt_init must be 'random' or 'constant', got {dt_init!r}")
+
+
+def _block_shared(shared: dict[str, Any] | None, rows: slice) -> dict[str, Any] | None:
+    """Return the part of a caller's `shared` dict (`Mixer.position_patch_effects`) that belongs to
+    one block of rows."""
+    return None if shared is None else shared.setdefault(f"rows {rows.start}:{rows.stop}", {})
