@@ -145,16 +145,20 @@ def test_records_have_the_contract_fields_and_the_exact_means(ar_model, ar_task)
         assert sum(a["p_patched_rows"]) / 10 == pytest.approx(a["p_patched"], abs=FLOAT64_SUM_TOL)
 
 
-def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_model, ar_task):
+@pytest.mark.parametrize(("sites", "n_sites"), [(["all", "embed"], 15), (["L1.block_in", "L1.mixer_out"], 2)])
+def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_model, ar_task, sites, n_sites):
+    """From tokens the gradient forward runs from the tokens and is the corrupt run; from a cache
+    the corrupt run is read from the file and the forward resumes at the lowest patched block."""
     batch = ar_task.sample(21, seed=8)
     path = write_cache(ar_model, batch, tmp_path / "c.h5", resolve_sites(["all"], ar_model.hook_dict))
-    one = attribution_patch(ar_model, batch, ["all", "embed"], ["key", "value", "query"], max_batch=64)
-    chunked = attribution_patch(ar_model, batch, ["all", "embed"], ["key", "value", "query"], max_batch=4)
-    cached = attribution_patch(ar_model, path, ["all", "embed"], ["key", "value", "query"], max_batch=8)
-    assert len(one) == 15 * 3
+    one = attribution_patch(ar_model, batch, sites, ["key", "value", "query"], max_batch=64)
+    chunked = attribution_patch(ar_model, batch, sites, ["key", "value", "query"], max_batch=4)
+    cached = attribution_patch(ar_model, path, sites, ["key", "value", "query"], max_batch=8)
+    assert len(one) == n_sites * 3
     for a, b, c in zip(one, chunked, cached, strict=True):
-        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)  # two batchings: ENGINE_TOL
-        assert a["p_patched"] == pytest.approx(c["p_patched"], abs=CACHE_TOL)  # contract: fp32 cache, CACHE_TOL
+        for field in ("p_patched", "p_corrupt"):
+            assert a[field] == pytest.approx(b[field], abs=ENGINE_TOL)  # two batchings: ENGINE_TOL
+            assert a[field] == pytest.approx(c[field], abs=CACHE_TOL)  # contract: fp32 cache, CACHE_TOL
 
 
 def test_verify_top_reruns_the_strongest_exactly(ar_model, ar_task):

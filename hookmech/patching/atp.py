@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..cache import CacheFile, run_chunks
+from ..cache import CacheFile, answer_probs, run_chunks
 from ..errors import HookmechError, UsageError
 from ..hooks import pos_axis_of
 from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
@@ -61,6 +61,20 @@ def first_order_effects(
     (sum over the other axes of ``(clean − corrupt) · ∂m/∂activation``). A patch of several
     positions changes m by the sum of its positions' effects (the estimate is linear).
     """
+    values, effects, _ = _first_order(model, corrupt_input, clean_acts, query, answers, start_at_layer, metric)
+    return values, effects
+
+
+def _first_order(
+    model: PatchableModel,
+    corrupt_input: Tensor,
+    clean_acts: dict[str, Tensor],
+    query: Tensor,
+    answers: Tensor,
+    start_at_layer: int | None,
+    metric: str | Metric,
+) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+    """`first_order_effects`, and the corrupt run's query logits ``[n, d_vocab]`` (detached)."""
     measure = Metric(metric, answers) if isinstance(metric, str) else metric
     hooks = list(clean_acts)
     for hook in hooks:
@@ -107,7 +121,7 @@ def first_order_effects(
         assert pos_axis is not None  # checked above
         product = (difference * grad).movedim(pos_axis, 1)
         effects[hook] = product.flatten(2).sum(-1) if product.dim() > 2 else product
-    return values.detach(), effects
+    return values.detach(), effects, logits.detach()
 
 
 def positional_hooks(model: PatchableModel, sites: str | Iterable[str]) -> tuple[list[str], int | None]:
@@ -140,7 +154,7 @@ def attribution_patch(
     site patterns; position specs: roles, integers, ``all``, ``whole``, ``a+b``; a bare string
     is one spec). Every
     site × position comes from one corrupt forward and one backward per chunk of at most
-    `max_batch` rows, resumed at the lowest patched layer from the corrupt residual.
+    `max_batch` rows (from a cache, resumed at the lowest patched layer from the corrupt residual).
     Returns one record per (site, position) with patch's fields
     ``site, hook, pos, attribution, p_clean, p_corrupt, p_patched, n, passes_filter, method,
     metric, direction, metric_clean, metric_corrupt, metric_patched`` (``method="atp"``, metric
@@ -153,14 +167,27 @@ def attribution_patch(
         raise UsageError(f"max_batch must be >= 1, got {max_batch}")
     options = PatchOptions(method="atp", threshold=threshold, max_batch=max_batch, per_example=per_example)
     hooks, start = positional_hooks(model, sites)
-    resid = [] if start is None else [f"blocks.{start}.hook_resid_pre"]
     with evaluating(model), open_source(source) as (batch, cache):
+        # From tokens the corrupt run is the gradient forward itself (from the tokens): its p(answer)
+        # is read there, and only the clean run is computed beforehand. From a cache both are read
+        # from the file, and the forward resumes at the lowest patched block.
+        if cache is None:
+            start = None
+        resid = [] if start is None else [f"blocks.{start}.hook_resid_pre"]
         runs = CleanCorruptRuns(
-            model, batch, list(dict.fromkeys(hooks + resid)), cache, need_logits=False, max_batch=max_batch
+            model,
+            batch,
+            list(dict.fromkeys(hooks + resid)),
+            cache,
+            need_logits=False,
+            max_batch=max_batch,
+            only=("clean",) if cache is None else ("clean", "corrupt"),
         )
         patches = position_patches(as_specs(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
-        estimates = _estimates(model, runs, hooks, start, torch.stack([p.mask for p in patches]).double(), max_batch)
-    p_clean_rows, p_corrupt_rows = (runs.p_answer[run].double().cpu() for run in ("clean", "corrupt"))
+        masks = torch.stack([p.mask for p in patches]).double()
+        estimates, p_corrupt = _estimates(model, runs, hooks, start, masks, max_batch)
+    p_clean_rows = runs.p_answer["clean"].double().cpu()
+    p_corrupt_rows = (p_corrupt if cache is None else runs.p_answer["corrupt"]).double().cpu()
     records = []
     for hook in hooks:
         for patch_spec, estimate in zip(patches, estimates[hook], strict=True):
@@ -181,27 +208,32 @@ def attribution_patch(
 
 def _estimates(
     model: PatchableModel, runs: CleanCorruptRuns, hooks: list[str], start: int | None, masks: Tensor, max_batch: int
-) -> dict[str, Tensor]:
+) -> tuple[dict[str, Tensor], Tensor]:
     """Return, per hook, the estimated change of p(answer) ``[P, N]`` (float64) of each patch
-    (`masks` ``[P, N, T]``) and row, in chunks of `max_batch` rows from block `start`'s input."""
+    (`masks` ``[P, N, T]``) and row, in chunks of `max_batch` rows from block `start`'s input (None:
+    the tokens), and p(answer) of the corrupt forward ``[N]`` (float32, as `answer_probs`)."""
     batch, device = runs.batch, runs.device
     clean_all = {hook: runs.acts(hook, "clean") for hook in hooks}
     corrupt_input = (
         batch.corrupt_tokens.to(device) if start is None else runs.acts(f"blocks.{start}.hook_resid_pre", "corrupt")
     )
     estimates = {hook: torch.empty(masks.shape[0], len(batch), dtype=torch.float64) for hook in hooks}
+    p_corrupt = torch.empty(len(batch))
     for rows in run_chunks(len(batch), max_batch):
-        _, effects = first_order_effects(
+        answers = batch.answers[rows].to(device)
+        _, effects, logits = _first_order(
             model,
             corrupt_input[rows],
             {h: a[rows] for h, a in clean_all.items()},
             batch.query_pos[rows].to(device),
-            batch.answers[rows].to(device),
-            start_at_layer=start,
+            answers,
+            start,
+            "p_answer",
         )
+        p_corrupt[rows] = answer_probs(logits, answers).cpu()
         for hook in hooks:
             estimates[hook][:, rows] = torch.einsum("pnt,nt->pn", masks[:, rows], effects[hook].double().cpu())
-    return estimates
+    return estimates, p_corrupt
 
 
 def verify_top(

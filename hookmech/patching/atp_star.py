@@ -98,13 +98,11 @@ def atp_star_patch(
     first = 0 if start is None else start
     blocks = range(first, model.cfg.n_layers)
     # what the estimates read of the corrupt run: each block's input, mixer input and output, and
-    # the residual before its MLP
+    # the residual before its MLP where that MLP's output is patched
     context = [
-        f"blocks.{layer}.{name}"
-        for layer in blocks
-        for name in ("hook_resid_pre", "hook_mixer_in", "hook_mixer_out", "hook_resid_mid")
-        if f"blocks.{layer}.{name}" in model.hook_dict
+        f"blocks.{layer}.{name}" for layer in blocks for name in ("hook_resid_pre", "hook_mixer_in", "hook_mixer_out")
     ]
+    context += [f"blocks.{layer}.hook_resid_mid" for layer in blocks if f"blocks.{layer}.hook_mlp_out" in hooks]
     context.append(model.resid_hook(model.cfg.n_layers))  # the final norm's input
     with evaluating(model), open_source(source) as (batch, cache):
         wanted = list(dict.fromkeys(hooks + context))
