@@ -90,9 +90,9 @@ def scores(exact: torch.Tensor, records, budgets: list[int]) -> dict[str, float]
 
 
 def gradient_floor(model, batch) -> None:
-    """The clean run at the query (no gradient), then the corrupt run with one backward pass of the
-    answer's log-odds to the residual entering every block (`autograd.grad` to those alone, as the
-    estimators take theirs: no weight gradients)."""
+    """Run, for its time (returns None), the clean run at the query (no gradient), then the
+    corrupt run with one backward pass of the answer's log-odds to the residual entering every
+    block (`autograd.grad` to those alone, as the estimators take theirs: no weight gradients)."""
     query = batch.query_pos
     with torch.no_grad():
         model(batch.tokens, positions=query, tail_at_positions=True)

@@ -467,8 +467,9 @@ class HookedLM(HookedRootModule):
         return layer + 1, out, self.blocks[layer + 1].ln1(out)
 
     def _after_hook(self, layer: int, name: str, values: Tensor, base: Callable[[str], Tensor]) -> Tensor:
-        """Return block `layer`'s output ``[N, T, d_model]`` when its hook `name` (after the mixer)
-        takes `values` and everything before that hook is the base run's (read with `base`)."""
+        """Return block `layer`'s output ``[N, W, d_model]`` when its hook `name` (after the mixer)
+        takes `values` ``[N, W, ...]`` and everything before that hook is the base run's (read with
+        `base`, ``[N, W, ...]``; W = T, or 1 at one position per row)."""
         if name == "hook_resid_post":
             return values
         if name == "hook_mlp_out":  # the residual before the MLP is the base run's

@@ -12,6 +12,7 @@ from hookmech.cache import write_cache
 from hookmech.errors import UsageError
 from hookmech.hooks import gradients_follow_edits
 from hookmech.mixers import REGISTRY
+from hookmech.mixers import base as mixer_base
 from hookmech.mixers.attention import Attention
 from hookmech.patching import atp_star_patch, attribution_patch, patch, verify_top
 from hookmech.patching.atp_star import answer_log_odds
@@ -77,11 +78,15 @@ def _patched_forward_effects(mixer, x, grads, hook):
     return patched, reference
 
 
+@pytest.mark.parametrize("rows_at_once", ["all", "one"])
 @pytest.mark.parametrize("window", [None, 2])
 @pytest.mark.parametrize("hook", [None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"])
-def test_attention_position_effects_equal_patched_forwards(window, hook):
+def test_attention_position_effects_equal_patched_forwards(window, hook, rows_at_once, monkeypatch):
     """Σ_t (y'_t − y_t)·g_t for each patched position s, against a forward of the mixer with
-    position s patched (float64, one forward per position)."""
+    position s patched (float64, one forward per position); all rows at once, or a row at a time
+    (`PATCH_BLOCK_BYTES`)."""
+    if rows_at_once == "one":
+        monkeypatch.setattr(mixer_base, "PATCH_BLOCK_BYTES", 1)
     torch.manual_seed(0)
     mixer = Attention(16, n_heads=2, window=window).double()
     x = torch.randn(3, 7, 16, dtype=torch.float64)
@@ -94,12 +99,17 @@ def test_attention_position_effects_equal_patched_forwards(window, hook):
 
 
 # -- Based: the normalised kernel recomputed for one patched position -----------------------------
+@pytest.mark.parametrize("rows_at_once", ["all", "one"])
 @pytest.mark.parametrize("train_view", ["quadratic", "linear"])
 @pytest.mark.parametrize("hook", [None, "hook_q", "hook_k", "hook_phi_q", "hook_phi_k", "hook_v"])
-def test_based_position_effects_equal_patched_forwards(train_view, hook):
+def test_based_position_effects_equal_patched_forwards(train_view, hook, rows_at_once, monkeypatch):
     """Based's Σ_t (y'_t − y_t)·g_t for each patched position s, against a forward of the mixer
-    with position s patched (float64; both views compute the same y)."""
+    with position s patched (float64; both views compute the same y); all rows at once, or a row
+    at a time (`PATCH_BLOCK_BYTES`)."""
     from hookmech.mixers.based import Based
+
+    if rows_at_once == "one":
+        monkeypatch.setattr(mixer_base, "PATCH_BLOCK_BYTES", 1)
 
     torch.manual_seed(3)
     mixer = Based(16, feature_dim=4, num_heads=2, num_key_value_heads=2, train_view=train_view, chunk_size=3)
@@ -120,11 +130,10 @@ def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_on
     """Mamba: Δ, B, C and the state recomputed over the convolution's reach, the adjoint state
     after it, against a forward of the mixer with position s patched (float64); all rows at once,
     or a row at a time (`PATCH_BLOCK_BYTES`)."""
-    from hookmech.mixers import mamba
     from hookmech.mixers.mamba import Mamba
 
     if rows_at_once == "one":
-        monkeypatch.setattr(mamba, "PATCH_BLOCK_BYTES", 1)
+        monkeypatch.setattr(mixer_base, "PATCH_BLOCK_BYTES", 1)
 
     torch.manual_seed(1)
     mixer = Mamba(16, d_state=4, **options).double()
@@ -167,11 +176,10 @@ def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, row
     convolution's reach of s, beyond it (the state carried by the base run's decays) and after
     the query (zero), against a forward of the mixer with position s patched (float64); all rows
     at once, or a row at a time (`PATCH_BLOCK_BYTES`)."""
-    from hookmech.mixers import mamba
     from hookmech.mixers.mamba import Mamba
 
     if rows_at_once == "one":
-        monkeypatch.setattr(mamba, "PATCH_BLOCK_BYTES", 1)
+        monkeypatch.setattr(mixer_base, "PATCH_BLOCK_BYTES", 1)
 
     torch.manual_seed(2)
     mixer = Mamba(16, d_state=4, **options).double()
@@ -204,20 +212,25 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
     mixer = Mamba(16, d_state=4).double()
     x, patched = torch.randn(2, 6, 16, dtype=torch.float64), torch.randn(2, 6, 16, dtype=torch.float64)
     grads, at = torch.randn(1, 2, 6, 16, dtype=torch.float64), torch.tensor([5, 3])
+    in_x_patch = 3 * torch.randn(2, 6, 32).double()
     with torch.no_grad():
-        alone = (mixer.position_patch_effects(x, grads, patched), mixer.position_patch_outputs(x, patched, at))
+        alone = (
+            mixer.position_patch_effects(x, grads, patched),
+            mixer.position_patch_outputs(x, patched, at),
+            mixer.position_patch_effects(x, grads, in_x_patch, "hook_in_x"),
+        )
         calls = []
         compute = mixer._compute_base_branch
         monkeypatch.setattr(mixer, "_compute_base_branch", lambda *args: calls.append(1) or compute(*args))
         shared: dict = {}
         together = (
             mixer.position_patch_effects(x, grads, patched, shared=shared),
-            mixer.position_patch_effects(x, grads, 3 * torch.randn(2, 6, 32).double(), "hook_in_x", shared=shared),
+            mixer.position_patch_effects(x, grads, in_x_patch, "hook_in_x", shared=shared),
             mixer.position_patch_outputs(x, patched, at, shared=shared),
         )
     assert len(calls) == 1
     assert torch.equal(together[0], alone[0]) and torch.equal(together[2], alone[1])
-    assert together[1].abs().max() > 0  # the inside hook's patch, from the same branch
+    assert torch.equal(together[1], alone[2]) and alone[2].abs().max() > 0  # the inside hook's patch
 
 
 def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
@@ -520,20 +533,25 @@ def test_records_have_the_contract_fields(ar_model, ar_task):
 
 
 @pytest.mark.parametrize(
-    ("mixers", "inside"), [("attention", ["L1.mixer.k", "L0.mixer.q"]), ("mamba", ["L1.mixer.in_x"])]
+    ("mixers", "sites"),
+    [
+        ("attention", ["all", "embed", "L1.mixer.k", "L0.mixer.q"]),
+        ("mamba", ["all", "embed", "L1.mixer.in_x"]),
+        ("attention", ["L1.block_in", "L1.mixer_out", "L1.mlp_out"]),  # from block 1 (a cache resumes there)
+    ],
 )
-def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_task, mixers, inside):
-    """From tokens the corrupt run is read off AtP*'s own gradient forward (and Mamba's last block
-    resumes from each chunk's contexts); from a cache it is read from the file, the contexts made
-    of the whole run: the same estimates, in one chunk or many."""
+def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_task, mixers, sites):
+    """From tokens the corrupt run is read off AtP*'s own gradient forward, run from the tokens
+    (and Mamba's last block resumes from each chunk's contexts); from a cache it is read from the
+    file, the contexts made of the whole run: the same estimates, in one chunk or many."""
     model = make_model(ar_task, mixers=mixers)
     batch = ar_task.sample(13, seed=9)
     path = write_cache(model, batch, tmp_path / "c.h5", resolve_sites(["all"], model.hook_dict))
-    sites, positions = ["all", "embed", *inside], ["key", "value", "query"]
+    positions = ["key", "value", "query"]
     one = atp_star_patch(model, batch, sites, positions, max_batch=64)
     chunked = atp_star_patch(model, batch, sites, positions, max_batch=4)
     cached = atp_star_patch(model, path, sites, positions, max_batch=8)
-    assert {"embed", "L1.block_out", *inside} <= {r["site"] for r in one}
+    assert {site for site in sites if site != "all"} <= {r["site"] for r in one}
     assert len(one) == 3 * len({r["site"] for r in one})
     for a, b, c in zip(one, chunked, cached, strict=True):
         for field in ("p_patched", "p_corrupt", "graddrop"):

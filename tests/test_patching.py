@@ -164,3 +164,23 @@ def test_trained_fixture_shows_induction(trained_attention):
     assert records["value"]["attribution"] >= 0.8
     assert records["key"]["attribution"] <= 0.2
     assert records["value"]["p_clean"] - records["value"]["p_corrupt"] > 0.5
+
+
+@pytest.mark.parametrize("method", ["exact", "atp", "atp-star"])
+def test_a_float64_model_patches_from_a_float32_cache(tmp_path, ar_task, method):
+    """The cache keeps float32; a float64 model reads it in its own precision: the numbers of the
+    same patch from the batch, to the cache's rounding (CACHE_TOL)."""
+    from helpers import CACHE_TOL
+
+    from hookmech.cache import write_cache
+    from hookmech.sites import resolve_sites
+
+    model = unit_variance(make_model(ar_task)).double()
+    batch = ar_task.sample(6, seed=1)
+    path = write_cache(model, batch, tmp_path / "c.h5", resolve_sites(["all"], model.hook_dict))
+    cached = patch(model, path, ["all"], ["key", "query"], method=method)
+    direct = patch(model, batch, ["all"], ["key", "query"], method=method)
+    assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in direct) > 1e-3
+    for a, b in zip(cached, direct, strict=True):
+        assert (a["hook"], a["pos"]) == (b["hook"], b["pos"])
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=CACHE_TOL)

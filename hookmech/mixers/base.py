@@ -236,6 +236,28 @@ class Mixer(nn.Module):
         raise HookmechError(f"mixer {type(self).__name__} has no short convolution (no conv path)")
 
 
+#: bytes of the largest tensor AtP*'s exact per-position mixer computations
+#: (`Mixer.position_patch_effects`, `position_patch_outputs`) hold for one block of rows
+#: (`row_blocks`): bounded memory, and several times faster on a CPU than all rows at once
+PATCH_BLOCK_BYTES = 16 << 20
+
+
+def row_blocks(n_rows: int, bytes_per_row: int) -> list[slice]:
+    """Return slices covering ``range(n_rows)`` in blocks of rows whose tensors of `bytes_per_row`
+    bytes per row stay within `PATCH_BLOCK_BYTES` (at least one row per block)."""
+    size = max(1, PATCH_BLOCK_BYTES // max(1, bytes_per_row))
+    return [slice(start, min(n_rows, start + size)) for start in range(0, n_rows, size)]
+
+
+def effects_by_rows(row_effects, x: RunResid, grad_out: Tensor, patched: Tensor, bytes_per_row: int) -> Tensor:
+    """Return ``row_effects(x, grad_out, patched)`` ``[..., N, T]`` computed a block of rows at a time
+    (`row_blocks`): `x` ``[N, T, d_model]``, `grad_out` ``[..., N, T, d_model]``, `patched` rows first."""
+    parts = [
+        row_effects(x[rows], grad_out[..., rows, :, :], patched[rows]) for rows in row_blocks(len(x), bytes_per_row)
+    ]
+    return torch.cat(parts, dim=-2)
+
+
 def window_index(start: Tensor, width: int) -> Tensor:
     """Return ``[B, width]``: the positions ``start[i] .. start[i] + width - 1`` of each row."""
     return start[:, None] + torch.arange(width, device=start.device)

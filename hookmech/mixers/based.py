@@ -39,11 +39,13 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, splice, state_before, window_index
+from .base import Mixer, effects_by_rows, kept, splice, state_before, window_index
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
 
 TRAIN_VIEWS = ("quadratic", "linear")
+#: what a patched position's input changes, the hooks AtP*'s exact computation takes (`position_patch_effects`)
+PATCH_FEATURES = ("phi_q", "phi_k", "v")
 FEATURE_MAPS = ("taylor_exp",)
 
 
@@ -217,9 +219,21 @@ class Based(Mixer):
         the kernel moved: its numerator and normaliser updated in closed form); query s gets a
         new row. None for ``hook_y`` and the state hooks (the linear estimate is exact after
         the kernel; a state patch is carried by the recurrence)."""
-        features = ("phi_q", "phi_k", "v")
-        if hook not in (None, "hook_q", "hook_k", *(f"hook_{name}" for name in features)):
+        if hook not in (None, "hook_q", "hook_k", *(f"hook_{name}" for name in PATCH_FEATURES)):
             return None
+        variants = math.prod(grad_out.shape[:-3])
+        per_row = variants * self.num_heads * x.shape[1] ** 2 * 8  # the float64 [..., head, T, T] tensors
+        return effects_by_rows(
+            lambda rows_x, rows_grad, rows_patched: self._row_effects(rows_x, rows_grad, rows_patched, hook),
+            x,
+            grad_out,
+            patched,
+            per_row,
+        )
+
+    def _row_effects(self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None) -> PositionEffects:
+        """`position_patch_effects` of a block of rows (`effects_by_rows`)."""
+        features = PATCH_FEATURES
         base = dict(zip(features, (t.double() for t in self._features(x)), strict=True))
         new = dict(base)
         if hook is None:
@@ -241,7 +255,8 @@ class Based(Mixer):
         # Query t > s: key s's column moves, the numerator and normaliser lose a_ts and gain a'_ts.
         new_score = torch.einsum("bthf,bshf->bhts", phi_q, new["phi_k"])
         new_seen = torch.einsum("bshd,...bthd->...bhts", new["v"], grad_y)
-        new_total = total[..., None] - scores + new_score  # the Taylor kernel is positive: > 0
+        # > 0 where phi is the feature map's (its kernel is positive); a patched phi_q / phi_k may be anything
+        new_total = total[..., None] - scores + new_score
         column = (read[..., None] * total[..., None] - scores * seen + new_score * new_seen) / new_total
         column = (column - read[..., None]).masked_fill(~earlier, 0.0).sum(dim=-2)  # over t: [..., b, h, s]
         # Query s: a new row, its new query against the keys before it and its own new key.

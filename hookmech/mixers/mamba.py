@@ -46,15 +46,11 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, hook_in_use, kept, splice, state_before, take_window
+from .base import Mixer, hook_in_use, kept, row_blocks, splice, state_before, take_window
 from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan
 from .short_conv import causal_taps
 from .state_patch import hook_state_with_propagation
-
-#: bytes of one ``[rows, T, d_inner, d_state]`` tensor AtP*'s patch computations work on at once
-#: (`Mamba._row_blocks`)
-PATCH_BLOCK_BYTES = 16 << 20
 
 # The optional CUDA kernels, bound on first use by `fused_kernels_available` (tests replace them).
 causal_conv1d_fn: Callable[..., Tensor] | None = None
@@ -454,12 +450,9 @@ class Mamba(Mixer):
         return out
 
     def _row_blocks(self, x: RunResid) -> list[slice]:
-        """Return the blocks of rows of `x` ``[N, T, d_model]`` the patch computations take at once:
-        each step touches several ``[rows, T, d_inner, d_state]`` tensors, which run several times
-        faster on a CPU while one of them stays within `PATCH_BLOCK_BYTES`."""
-        per_row = x.shape[1] * self.d_inner * self.d_state * x.element_size()
-        size = max(1, PATCH_BLOCK_BYTES // per_row)
-        return [slice(start, min(len(x), start + size)) for start in range(0, len(x), size)]
+        """Return the blocks of rows of `x` ``[N, T, d_model]`` the patch computations take at once
+        (`row_blocks`): each step touches several ``[rows, T, d_inner, d_state]`` tensors."""
+        return row_blocks(len(x), x.shape[1] * self.d_inner * self.d_state * x.element_size())
 
     def _changed(self, in_x: Tensor, z: Tensor | None, new_in_x: Tensor, new_z: Tensor | None) -> Tensor:
         """Return ``[N, T]`` bool: where a patch changes the SSM branch's input or the gate's."""

@@ -103,17 +103,18 @@ def atp_star_patch(
         f"blocks.{layer}.{name}" for layer in blocks for name in ("hook_resid_pre", "hook_mixer_in", "hook_mixer_out")
     ]
     context += [f"blocks.{layer}.hook_resid_mid" for layer in blocks if f"blocks.{layer}.hook_mlp_out" in hooks]
-    context.append(model.resid_hook(model.cfg.n_layers))  # the final norm's input
+    if any(model.resume_layer(hook) == model.cfg.n_layers for hook in hooks):  # the final norm is patched
+        context.append(model.resid_hook(model.cfg.n_layers))  # its input
     with evaluating(model), open_source(source) as (batch, cache):
         wanted = list(dict.fromkeys(hooks + context))
         # From tokens, the corrupt run's activations are read off the estimator's own corrupt
         # forward (the one its backward passes go through, then run from the tokens), not
-        # computed by a second forward.
+        # computed by a second forward; of the clean run only the patched hooks are read.
         capture = wanted if cache is None else None
         runs = CleanCorruptRuns(
             model,
             batch,
-            wanted,
+            hooks if capture else wanted,
             cache,
             need_logits=False,
             max_batch=max_batch,
@@ -205,6 +206,7 @@ class _Estimator:
         self.capture = capture
         self.p_corrupt = torch.empty(len(runs.batch), dtype=torch.float64)
         self.chunk_contexts: dict[int, dict[str, Tensor]] = {}
+        self.contexts_refused = False  # once over `CONTEXT_MEMORY`, for every chunk
         #: what the mixers' patch computations share within a chunk (`mixer_patch_effects`)
         self.shared: dict[int, dict[str, Any]] = {}
         self.gradient_hooks = [f"blocks.{layer}.hook_mixer_out" for layer in blocks]
@@ -487,12 +489,17 @@ class _Estimator:
         if self.capture is None:
             found = self.runs.resume_contexts(layer, "corrupt", self.max_batch)
             return None if found is None else (found, rows)
+        if self.contexts_refused:
+            return None
         for index in range(layer, self.model.cfg.n_layers):
             if index not in self.chunk_contexts:
                 self.chunk_contexts[index] = self.model.prefix_context(index, base(f"blocks.{index}.hook_mixer_in"))
         contexts = {index: self.chunk_contexts[index] for index in range(layer, self.model.cfg.n_layers)}
         size = sum(t.numel() * t.element_size() for context in contexts.values() for t in context.values())
-        if size > CONTEXT_MEMORY:
+        # the budget is the whole run's, as `CleanCorruptRuns.resume_contexts` keeps it (a cache
+        # source gives the same estimates): this chunk's contexts scaled to every row
+        if size * len(self.runs.batch) / len(rows) > CONTEXT_MEMORY:
+            self.contexts_refused, self.chunk_contexts = True, {}
             return None
         return contexts, torch.arange(len(rows), device=rows.device)
 

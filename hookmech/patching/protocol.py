@@ -160,9 +160,10 @@ class PatchableModel(Protocol):
         hook_name: str | None = None,
         shared: dict[int, dict[str, Any]] | None = None,
     ) -> Tensor | None:
-        """Return ``[N, T]``: the exact change of block `layer`'s mixer output along
-        `grad_mixer_out` when one position of its input (`hook_name` None) or of its inside hook
-        `hook_name` takes `patched` (AtP*); None where the mixer has no such computation.
+        """Return ``[..., N, T]``: the exact change of block `layer`'s mixer output along
+        `grad_mixer_out` ``[..., N, T, d_model]`` when one position of its input (`hook_name`
+        None) or of its inside hook `hook_name` takes `patched` (AtP*); None where the mixer has
+        no such computation.
         `shared`: a dict the caller keeps for its calls on one base run, where the model may keep
         what they have in common."""
         ...

@@ -59,7 +59,10 @@ class CleanCorruptRuns:
     ``[N, d_vocab]`` at the query (when computed: `need_logits` or no cache);
     `resume_contexts(layer, base, ...)` the mixer contexts of the `base` run. A hook named in
     `read_at` ``{hook: [N, T] bool}`` is read only at those positions: `acts` holds the run's
-    values there and leaves the other positions unset.
+    values there and leaves the other positions unset. From tokens, `only` names the runs
+    computed (default both; a HookmechError for another name): a caller that runs the other one
+    itself (AtP*'s and AtP's corrupt forward with gradients) reads neither its activations nor
+    its p(answer) here.
     """
 
     def __init__(
@@ -77,6 +80,9 @@ class CleanCorruptRuns:
         only: Sequence[str] = RUNS,
     ):
         self.model, self.batch, self.cache = model, batch, cache
+        unknown = [which for which in only if which not in RUNS]
+        if unknown or not only:
+            raise HookmechError(f"runs to compute must be some of {RUNS}, got {list(only)}")
         self.only = [which for which in RUNS if which in only]
         # hooks whose computed activations are read only at some positions ([N, T] bool): only
         # those are copied out of each chunk (a state hook's are the largest tensors of a run)
@@ -85,6 +91,7 @@ class CleanCorruptRuns:
         # mixer contexts (for resumed patches) are kept only while they fit in this many bytes
         self.context_memory, self.contexts_refused = context_memory, context_memory <= 0
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         wanted = list(dict.fromkeys(hooks))
         missing = [
             hook for hook in wanted if cache is None or not (cache.has(hook, "clean") and cache.has(hook, "corrupt"))
@@ -103,8 +110,9 @@ class CleanCorruptRuns:
 
     @torch.no_grad()
     def _compute(self, hooks: list[str], max_batch: int, base: str | None) -> None:
-        """Run clean and corrupt; the `base` run also records every block's mixer context
-        (`PatchableModel.collecting_contexts`), which resumed patches start from."""
+        """Run the runs of `only` (clean and corrupt by default); the `base` run also records every
+        block's mixer context (`PatchableModel.collecting_contexts`), which resumed patches start
+        from. A run left out has no activations, logits or p(answer) here (from tokens)."""
         parts: dict[tuple[str, str], list[Tensor]] = {}
         sparse: dict[tuple[str, str], Tensor] = {}
         logits: dict[str, list[Tensor]] = {which: [] for which in self.only}
@@ -214,7 +222,11 @@ class CleanCorruptRuns:
         if (hook, which) in self.computed:
             return self.computed[hook, which]
         assert self.cache is not None  # a hook not computed is one the cache holds
-        return self.cache.read(hook, which, slice(0, len(self.batch))).to(self.device)
+        stored = self.cache.read(hook, which, slice(0, len(self.batch)))
+        # the cache keeps float32; a model in another precision runs on its own (float64: exact
+        # to the cache's rounding, CACHE_TOL)
+        dtype = self.dtype if stored.is_floating_point() else stored.dtype
+        return stored.to(self.device, dtype)
 
     def unpatched_metric(self, metric: Metric, which: str) -> Tensor:
         """Return `metric` ``[N]`` (float64) of the unpatched `which` run."""
