@@ -28,7 +28,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, effects_by_rows, splice, take_window, window_index
+from .base import Mixer, pattern_effects_by_rows, splice, take_window, window_index
 from .short_conv import ShortConv
 
 
@@ -153,18 +153,16 @@ class Attention(Mixer):
         estimate is already exact inside the mixer)."""
         if self.convs or hook not in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"):
             return None
-        variants = math.prod(grad_out.shape[:-3])
-        per_row = variants * self.n_heads * x.shape[1] ** 2 * 8  # the float64 [..., head, T, T] tensors
-        return effects_by_rows(
+        return pattern_effects_by_rows(
             lambda rows_x, rows_grad, rows_patched: self._row_effects(rows_x, rows_grad, rows_patched, hook),
             x,
             grad_out,
             patched,
-            per_row,
+            self.n_heads,
         )
 
     def _row_effects(self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None) -> PositionEffects:
-        """`position_patch_effects` of a block of rows (`effects_by_rows`)."""
+        """`position_patch_effects` of a block of rows (`pattern_effects_by_rows`)."""
         batch, n_pos, _ = x.shape
 
         def heads(t: Tensor) -> Tensor:

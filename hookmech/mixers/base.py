@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -249,12 +250,13 @@ def row_blocks(n_rows: int, bytes_per_row: int) -> list[slice]:
     return [slice(start, min(n_rows, start + size)) for start in range(0, n_rows, size)]
 
 
-def effects_by_rows(row_effects, x: RunResid, grad_out: Tensor, patched: Tensor, bytes_per_row: int) -> Tensor:
+def pattern_effects_by_rows(row_effects, x: RunResid, grad_out: Tensor, patched: Tensor, n_heads: int) -> Tensor:
     """Return ``row_effects(x, grad_out, patched)`` ``[..., N, T]`` computed a block of rows at a time
-    (`row_blocks`): `x` ``[N, T, d_model]``, `grad_out` ``[..., N, T, d_model]``, `patched` rows first."""
-    parts = [
-        row_effects(x[rows], grad_out[..., rows, :, :], patched[rows]) for rows in row_blocks(len(x), bytes_per_row)
-    ]
+    (`row_blocks`), for a mixer whose computation holds float64 ``[..., head, T, T]`` patterns
+    (attention, Based): `x` ``[N, T, d_model]``, `grad_out` ``[..., N, T, d_model]``, `patched`
+    rows first."""
+    per_row = math.prod(grad_out.shape[:-3]) * n_heads * x.shape[1] ** 2 * 8
+    parts = [row_effects(x[rows], grad_out[..., rows, :, :], patched[rows]) for rows in row_blocks(len(x), per_row)]
     return torch.cat(parts, dim=-2)
 
 

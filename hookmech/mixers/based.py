@@ -39,7 +39,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, effects_by_rows, kept, splice, state_before, window_index
+from .base import Mixer, kept, pattern_effects_by_rows, splice, state_before, window_index
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
 
@@ -221,18 +221,16 @@ class Based(Mixer):
         the kernel; a state patch is carried by the recurrence)."""
         if hook not in (None, "hook_q", "hook_k", *(f"hook_{name}" for name in PATCH_FEATURES)):
             return None
-        variants = math.prod(grad_out.shape[:-3])
-        per_row = variants * self.num_heads * x.shape[1] ** 2 * 8  # the float64 [..., head, T, T] tensors
-        return effects_by_rows(
+        return pattern_effects_by_rows(
             lambda rows_x, rows_grad, rows_patched: self._row_effects(rows_x, rows_grad, rows_patched, hook),
             x,
             grad_out,
             patched,
-            per_row,
+            self.num_heads,
         )
 
     def _row_effects(self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None) -> PositionEffects:
-        """`position_patch_effects` of a block of rows (`effects_by_rows`)."""
+        """`position_patch_effects` of a block of rows (`pattern_effects_by_rows`)."""
         features = PATCH_FEATURES
         base = dict(zip(features, (t.double() for t in self._features(x)), strict=True))
         new = dict(base)
