@@ -36,6 +36,15 @@ def test_answer_log_odds_is_log_p_over_one_minus_p():
 
 
 # -- attention: the softmax recomputed for one patched position -----------------------------------
+@pytest.fixture(params=["all", "one"])
+def rows_at_once(request, monkeypatch):
+    """The exact per-position mixer computations on all rows at once, or one row per block
+    (`PATCH_BLOCK_BYTES`)."""
+    if request.param == "one":
+        monkeypatch.setattr(mixer_base, "PATCH_BLOCK_BYTES", 1)
+    return request.param
+
+
 def _patched_forward_effects(mixer, x, grads, hook):
     """Return (patched, reference): a large patch of the mixer's input (`hook` None) or of its
     inside hook `hook` at every position ``[N, T, ...]``, and ``[V, N, T]`` Σ_t (y'_t − y_t)·g_t per
@@ -78,15 +87,12 @@ def _patched_forward_effects(mixer, x, grads, hook):
     return patched, reference
 
 
-@pytest.mark.parametrize("rows_at_once", ["all", "one"])
 @pytest.mark.parametrize("window", [None, 2])
 @pytest.mark.parametrize("hook", [None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"])
-def test_attention_position_effects_equal_patched_forwards(window, hook, rows_at_once, monkeypatch):
+def test_attention_position_effects_equal_patched_forwards(window, hook, rows_at_once):
     """Σ_t (y'_t − y_t)·g_t for each patched position s, against a forward of the mixer with
     position s patched (float64, one forward per position); all rows at once, or a row at a time
     (`PATCH_BLOCK_BYTES`)."""
-    if rows_at_once == "one":
-        monkeypatch.setattr(mixer_base, "PATCH_BLOCK_BYTES", 1)
     torch.manual_seed(0)
     mixer = Attention(16, n_heads=2, window=window).double()
     x = torch.randn(3, 7, 16, dtype=torch.float64)
@@ -99,17 +105,13 @@ def test_attention_position_effects_equal_patched_forwards(window, hook, rows_at
 
 
 # -- Based: the normalised kernel recomputed for one patched position -----------------------------
-@pytest.mark.parametrize("rows_at_once", ["all", "one"])
 @pytest.mark.parametrize("train_view", ["quadratic", "linear"])
 @pytest.mark.parametrize("hook", [None, "hook_q", "hook_k", "hook_phi_q", "hook_phi_k", "hook_v"])
-def test_based_position_effects_equal_patched_forwards(train_view, hook, rows_at_once, monkeypatch):
+def test_based_position_effects_equal_patched_forwards(train_view, hook, rows_at_once):
     """Based's Σ_t (y'_t − y_t)·g_t for each patched position s, against a forward of the mixer
     with position s patched (float64; both views compute the same y); all rows at once, or a row
     at a time (`PATCH_BLOCK_BYTES`)."""
     from hookmech.mixers.based import Based
-
-    if rows_at_once == "one":
-        monkeypatch.setattr(mixer_base, "PATCH_BLOCK_BYTES", 1)
 
     torch.manual_seed(3)
     mixer = Based(16, feature_dim=4, num_heads=2, num_key_value_heads=2, train_view=train_view, chunk_size=3)
@@ -125,15 +127,11 @@ def test_based_position_effects_equal_patched_forwards(train_view, hook, rows_at
 
 @pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
 @pytest.mark.parametrize("hook", [None, "hook_in_x"])
-@pytest.mark.parametrize("rows_at_once", ["all", "one"])
-def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_once, monkeypatch):
+def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_once):
     """Mamba: Δ, B, C and the state recomputed over the convolution's reach, the adjoint state
     after it, against a forward of the mixer with position s patched (float64); all rows at once,
     or a row at a time (`PATCH_BLOCK_BYTES`)."""
     from hookmech.mixers.mamba import Mamba
-
-    if rows_at_once == "one":
-        monkeypatch.setattr(mixer_base, "PATCH_BLOCK_BYTES", 1)
 
     torch.manual_seed(1)
     mixer = Mamba(16, d_state=4, **options).double()
@@ -170,16 +168,12 @@ def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_on
 
 
 @pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
-@pytest.mark.parametrize("rows_at_once", ["all", "one"])
-def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, rows_at_once, monkeypatch):
+def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, rows_at_once):
     """Mamba's output change at each row's query `at` for a patch at every s: within the
     convolution's reach of s, beyond it (the state carried by the base run's decays) and after
     the query (zero), against a forward of the mixer with position s patched (float64); all rows
     at once, or a row at a time (`PATCH_BLOCK_BYTES`)."""
     from hookmech.mixers.mamba import Mamba
-
-    if rows_at_once == "one":
-        monkeypatch.setattr(mixer_base, "PATCH_BLOCK_BYTES", 1)
 
     torch.manual_seed(2)
     mixer = Mamba(16, d_state=4, **options).double()
