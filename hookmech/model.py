@@ -135,10 +135,12 @@ class Block(nn.Module):
             self.contexts.append({**self._with_input(context, mixer_in), MIXER_OUTPUT: mixer_out})
         return resid, self.hook_mixer_out(mixer_out)
 
-    def mixer_context(self, mixer_in: RunResid) -> Context:
-        """Return the context `forward_from` resumes the mixer from (`Mixer.prefix_context`),
-        with the mixer's input itself where the mixer fires no inside hook on a window."""
-        return self._with_input(self.mixer.prefix_context(mixer_in), mixer_in)
+    def mixer_context(self, mixer_in: RunResid, shared: dict[str, Any] | None = None) -> Context:
+        """Return the context `forward_from` resumes the mixer from (`Mixer.prefix_context`; with
+        `shared`, `Mixer.patch_context`), with the mixer's input itself where the mixer fires no
+        inside hook on a window."""
+        context = self.mixer.prefix_context(mixer_in) if shared is None else self.mixer.patch_context(mixer_in, shared)
+        return self._with_input(context, mixer_in)
 
     def _with_input(self, context: Context, mixer_in: Tensor) -> Context:
         if type(self.mixer).window_hooks:
@@ -369,10 +371,14 @@ class HookedLM(HookedRootModule):
         return self.blocks[-1].after_mixer_hooked() or hook_in_use(self.ln_final.hook_normalized)
 
     # -- resuming a run from a position (the patching engine's fast path) -----------------
-    def prefix_context(self, layer: int, mixer_in: RunResid) -> Context:
+    def prefix_context(
+        self, layer: int, mixer_in: RunResid, shared: dict[int, dict[str, Any]] | None = None
+    ) -> Context:
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in`
-        ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`."""
-        return self.blocks[layer].mixer_context(mixer_in)
+        ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`. `shared`: as in
+        `mixer_patch_effects`, where the mixer may find what its context is made of."""
+        kept = None if shared is None else shared.setdefault(layer, {})
+        return self.blocks[layer].mixer_context(mixer_in, kept)
 
     @contextmanager
     def collecting_contexts(self) -> Iterator[dict[int, list[Context]]]:
@@ -498,15 +504,23 @@ class HookedLM(HookedRootModule):
         (``blocks.{layer}.mixer.hook_k``), does. None where the mixer has none, or `hook_name`
         is not inside that mixer. `shared`: a dict the caller keeps for its calls on one base run
         (this method's and `mixer_patch_outputs`'), where each mixer keeps what they share."""
+        if not self.mixer_patches_exactly(layer, hook_name):
+            return None
+        local = None if hook_name is None else hook_name.removeprefix(f"blocks.{layer}.mixer.")
+        mixer_in = base(f"blocks.{layer}.hook_mixer_in")
+        kept = None if shared is None else shared.setdefault(layer, {})
+        return self.blocks[layer].mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local, kept)
+
+    def mixer_patches_exactly(self, layer: int, hook_name: str | None = None) -> bool:
+        """Return True where `mixer_patch_effects(layer, ..., hook_name)` gives the exact effects,
+        False where it gives None (`Mixer.patches_exactly`; a hook outside that mixer: False)."""
         local = None
         if hook_name is not None:
             prefix = f"blocks.{layer}.mixer."
             if not hook_name.startswith(prefix) or "." in hook_name[len(prefix) :]:
-                return None
+                return False
             local = hook_name[len(prefix) :]
-        mixer_in = base(f"blocks.{layer}.hook_mixer_in")
-        kept = None if shared is None else shared.setdefault(layer, {})
-        return self.blocks[layer].mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local, kept)
+        return self.blocks[layer].mixer.patches_exactly(local)
 
     def mixer_patch_outputs(
         self,

@@ -199,7 +199,8 @@ def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, row
 
 def test_mamba_patch_computations_share_the_base_run(monkeypatch):
     """Calls given the same `shared` dict compute the base run's branch once and give the numbers
-    of calls without it, bit for bit."""
+    of calls without it, bit for bit; the context made from it (`patch_context`, the first call)
+    is `prefix_context`'s."""
     from hookmech.mixers.mamba import Mamba
 
     torch.manual_seed(4)
@@ -208,6 +209,7 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
     grads, at = torch.randn(1, 2, 6, 16, dtype=torch.float64), torch.tensor([5, 3])
     in_x_patch = 3 * torch.randn(2, 6, 32).double()
     with torch.no_grad():
+        context = mixer.prefix_context(x)
         alone = (
             mixer.position_patch_effects(x, grads, patched),
             mixer.position_patch_outputs(x, patched, at),
@@ -217,12 +219,16 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
         compute = mixer._compute_base_branch
         monkeypatch.setattr(mixer, "_compute_base_branch", lambda *args: calls.append(1) or compute(*args))
         shared: dict = {}
+        made = mixer.patch_context(x, shared)
         together = (
             mixer.position_patch_effects(x, grads, patched, shared=shared),
             mixer.position_patch_effects(x, grads, in_x_patch, "hook_in_x", shared=shared),
             mixer.position_patch_outputs(x, patched, at, shared=shared),
         )
     assert len(calls) == 1
+    assert made.keys() == context.keys() == {"state", "in_x"}
+    for name in context:  # the same computation; the branch projects the rows a block at a time
+        torch.testing.assert_close(made[name], context[name], atol=FLOAT64_TOL, rtol=0)
     assert torch.equal(together[0], alone[0]) and torch.equal(together[2], alone[1])
     assert torch.equal(together[1], alone[2]) and alone[2].abs().max() > 0  # the inside hook's patch
 
@@ -579,3 +585,26 @@ def test_bad_arguments_are_usage_errors(ar_model, ar_task):
             patch(ar_model, batch, arguments.pop("sites"), ["value"], method="atp-star", **arguments)
     with pytest.raises(UsageError, match="L0.mixer.filter.*no position axis"):
         atp_star_patch(make_model(ar_task, mixers="hyena"), batch, ["L0.mixer.filter"], ["value"])
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_patches_exactly_says_where_position_patch_effects_computes(ar_task, name):
+    """AtP* asks `Mixer.patches_exactly` before its backward passes which hooks need no gradient of
+    their own; it must answer as `position_patch_effects` does, for the input and every inside hook."""
+    mixer = make_model(ar_task, mixers=name, n_layers=1, d_model=16).blocks[0].mixer
+    x = torch.randn(2, 6, 16)
+    grad = torch.randn(1, 2, 6, 16)
+    activations = {}
+    points = {local: point for local, point in mixer.named_modules() if local.startswith("hook_")}
+    for local, point in points.items():
+        point.add_hook(lambda act, hook, local=local: activations.setdefault(local, act.detach().clone()))
+    with torch.no_grad():
+        mixer(x)
+    for point in points.values():
+        point.remove_hooks()
+    asked = {None: x + 1, **{local: act + 1 for local, act in activations.items()}}
+    assert len(asked) > 1
+    for hook, patched in asked.items():
+        with torch.no_grad():
+            found = mixer.position_patch_effects(x, grad, patched, hook)
+        assert mixer.patches_exactly(hook) == (found is not None), hook

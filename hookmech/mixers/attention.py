@@ -134,6 +134,11 @@ class Attention(Mixer):
         return conv.taps(change).unflatten(-1, (self.n_heads, self.d_head))
 
     # -- one position patched, through the softmax exactly (AtP*, see `Mixer.position_patch_effects`)
+    def patches_exactly(self, hook: str | None = None) -> bool:
+        """Return True for the input and q / k / v / scores without short convolutions
+        (`position_patch_effects`)."""
+        return not self.convs and hook in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores")
+
     def position_patch_effects(
         self,
         x: RunResid,
@@ -151,7 +156,7 @@ class Attention(Mixer):
         float64; None with a short convolution on q/k/v (it spreads one position's change over
         the next ones) and for the other hooks (downstream of the softmax, where the linear
         estimate is already exact inside the mixer)."""
-        if self.convs or hook not in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"):
+        if not self.patches_exactly(hook):
             return None
         return pattern_effects_by_rows(
             lambda rows_x, rows_grad, rows_patched: self._row_effects(rows_x, rows_grad, rows_patched, hook),

@@ -80,6 +80,12 @@ class Mixer(nn.Module):
         a dict of tensors whose first axis is the row (N). Default: ``{"x": x}``."""
         return {"x": x}
 
+    def patch_context(self, x: RunResid, shared: dict[str, Any]) -> Context:
+        """Return `prefix_context(x)` for AtP*, which keeps `shared` for its calls on the base run `x`
+        (as in `position_patch_effects`): a mixer whose patch computations hold what its context
+        is made of takes it from there. Default: `prefix_context(x)`."""
+        return self.prefix_context(x)
+
     def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(x), prefix_context(x))``; a mixer overrides it when one pass can
         give both (the engine's unpatched base run records contexts this way)."""
@@ -132,6 +138,12 @@ class Mixer(nn.Module):
     # itself is strongly nonlinear in one position's input (attention's softmax saturates:
     # Kramár et al. 2024, "AtP*", §3.1.1), the engine asks the mixer for the exact change of its
     # outputs when one position is patched, and linearises only what comes after the mixer.
+    def patches_exactly(self, hook: str | None = None) -> bool:
+        """Return True where `position_patch_effects` computes the patch of its inside hook `hook`
+        (None: of its input) exactly, False where it returns None (the default: nowhere). AtP*
+        asks before its backward passes, to skip the gradients these patches do not need."""
+        return False
+
     def position_patch_effects(
         self,
         x: RunResid,

@@ -203,6 +203,10 @@ class Based(Mixer):
         return read(kv_state + kv_change, k_state + k_change) - read(kv_state, k_state)
 
     # -- one position patched, through the normalised kernel exactly (AtP*, see `Mixer.position_patch_effects`)
+    def patches_exactly(self, hook: str | None = None) -> bool:
+        """Return True for the input, q, k and the features phi_q, phi_k, v (`position_patch_effects`)."""
+        return hook in (None, "hook_q", "hook_k", *(f"hook_{name}" for name in PATCH_FEATURES))
+
     def position_patch_effects(
         self,
         x: RunResid,
@@ -219,7 +223,7 @@ class Based(Mixer):
         the kernel moved: its numerator and normaliser updated in closed form); query s gets a
         new row. None for ``hook_y`` and the state hooks (the linear estimate is exact after
         the kernel; a state patch is carried by the recurrence)."""
-        if hook not in (None, "hook_q", "hook_k", *(f"hook_{name}" for name in PATCH_FEATURES)):
+        if not self.patches_exactly(hook):
             return None
         return pattern_effects_by_rows(
             lambda rows_x, rows_grad, rows_patched: self._row_effects(rows_x, rows_grad, rows_patched, hook),

@@ -276,6 +276,20 @@ class Mamba(Mixer):
         ``[N, T, d_inner]``, so that a resumed run needs neither its projections nor its scan."""
         return self._states(x)[0]
 
+    def patch_context(self, x: RunResid, shared: dict[str, Any]) -> Context:
+        """Return `prefix_context(x)` from the base branch the patch computations keep in `shared`
+        (`_base_branch`, computed here where it is not yet): their states, a block of rows at a time
+        (each projected as `_row_effects` projects it, so both read the same numbers)."""
+        states, inputs = [], []
+        for rows in self._row_blocks(x):
+            in_x, z = self._split(self.in_proj(x[rows]))
+            states.append(self._base_branch(in_x, z, _block_shared(shared, rows))[4])
+            inputs.append(in_x)
+        context = {"state": torch.cat(states)}
+        if self.d_conv > 0:
+            context["in_x"] = torch.cat(inputs)
+        return context
+
     def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
         """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
         states; with inside hooks in use, the hooked forward keeps its states (with the state
@@ -335,6 +349,10 @@ class Mamba(Mixer):
         return self.out_proj(kept(y, keep))
 
     # -- one position patched, through the mixer exactly (AtP*, see `Mixer.position_patch_effects`)
+    def patches_exactly(self, hook: str | None = None) -> bool:
+        """Return True for the input and the SSM branch's in_x (`position_patch_effects`)."""
+        return hook in (None, "hook_in_x")
+
     def position_patch_effects(
         self,
         x: RunResid,
@@ -350,7 +368,7 @@ class Mamba(Mixer):
         nonlinear); after them the state's change moves on through fixed decays, so its effect is
         the change of the state times the adjoint state of the later read-outs (exact as well).
         Computed a block of rows at a time (`_row_blocks`)."""
-        if hook not in (None, "hook_in_x"):
+        if not self.patches_exactly(hook):
             return None
         parts = [
             self._row_effects(x[rows], grad_out[..., rows, :, :], patched[rows], hook, _block_shared(shared, rows))
@@ -397,7 +415,8 @@ class Mamba(Mixer):
                 moved[..., here] += torch.einsum(
                     "pij,...pij->...p", moved_state[here], adjoint[..., rows[here], :, :]
                 ).double()
-            adjoint = decay[:, r] * (adjoint + read[..., r, :, None] * C[:, r, None, :])
+            # in place: one [..., N, d_inner, d_state] buffer for the whole sweep
+            adjoint.addcmul_(read[..., r, :, None], C[:, r, None, :]).mul_(decay[:, r])
         effect[..., rows, positions] = moved
         return effect
 

@@ -57,6 +57,7 @@ from ..shapes import RowFloats, RowInts
 from ..sites import as_specs, position_patches
 from ..tasks.batch import Batch
 from .atp import positional_hooks
+from .graddrop import GradientPasses
 from .options import CONTEXT_MEMORY, PatchOptions
 from .protocol import PatchableModel, check_patchable
 from .records import estimate_record
@@ -166,22 +167,6 @@ def _p_shift(log_odds: Tensor, masks: Tensor, per_position: Tensor) -> Tensor:
     return torch.sigmoid(base + change) - torch.sigmoid(base)
 
 
-class _GradGate:
-    """Backward-pass switches of GradDrop: ``open[layer]`` False zeroes the gradient that flows
-    from that layer's sublayers back into the residual stream (a tensor hook on their inputs)."""
-
-    def __init__(self, layers: Iterable[int]):
-        self.open = dict.fromkeys(layers, True)
-
-    def forward_hook(self, layer: int):
-        def gate(activation: Tensor, hook=None) -> Tensor:
-            if activation.requires_grad:
-                activation.register_hook(lambda grad: grad if self.open[layer] else torch.zeros_like(grad))
-            return activation
-
-        return gate
-
-
 class _Estimator:
     """Per row chunk: the corrupt forward, the backward passes and the per-position estimates
     Δλ ``[n, T]`` of every hook (module docstring)."""
@@ -210,18 +195,37 @@ class _Estimator:
         #: what the mixers' patch computations share within a chunk (`mixer_patch_effects`)
         self.shared: dict[int, dict[str, Any]] = {}
         self.gradient_hooks = [f"blocks.{layer}.hook_mixer_out" for layer in blocks]
-        self.leaves = list(dict.fromkeys(hooks + self.gradient_hooks))
+        #: the hooks whose patches `_exact_terms` computes (no gradient at the hook needed), and the
+        #: hooks the backward passes reach: each mixer's output, the linearly estimated hooks
+        self.exact_hooks = [hook for hook in hooks if self._computed_exactly(hook)]
+        self.leaves = list(
+            dict.fromkeys([hook for hook in hooks if hook not in self.exact_hooks] + self.gradient_hooks)
+        )
         #: the layers whose gradient a GradDrop pass drops (layers the forward runs)
         self.dropped = list(blocks) if graddrop else []
         #: the backward passes: all paths (None), then each GradDrop layer's
         self.variants: list[int | None] = [None, *self.dropped]
-        self.gate = _GradGate(self.dropped)
-        self.gates = [
-            (f"blocks.{layer}.{name}", self.gate.forward_hook(layer))
+        #: the hooks whose outputs GradDrop's passes start from (`GradientPasses`)
+        self.seeds = [
+            f"blocks.{index}.{name}"
             for layer in self.dropped
-            for name in ("hook_mixer_in", "hook_mlp_in")
-            if f"blocks.{layer}.{name}" in model.hook_dict
+            for index, name in ((layer, "hook_resid_pre"), (layer, "hook_mixer_out"), (layer + 1, "hook_resid_pre"))
+            if index < model.cfg.n_layers
         ]
+
+    def _computed_exactly(self, hook: str) -> bool:
+        """Return True where `_exact_terms` computes the patch of `hook` (its next mixer exactly,
+        or only position-wise computation left), False where the estimate is linear."""
+        model, n_layers = self.model, self.model.cfg.n_layers
+        if model.resume_layer(hook) == n_layers:  # the final norm
+            return True
+        parts = hook.split(".")
+        if len(parts) == 3 and parts[0] == "blocks" and parts[2].startswith("hook_"):  # `patch_to_next_mixer`
+            layer = int(parts[1])
+            following = layer if parts[2] in ("hook_resid_pre", "hook_mixer_in") else layer + 1
+            return following == n_layers or model.mixer_patches_exactly(following)
+        inside = model.layer_of_hook(hook)
+        return inside is not None and inside in self.blocks and model.mixer_patches_exactly(inside, hook)
 
     def chunk(self, rows: slice) -> tuple[Tensor, dict[int | None, dict[str, Tensor]]]:
         """Return (λ on the corrupt run ``[n]``, {None: full estimates, ℓ: estimates with layer ℓ's
@@ -234,17 +238,19 @@ class _Estimator:
                 chunk_acts[hook, which] = runs.acts(hook, which)[rows]
             return chunk_acts[hook, which]
 
+        captured: dict[str, Tensor] = {}  # the gradient forward's, as it runs
+
         def base(hook: str) -> Tensor:
-            return acts(hook, "corrupt")
+            return captured[hook] if hook in captured else acts(hook, "corrupt")
 
         corrupt_input = (
             batch.corrupt_tokens[rows].to(runs.device)
             if self.start is None
             else base(f"blocks.{self.start}.hook_resid_pre")
         )
-        captured: dict[str, Tensor] = {}
         self.chunk_contexts, self.shared = {}, {}
-        log_odds, p_answer, grads = self._backward(corrupt_input, batch.query_pos[rows], batch.answers[rows], captured)
+        query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
+        log_odds, p_answer, grads = self._backward(corrupt_input, query, answers, captured, base)
         self.p_corrupt[rows] = p_answer
         chunk_acts.update({(hook, "corrupt"): activation for hook, activation in captured.items()})
         variants = self.variants
@@ -253,7 +259,6 @@ class _Estimator:
             stacked = {
                 hook: torch.stack([grads[variant][hook] for variant in variants]) for hook in self.gradient_hooks
             }
-            query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
             rows_index = torch.arange(rows.start, rows.stop, device=runs.device)
             exact = self._exact_terms(stacked, acts, base, query, answers, log_odds, rows_index)
             estimates: dict[int | None, dict[str, Tensor]] = {variant: {} for variant in variants}
@@ -287,24 +292,27 @@ class _Estimator:
         return answer_log_odds(logits, answers)
 
     def _backward(
-        self, corrupt_input: Tensor, query: Tensor, answers: Tensor, captured: dict[str, Tensor]
+        self, corrupt_input: Tensor, query: Tensor, answers: Tensor, captured: dict[str, Tensor], base
     ) -> tuple[Tensor, Tensor, dict[int | None, dict[str, Tensor]]]:
-        """One corrupt forward; backward passes of λ: all paths, then each GradDrop layer's.
-        Returns (λ ``[n]``, p(answer) ``[n]`` float64 on the CPU, {variant: {hook: gradient}}); with
-        `capture`, the forward's activations of those hooks go into `captured` ``{hook: [n, ...]}``."""
-        model, device = self.model, self.runs.device
+        """One corrupt forward; backward passes of λ: all paths, then each GradDrop layer's
+        (`GradientPasses`), to the hooks `leaves` only. Returns (λ ``[n]``, p(answer) ``[n]`` float64
+        on the CPU, {variant: {hook: gradient}}); with `capture`, the forward's activations of those
+        hooks go into `captured` ``{hook: [n, ...]}`` (then read by `base`)."""
+        model = self.model
         zeros: dict[str, Tensor] = {}
+        outputs: dict[str, Tensor] = {}
         recorded = set(self.capture or ())
 
         def leaf(name: str):
             def add_zero(activation: Tensor, hook=None) -> Tensor:
                 if name in recorded:
                     captured[name] = activation.detach()
-                if name not in self.leaves:
-                    return activation
-                # a zero leaf leaves the forward unchanged; its gradient is ∂λ/∂activation
-                zeros[name] = torch.zeros_like(activation, requires_grad=True)
-                return activation + zeros[name]
+                if name in self.leaves:
+                    # a zero leaf leaves the forward unchanged; its gradient is ∂λ/∂activation
+                    zeros[name] = torch.zeros_like(activation, requires_grad=True)
+                    activation = activation + zeros[name]
+                outputs[name] = activation
+                return activation
 
             return add_zero
 
@@ -313,31 +321,38 @@ class _Estimator:
             logits = model.run_with_hooks(
                 corrupt_input,
                 start_at_layer=self.start,
-                positions=query.to(device),
+                positions=query,
                 tail_at_positions=True,
-                # gates first: a leaf on the same hook sees the gradient before the gate drops it
-                fwd_hooks=[*self.gates, *((hook, leaf(hook)) for hook in dict.fromkeys(self.leaves + [*recorded]))],
+                fwd_hooks=[(hook, leaf(hook)) for hook in dict.fromkeys(self.leaves + self.seeds + [*recorded])],
             )
             log_odds = answer_log_odds(logits, answers)
             p_answer = answer_probs(logits.detach(), answers.to(logits.device)).double().cpu()
             missing = [hook for hook in self.leaves if hook not in zeros]
             if missing:
                 raise HookmechError(f"hook {missing[0]} did not fire in the forward pass")
-            inputs = [zeros[hook] for hook in self.leaves]
-            grads: dict[int | None, dict[str, Tensor]] = {}
-            variants = self.variants
-            for index, dropped in enumerate(variants):
-                for layer in self.dropped:
-                    self.gate.open[layer] = layer != dropped
-                last = index == len(variants) - 1
-                found = torch.autograd.grad(log_odds.sum(), inputs, retain_graph=not last, allow_unused=True)
-                grads[dropped] = {
-                    hook: torch.zeros_like(zeros[hook]) if grad is None else grad
-                    for hook, grad in zip(self.leaves, found, strict=True)
-                }
-            for layer in self.dropped:
-                self.gate.open[layer] = True
+            passes = GradientPasses(
+                model,
+                log_odds.sum(),
+                zeros,
+                {name: outputs[name] for name in self.seeds},
+                self.dropped,
+                lambda: self._final_gradient(base, query, answers),
+                query,
+            )
+            grads = passes.gradients(self.leaves)
         return log_odds.detach(), p_answer, grads
+
+    def _final_gradient(self, base, query: Tensor, answers: Tensor) -> Tensor:
+        """Return ∂λ/∂(the residual entering the final norm at the query) ``[n, 1, d_model]``, from
+        the corrupt run's last block read with `base` and a backward of the final norm alone."""
+        last = self.model.cfg.n_layers - 1
+        hook = f"blocks.{last}.hook_mixer_out"
+        route = self.model.patch_to_next_mixer(hook, base(hook), base, at=query)
+        assert route is not None  # a block-level hook
+        final = route[1].detach().requires_grad_(True)
+        logits = self.model(final, start_at_layer=last + 1, positions=torch.zeros_like(query))
+        (gradient,) = torch.autograd.grad(answer_log_odds(logits, answers).sum(), final)
+        return gradient
 
     def _exact_terms(
         self,
@@ -363,7 +378,7 @@ class _Estimator:
         # (layer, mixer input, effect, output change at the query or None) computed so far
         done: list[tuple[int, Tensor, Tensor, Tensor | None]] = []
         variants = next(iter(stacked.values())).shape[0] if stacked else 1
-        for hook in self.hooks:
+        for hook in self.exact_hooks:
             clean = acts(hook, "clean")
             # past the last mixer only the query's residual is followed: all its read-out needs
             route = model.patch_to_next_mixer(hook, clean, base, at=query)
@@ -385,8 +400,6 @@ class _Estimator:
                 entry = next((d for d in done if d[0] == layer and torch.equal(d[1], mixer_in)), None)
                 if entry is None:
                     mixer_effect = self._along_kept(layer, gradient, mixer_in, base)
-                    if mixer_effect is None:
-                        continue
                     # the mixer before the last: its output's change at the query, for `_query_exact`
                     at_query = (
                         model.mixer_patch_outputs(layer, mixer_in, base, query, self.shared)
@@ -404,27 +417,33 @@ class _Estimator:
                     if correction is not None:
                         found = torch.cat([found[:1] + correction, found[1:]])
                 terms[hook] = (layer, found, skip.double())
-            elif (inside := model.layer_of_hook(hook)) is not None and inside in self.blocks:  # a mixer's q / k ...
+            else:  # a mixer's q / k ...
+                inside = model.layer_of_hook(hook)
+                assert inside is not None  # `_computed_exactly`
                 gradient = stacked[f"blocks.{inside}.hook_mixer_out"]
                 inside_effect = self._along_kept(inside, gradient, clean, base, hook)
-                if inside_effect is not None:
-                    terms[hook] = (inside, inside_effect, torch.zeros_like(inside_effect))
+                terms[hook] = (inside, inside_effect, torch.zeros_like(inside_effect))
         return terms
 
-    def _along_kept(
-        self, layer: int, gradient: Tensor, patched: Tensor, base, hook: str | None = None
-    ) -> Tensor | None:
-        """Return block `layer`'s `PatchableModel.mixer_patch_effects` ``[V, n, T]`` (or None) along
-        the gradients `gradient` ``[V, n, T, d_model]`` of the backward passes that keep that block's
-        path, zeros for the GradDrop pass that drops it: its estimate leaves the mixer's effect out
-        (`chunk`), so it is not computed."""
-        kept = [index for index, variant in enumerate(self.variants) if variant != layer]
-        found = self.model.mixer_patch_effects(layer, gradient[kept], patched, base, hook, self.shared)
-        if found is None or len(kept) == len(self.variants):
-            return found
-        full = found.new_zeros(len(self.variants), *found.shape[1:])
-        full[kept] = found
-        return full
+    def _along_kept(self, layer: int, gradient: Tensor, patched: Tensor, base, hook: str | None = None) -> Tensor:
+        """Return block `layer`'s `PatchableModel.mixer_patch_effects` ``[V, n, T]`` along the
+        gradients `gradient` ``[V, n, T, d_model]`` of the backward passes, computed once per
+        distinct gradient: a GradDrop pass that drops a layer below `layer` has the full pass's
+        gradient there (`GradientPasses`), and the pass that drops `layer` itself leaves the
+        mixer's effect out (`chunk`): zeros, not computed."""
+        distinct = [index for index, variant in enumerate(self.variants) if variant is None or variant > layer]
+        found = self.model.mixer_patch_effects(layer, gradient[distinct], patched, base, hook, self.shared)
+        if found is None:
+            raise HookmechError(
+                f"block {layer}'s mixer says it patches {hook or 'its input'} exactly (mixer_patches_exactly) "
+                "but mixer_patch_effects returned None"
+            )
+        effects = found.new_zeros(len(self.variants), *found.shape[1:])
+        effects[distinct] = found
+        for index, variant in enumerate(self.variants):
+            if variant is not None and variant < layer:
+                effects[index] = found[0]
+        return effects
 
     def _query_exact(
         self,
@@ -493,7 +512,8 @@ class _Estimator:
             return None
         for index in range(layer, self.model.cfg.n_layers):
             if index not in self.chunk_contexts:
-                self.chunk_contexts[index] = self.model.prefix_context(index, base(f"blocks.{index}.hook_mixer_in"))
+                mixer_in = base(f"blocks.{index}.hook_mixer_in")
+                self.chunk_contexts[index] = self.model.prefix_context(index, mixer_in, self.shared)
         contexts = {index: self.chunk_contexts[index] for index in range(layer, self.model.cfg.n_layers)}
         size = sum(t.numel() * t.element_size() for context in contexts.values() for t in context.values())
         # the budget is the whole run's, as `CleanCorruptRuns.resume_contexts` keeps it (a cache

@@ -118,8 +118,11 @@ class PatchableModel(Protocol):
         it yields ``{layer: [context of each forward]}``."""
         ...
 
-    def prefix_context(self, layer: int, mixer_in: Tensor) -> dict[str, Tensor]:
-        """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in` ``[N, T, d_model]``."""
+    def prefix_context(
+        self, layer: int, mixer_in: Tensor, shared: dict[int, dict[str, Any]] | None = None
+    ) -> dict[str, Tensor]:
+        """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in` ``[N, T, d_model]``
+        (`shared`: as in `mixer_patch_effects`)."""
         ...
 
     def resume(
@@ -166,6 +169,11 @@ class PatchableModel(Protocol):
         no such computation.
         `shared`: a dict the caller keeps for its calls on one base run, where the model may keep
         what they have in common."""
+        ...
+
+    def mixer_patches_exactly(self, layer: int, hook_name: str | None = None) -> bool:
+        """Return True where `mixer_patch_effects` with these arguments returns the effects, False
+        where it returns None (AtP* asks before its backward passes)."""
         ...
 
     def mixer_patch_outputs(
