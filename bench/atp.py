@@ -14,10 +14,11 @@ clean and corrupt runs). Scores compared: p_patched - p_corrupt per cell, at a r
 * cost in forward-equivalents: the method's time over the time of one forward (`model(tokens)`,
   no hooks) of the same rows; times are the best of `--reps`, methods interleaved.
 
-Also timed: the floor of any estimator that takes gradients of the corrupt run, what it cannot do
-without (`gradient_floor`): the clean run at the query (no gradient) and the corrupt run with one
-backward pass of the answer's log-odds to every block's input. Plain AtP and AtP* both compute it
-and more; where the floor alone exceeds a cost target, no gradient-based estimator meets it.
+Also timed: AtP*'s floor, what it cannot do without (`gradient_floor`): the clean run's
+activations at every site (logits at the query alone), and the corrupt run with one backward pass
+of the answer's log-odds to the first block's mixer output (where its exact computations through
+the first mixer start). Where the floor alone exceeds a cost target, no estimator that computes
+these (AtP* with Kramár et al.'s fix of the first mixer) meets it.
 
     python bench/atp.py [CKPT ...] [--n 320] [--reps 3] [--threads 1] [--budgets 10,20]
 
@@ -34,7 +35,7 @@ import torch
 
 import hookmech
 from hookmech.patching import atp_star_patch, patch
-from hookmech.patching.atp import verify_priority
+from hookmech.patching.atp import positional_hooks, verify_priority
 from hookmech.patching.atp_star import answer_log_odds
 
 DEFAULTS = [
@@ -89,28 +90,30 @@ def scores(exact: torch.Tensor, records, budgets: list[int]) -> dict[str, float]
     }
 
 
-def gradient_floor(model, batch) -> None:
-    """Run, for its time (returns None), the clean run at the query (no gradient), then the
-    corrupt run with one backward pass of the answer's log-odds to the residual entering every
-    block (`autograd.grad` to those alone, as the estimators take theirs: no weight gradients)."""
+def gradient_floor(model, batch, sites: list[str]) -> None:
+    """Run, for its time (returns None), the clean run caching the hooks `sites` (no gradient, logits
+    at the query), then the corrupt run with one backward pass of the answer's log-odds to block 0's
+    mixer output (`autograd.grad` to it alone, as AtP* takes its gradients: no weight gradients)."""
     query = batch.query_pos
     with torch.no_grad():
-        model(batch.tokens, positions=query, tail_at_positions=True)
+        model.run_with_cache(batch.tokens, names_filter=sites, positions=query, tail_at_positions=True)
     leaves = []
 
     def leaf(activation, hook=None):
         leaves.append(torch.zeros_like(activation, requires_grad=True))
         return activation + leaves[-1]
 
-    hooks = [(f"blocks.{layer}.hook_resid_pre", leaf) for layer in range(model.cfg.n_layers)]
     with torch.enable_grad():
-        logits = model.run_with_hooks(batch.corrupt_tokens, positions=query, tail_at_positions=True, fwd_hooks=hooks)
+        logits = model.run_with_hooks(
+            batch.corrupt_tokens, positions=query, tail_at_positions=True, fwd_hooks=[("blocks.0.hook_mixer_out", leaf)]
+        )
         torch.autograd.grad(answer_log_odds(logits, batch.answers).sum(), leaves)
 
 
 def bench(path: str, n: int, reps: int, budgets: list[int]) -> None:
     model, task = hookmech.load(path), hookmech.tasks.from_checkpoint(path)
     batch = task.sample(n, seed=1)
+    sites, _ = positional_hooks(model, ["all"])
     best = {name: float("inf") for name in ("exact", "forward", "floor", *METHODS)}
     results = {}
     for _ in range(reps):
@@ -120,7 +123,7 @@ def bench(path: str, n: int, reps: int, budgets: list[int]) -> None:
                 with torch.no_grad():
                     model(batch.corrupt_tokens)
             elif name == "floor":
-                gradient_floor(model, batch)
+                gradient_floor(model, batch, sites)
             elif name == "exact" and "exact" in results:
                 continue  # once is enough: its time is only reported
             elif name == METHODS[2]:

@@ -9,7 +9,7 @@ from helpers import (ATTENTION_FIXTURE, CACHE_TOL, ENGINE_TOL, FINITE_DIFFERENCE
                      unit_variance)
 
 from hookmech.cache import write_cache
-from hookmech.errors import UsageError
+from hookmech.errors import HookmechError, UsageError
 from hookmech.hooks import gradients_follow_edits
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import base as mixer_base
@@ -608,3 +608,15 @@ def test_patches_exactly_says_where_position_patch_effects_computes(ar_task, nam
         with torch.no_grad():
             found = mixer.position_patch_effects(x, grad, patched, hook)
         assert mixer.patches_exactly(hook) == (found is not None), hook
+
+
+def test_a_mixer_that_claims_an_exact_patch_it_does_not_compute_is_named(ar_task, monkeypatch):
+    """AtP* takes no gradient at a hook whose patch the next mixer says it computes exactly; a mixer
+    that says so and then returns None gets a HookmechError naming it, not a silent linear estimate
+    with a missing gradient."""
+    from hookmech.mixers.rwkv import RWKV6
+
+    model = make_model(ar_task, mixers="rwkv")
+    monkeypatch.setattr(RWKV6, "patches_exactly", lambda self, hook=None: hook is None)
+    with pytest.raises(HookmechError, match="block 0's mixer says it patches its input exactly"):
+        atp_star_patch(model, ar_task.sample(4, seed=0), ["L0.block_in"], ["key"])

@@ -48,7 +48,8 @@ def _detached(model, batch, hooks, dropped):
     detach = []
     if dropped is not None:
         names = (f"blocks.{dropped}.hook_mixer_in", f"blocks.{dropped}.hook_mlp_in")
-        detach = [(name, lambda activation, hook=None: activation.detach()) for name in names if name in model.hook_dict]
+        present = [name for name in names if name in model.hook_dict]
+        detach = [(name, lambda activation, hook=None: activation.detach()) for name in present]
     leaves = {}
     with torch.enable_grad(), gradients_follow_edits([model.hook_dict[hook] for hook in hooks]):
         objective = _forward(model, batch, hooks, detach, leaves)
@@ -58,7 +59,8 @@ def _detached(model, batch, hooks, dropped):
 
 def _passes(model, batch, hooks):
     """The variants of `GradientPasses` at `hooks`, with every block dropped in turn."""
-    seeds = {f"blocks.{layer}.{name}": None for layer in range(N_LAYERS) for name in ("hook_resid_pre", "hook_mixer_out")}
+    names = ("hook_resid_pre", "hook_mixer_out")
+    seeds = {f"blocks.{layer}.{name}": None for layer in range(N_LAYERS) for name in names}
     last_out = f"blocks.{N_LAYERS - 1}.hook_resid_post"
     at_query = torch.arange(len(batch)), batch.query_pos
     final = _detached(model, batch, [last_out], None)[last_out][at_query][:, None]
@@ -84,7 +86,9 @@ def test_graddrop_passes_equal_detached_backward_passes(ar_task, mixers, mlp, ta
     model = model.double()
     batch = ar_task.sample(6, seed=3)
     last = N_LAYERS - 1
-    skipped = {f"blocks.{last}.hook_{name}" for name in TAIL} | {"ln_final.hook_normalized"} if tail != "hooked" else set()
+    skipped = set()
+    if tail != "hooked":
+        skipped = {f"blocks.{last}.hook_{name}" for name in TAIL} | {"ln_final.hook_normalized"}
     hooks = [hook for hook in model.hook_dict if hook not in skipped]
     got = _passes(model, batch, hooks)
     assert set(got) == {None, *range(N_LAYERS)}
