@@ -15,10 +15,12 @@ clean and corrupt runs). Scores compared: p_patched - p_corrupt per cell, at a r
   no hooks) of the same rows; times are the best of `--reps`, methods interleaved.
 
 Also timed: AtP*'s floor, what it cannot do without (`gradient_floor`): the clean run's
-activations at every site (logits at the query alone), and the corrupt run with one backward pass
-of the answer's log-odds to the first block's mixer output (where its exact computations through
-the first mixer start). Where the floor alone exceeds a cost target, no estimator that computes
-these (AtP* with Kramár et al.'s fix of the first mixer) meets it.
+activations at every site (logits at the query alone); the corrupt run with one backward pass of
+the answer's log-odds to the first block's mixer output (where its exact computations through the
+first mixer start); and, per block, one exact computation of its mixer for every patched position
+(`mixer_patch_effects` along one gradient, the least Kramár et al.'s fix of the first mixer a patch
+reaches needs; zero time where a mixer has none). Where the floor alone exceeds a cost target, no
+AtP* with that fix meets it.
 
     python bench/atp.py [CKPT ...] [--n 320] [--reps 3] [--threads 1] [--budgets 10,20]
 
@@ -91,23 +93,37 @@ def scores(exact: torch.Tensor, records, budgets: list[int]) -> dict[str, float]
 
 
 def gradient_floor(model, batch, sites: list[str]) -> None:
-    """Run, for its time (returns None), the clean run caching the hooks `sites` (no gradient, logits
-    at the query), then the corrupt run with one backward pass of the answer's log-odds to block 0's
-    mixer output (`autograd.grad` to it alone, as AtP* takes its gradients: no weight gradients)."""
-    query = batch.query_pos
+    """Run, for its time (returns None), the clean run caching the hooks `sites` and every mixer's
+    input (no gradient, logits at the query); the corrupt run with one backward pass of the answer's
+    log-odds to block 0's mixer output (`autograd.grad` to it alone, as AtP* takes its gradients: no
+    weight gradients); then each block's `mixer_patch_effects` with the clean mixer input patched in
+    at each position, along that gradient (the cost does not depend on which gradient)."""
+    query, n_layers = batch.query_pos, model.cfg.n_layers
+    mixer_inputs = [f"blocks.{layer}.hook_mixer_in" for layer in range(n_layers)]
     with torch.no_grad():
-        model.run_with_cache(batch.tokens, names_filter=sites, positions=query, tail_at_positions=True)
-    leaves = []
+        _, clean = model.run_with_cache(
+            batch.tokens, names_filter=[*sites, *mixer_inputs], positions=query, tail_at_positions=True
+        )
+    leaves, corrupt = [], {}
 
     def leaf(activation, hook=None):
         leaves.append(torch.zeros_like(activation, requires_grad=True))
         return activation + leaves[-1]
 
+    def keep(activation, hook):
+        corrupt[hook.name] = activation.detach()
+
     with torch.enable_grad():
         logits = model.run_with_hooks(
-            batch.corrupt_tokens, positions=query, tail_at_positions=True, fwd_hooks=[("blocks.0.hook_mixer_out", leaf)]
+            batch.corrupt_tokens,
+            positions=query,
+            tail_at_positions=True,
+            fwd_hooks=[("blocks.0.hook_mixer_out", leaf), *((name, keep) for name in mixer_inputs)],
         )
-        torch.autograd.grad(answer_log_odds(logits, batch.answers).sum(), leaves)
+        (gradient,) = torch.autograd.grad(answer_log_odds(logits, batch.answers).sum(), leaves)
+    with torch.no_grad():
+        for layer, name in enumerate(mixer_inputs):
+            model.mixer_patch_effects(layer, gradient[None], clean[name], corrupt.__getitem__, None, {})
 
 
 def bench(path: str, n: int, reps: int, budgets: list[int]) -> None:
