@@ -31,10 +31,14 @@ each with its fix (one corrupt forward, then backward passes, per row chunk, as 
 3. **Recurrent states** (``L*.mixer.ssm_state`` …): an edit there is carried on by the
    recurrence; the gradient at the state hook follows it (`hooks.gradients_follow_edits`).
 4. **Cancellation: GradDrop** (Kramár et al. §3.1.2). For each layer ℓ, one more backward pass
-   with the gradient flowing from ℓ's sublayers back into the residual stream dropped; a cell's
-   ``graddrop`` score is the mean over ℓ of |estimated change of p| under each. A cell whose
-   paths cancel in the full gradient shows up there. `verify_top` checks cells in order of
-   max(|estimate|, graddrop).
+   with the gradient flowing from ℓ's sublayers back into the residual stream dropped (started
+   at block ℓ, not at the logits: `graddrop.GradientPasses`); a cell's ``graddrop`` score is the
+   mean over ℓ of |estimated change of p| under each. A cell whose paths cancel in the full
+   gradient shows up there. `verify_top` checks cells in order of max(|estimate|, graddrop).
+
+The backward passes run only to the hooks that need a gradient: every block's mixer output and
+the hooks estimated linearly; a hook whose patch a mixer computes exactly needs none
+(`PatchableModel.mixer_patches_exactly`, asked before the forward).
 
 Records are those of `hookmech.patching.patch` with ``method="atp-star"``, ``p_patched`` the
 mean over rows of p_corrupt + σ(λ_corrupt + Δλ) − σ(λ_corrupt), and ``graddrop``. A patch of
