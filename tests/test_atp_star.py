@@ -612,11 +612,11 @@ def test_patches_exactly_says_where_position_patch_effects_computes(ar_task, nam
 
 def test_a_mixer_that_claims_an_exact_patch_it_does_not_compute_is_named(ar_task, monkeypatch):
     """AtP* takes no gradient at a hook whose patch the next mixer says it computes exactly; a mixer
-    that says so and then returns None gets a HookmechError naming it, not a silent linear estimate
-    with a missing gradient."""
+    that says so without computing it (no `exact_patch_effects`) gets a HookmechError naming it,
+    not a silent linear estimate with a missing gradient."""
     from hookmech.mixers.rwkv import RWKV6
 
     model = make_model(ar_task, mixers="rwkv")
     monkeypatch.setattr(RWKV6, "patches_exactly", lambda self, hook=None: hook is None)
-    with pytest.raises(HookmechError, match="block 0's mixer says it patches its input exactly"):
+    with pytest.raises(HookmechError, match="mixer RWKV6 computes no patch exactly"):
         atp_star_patch(model, ar_task.sample(4, seed=0), ["L0.block_in"], ["key"])

@@ -139,25 +139,18 @@ class Attention(Mixer):
         (`position_patch_effects`)."""
         return not self.convs and hook in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores")
 
-    def position_patch_effects(
-        self,
-        x: RunResid,
-        grad_out: Gradients,
-        patched: Tensor,
-        hook: str | None = None,
-        shared: dict[str, Any] | None = None,
-    ) -> PositionEffects | None:
+    def exact_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
+    ) -> PositionEffects:
         """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
         alone is patched, with the softmax recomputed, not linearised (Kramár et al. 2024,
         "AtP*", §3.1.1: a saturated pattern has no gradient to move along). `patched` is the new
         input (`hook` None: new q, k and v at s), or the new ``hook_q`` / ``hook_k`` / ``hook_v`` /
         ``hook_attn_scores`` there. Each query t > s sees key s's score and value change
         (softmax with one column moved, in closed form); query s gets a new row. Computed in
-        float64; None with a short convolution on q/k/v (it spreads one position's change over
-        the next ones) and for the other hooks (downstream of the softmax, where the linear
-        estimate is already exact inside the mixer)."""
-        if not self.patches_exactly(hook):
-            return None
+        float64. Not with a short convolution on q/k/v (it spreads one position's change over the
+        next ones) nor for the other hooks (downstream of the softmax, where the linear estimate
+        is already exact inside the mixer): `patches_exactly`."""
         return pattern_effects_by_rows(
             lambda rows_x, rows_grad, rows_patched: self._row_effects(rows_x, rows_grad, rows_patched, hook),
             x,

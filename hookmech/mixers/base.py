@@ -165,10 +165,19 @@ class Mixer(nn.Module):
         `position_patch_outputs`'), where a mixer may keep what they have in common (what it
         computes of the base run).
 
-        Returns None where the mixer has no such computation for that patch (the default): the
-        engine then keeps the first-order estimate (plain AtP) there.
+        Returns None where the mixer has no such computation for that patch (`patches_exactly`
+        False; the default): the engine then keeps the first-order estimate (plain AtP) there.
+        A mixer supplies the computation in `exact_patch_effects`.
         """
-        return None
+        if not self.patches_exactly(hook):
+            return None
+        return self.exact_patch_effects(x, grad_out, patched, hook, shared)
+
+    def exact_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
+    ) -> PositionEffects:
+        """Return `position_patch_effects` where `patches_exactly(hook)` is True (called only there)."""
+        raise HookmechError(f"mixer {type(self).__name__} computes no patch exactly")
 
     def position_patch_outputs(
         self, x: RunResid, patched: RunResid, at: RowInts, shared: dict[str, Any] | None = None

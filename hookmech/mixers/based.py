@@ -207,24 +207,17 @@ class Based(Mixer):
         """Return True for the input, q, k and the features phi_q, phi_k, v (`position_patch_effects`)."""
         return hook in (None, "hook_q", "hook_k", *(f"hook_{name}" for name in PATCH_FEATURES))
 
-    def position_patch_effects(
-        self,
-        x: RunResid,
-        grad_out: Gradients,
-        patched: Tensor,
-        hook: str | None = None,
-        shared: dict[str, Any] | None = None,
-    ) -> PositionEffects | None:
+    def exact_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
+    ) -> PositionEffects:
         """Return ``[..., N, T]`` (float64): Σ_t (y'_t − y_t)·grad_out_t when position s alone is
         patched, the normalisation recomputed, not linearised: with a_tj = phi(q_t)·phi(k_j),
         y_t = Σ_j a_tj v_j / (Σ_j a_tj + eps). `patched` is the new input (`hook` None: new q, k
         and v at s) or the new ``hook_q`` / ``hook_k`` / ``hook_phi_q`` / ``hook_phi_k`` /
         ``hook_v`` there. Each query t > s sees key s's score and value change (one column of
         the kernel moved: its numerator and normaliser updated in closed form); query s gets a
-        new row. None for ``hook_y`` and the state hooks (the linear estimate is exact after
-        the kernel; a state patch is carried by the recurrence)."""
-        if not self.patches_exactly(hook):
-            return None
+        new row. Not for ``hook_y`` nor the state hooks (the linear estimate is exact after the
+        kernel; a state patch is carried by the recurrence): `patches_exactly`."""
         return pattern_effects_by_rows(
             lambda rows_x, rows_grad, rows_patched: self._row_effects(rows_x, rows_grad, rows_patched, hook),
             x,

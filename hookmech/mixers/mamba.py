@@ -353,14 +353,9 @@ class Mamba(Mixer):
         """Return True for the input and the SSM branch's in_x (`position_patch_effects`)."""
         return hook in (None, "hook_in_x")
 
-    def position_patch_effects(
-        self,
-        x: RunResid,
-        grad_out: Gradients,
-        patched: Tensor,
-        hook: str | None = None,
-        shared: dict[str, Any] | None = None,
-    ) -> PositionEffects | None:
+    def exact_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
+    ) -> PositionEffects:
         """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
         alone is patched (`hook` None: the input; ``"hook_in_x"``: the SSM branch of in_proj).
         A patch at s reaches the d_conv positions s .. s + d_conv − 1 through the convolution,
@@ -368,8 +363,6 @@ class Mamba(Mixer):
         nonlinear); after them the state's change moves on through fixed decays, so its effect is
         the change of the state times the adjoint state of the later read-outs (exact as well).
         Computed a block of rows at a time (`_row_blocks`)."""
-        if not self.patches_exactly(hook):
-            return None
         parts = [
             self._row_effects(x[rows], grad_out[..., rows, :, :], patched[rows], hook, _block_shared(shared, rows))
             for rows in self._row_blocks(x)
