@@ -588,9 +588,10 @@ def test_bad_arguments_are_usage_errors(ar_model, ar_task):
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_patches_exactly_says_where_position_patch_effects_computes(ar_task, name):
+def test_what_patches_exactly_claims_position_patch_effects_computes(ar_task, name):
     """AtP* asks `Mixer.patches_exactly` before its backward passes which hooks need no gradient of
-    their own; it must answer as `position_patch_effects` does, for the input and every inside hook."""
+    their own: for the input and every inside hook, a claimed patch gives finite effects ``[1, N,
+    T]`` (the mixer's `exact_patch_effects`), any other None."""
     mixer = make_model(ar_task, mixers=name, n_layers=1, d_model=16).blocks[0].mixer
     x = torch.randn(2, 6, 16)
     grad = torch.randn(1, 2, 6, 16)
@@ -607,7 +608,10 @@ def test_patches_exactly_says_where_position_patch_effects_computes(ar_task, nam
     for hook, patched in asked.items():
         with torch.no_grad():
             found = mixer.position_patch_effects(x, grad, patched, hook)
-        assert mixer.patches_exactly(hook) == (found is not None), hook
+        if mixer.patches_exactly(hook):
+            assert found is not None and found.shape == (1, 2, 6) and bool(found.isfinite().all()), hook
+        else:
+            assert found is None, hook
 
 
 def test_a_mixer_that_claims_an_exact_patch_it_does_not_compute_is_named(ar_task, monkeypatch):
