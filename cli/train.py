@@ -40,6 +40,13 @@ from .common import (
     default=None,
     help="default: learned for attention, none otherwise",
 )
+@click.option(
+    "--init",
+    type=click.Choice(["normal", "mamba", "zoology"]),
+    default=None,
+    help="weight init: normal (default: every Linear N(0, 0.02)), mamba (mamba-ssm's), or zoology "
+    "(what the paper's code draws: mamba for a Mamba model, normal otherwise)",
+)
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--warmup-frac", type=float, default=0.1, show_default=True)
 @click.option("--epochs", type=int, default=None, help="epochs over the training set (default 16)")
@@ -86,6 +93,7 @@ def train(
     mlp,
     tie_embeddings,
     pos_emb,
+    init,
     lr,
     warmup_frac,
     epochs,
@@ -151,6 +159,7 @@ def train(
         mlp=mlp,
         tie_embeddings=tie_embeddings,
         pos_emb=pos_emb,
+        init=init,
     )
     set_threads(threads)
     on_eval = _mech_on_eval(task, model_config, train_config, mech_every, mech_sites, mech_positions, device)

@@ -6,12 +6,23 @@ import dataclasses
 import json
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UsageError, unknown
 
+if TYPE_CHECKING:
+    from .mixers.base import Mixer
+
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBS = ("learned", "none")
+#: how a model's weights are drawn (`ModelConfig.init`): "normal" is zoology's default and GPT-2's
+#: (every Linear and embedding N(0, 0.02), output projections N(0, 0.02/sqrt(2 n_layers)));
+#: "mamba" is mamba-ssm's `_init_weights`, which zoology uses for Mamba blocks (Linear weights keep
+#: PyTorch's default, biases zeroed, embeddings N(0, 0.02), out_proj Kaiming-uniform / sqrt(n_layers))
+INITS = ("normal", "mamba")
+#: what `build_config(init=...)` also takes: "zoology" picks what the paper's code (zoology's
+#: `_init_weights`, by block type) draws for these mixers, and is resolved to one of INITS
+INIT_CHOICES = (*INITS, "zoology")
 #: how mixers spell their head count (zoology and the reference implementations differ)
 HEAD_OPTIONS = ("n_heads", "num_heads")
 #: the option by which long-convolution mixers learn the longest sequence (zoology's l_max);
@@ -51,6 +62,9 @@ class ModelConfig:
     final_norm: str = "layernorm"
     dtype: str = "float32"
     extra: dict[str, Any] = field(default_factory=dict)
+    #: how the weights were drawn (INITS); left out of `to_json` when "normal", so configs written
+    #: before the field existed keep their JSON and their model_hash
+    init: str = "normal"
 
     def __post_init__(self) -> None:
         for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "mlp_hidden_mult"):
@@ -64,6 +78,8 @@ class ModelConfig:
                 raise unknown("norm", norm, NORMS)
         if self.pos_emb not in POS_EMBS:
             raise unknown("position embedding", self.pos_emb, POS_EMBS)
+        if self.init not in INITS:
+            raise unknown("init", self.init, INITS)
 
     # -- derived values (TransformerLens's names), not fields ------------------------------
     def head_shape(self, layer: int = 0) -> tuple[int, int]:
@@ -119,7 +135,10 @@ class ModelConfig:
 
     def to_json(self) -> str:
         """Return the config as a JSON string (the checkpoint's `hookmech_config`)."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        fields = dataclasses.asdict(self)
+        if fields["init"] == "normal":
+            del fields["init"]
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ModelConfig:
@@ -147,13 +166,15 @@ def build_config(
     tie_embeddings: bool = True,
     pos_emb: str | None = None,
     mlp_hidden_mult: int = 4,
+    init: str | None = None,
 ) -> ModelConfig:
     """Return a validated `ModelConfig`, filling defaults from what each mixer declares.
 
     `mixers` is one registry name for every layer or a list with one per layer;
     `layer_options` one kwargs dict per layer; `n_heads` goes to mixers that take a head
     count, and `n_ctx` becomes `l_max` of mixers that take one (unless set);
-    `mlp`/`pos_emb` None mean "what the mixers declare".
+    `mlp`/`pos_emb` None mean "what the mixers declare"; `init` None means "normal", and
+    "zoology" what the paper's code draws for these mixers (`resolve_init`).
     """
     from .mixers import REGISTRY, check_mixer_options, mixer_options
 
@@ -196,4 +217,19 @@ def build_config(
         pos_emb=pos_emb,
         tie_embeddings=tie_embeddings,
         mlp_hidden_mult=mlp_hidden_mult,
+        init=resolve_init(init, classes),
     )
+
+
+def resolve_init(init: str | None, classes: list[type[Mixer]]) -> str:
+    """Return the `ModelConfig.init` (one of INITS) that `init` asks for in a model of mixer
+    `classes`, one per layer. "zoology" follows zoology's `_init_weights`, which picks mamba-ssm's
+    scheme when the model's block type is Mamba's: "mamba" when every layer's mixer declares it
+    (`Mixer.reference_init`), else "normal"."""
+    if init is None:
+        return "normal"
+    if init not in INIT_CHOICES:
+        raise unknown("init", init, INIT_CHOICES)
+    if init != "zoology":
+        return init
+    return "mamba" if all(c.reference_init == "mamba" for c in classes) else "normal"

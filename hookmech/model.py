@@ -240,8 +240,7 @@ class HookedLM(HookedRootModule):
         self.ln_final = FinalNorm(cfg.final_norm, cfg.d_model)
         if not cfg.tie_embeddings:
             self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
-        self.apply(self._init_weights)
-        self._rescale_output_projections()
+        self._initialise()
         self.setup()
 
     @property
@@ -280,7 +279,43 @@ class HookedLM(HookedRootModule):
                 self.hook_aliases[name] = target
                 self.mod_dict[name] = self.hook_dict[target]
 
-    # -- initialisation (zoology / GPT-2: normal 0.02, output projections scaled) --------
+    # -- initialisation (ModelConfig.init) ---------------------------------------------
+    def _initialise(self) -> None:
+        if self.cfg.init == "mamba":
+            self.apply(self._init_weights_mamba)
+            self._redraw_output_projections_mamba()
+        else:  # "normal": zoology / GPT-2, normal 0.02, output projections scaled
+            self.apply(self._init_weights)
+            self._rescale_output_projections()
+
+    @staticmethod
+    def _init_weights_mamba(module: nn.Module) -> None:
+        # mamba-ssm's _init_weights (zoology's branch for Mamba blocks): Linear weights keep
+        # PyTorch's default (Kaiming-uniform) draw, so dt_proj keeps its own; biases are zeroed
+        # except those a mixer marks `_no_reinit` (the dt bias)
+        if isinstance(module, nn.Linear):
+            if module.bias is not None and not getattr(module.bias, "_no_reinit", False):
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def _redraw_output_projections_mamba(self) -> None:
+        # mamba-ssm: out_proj (and fc2) redrawn Kaiming-uniform(a=sqrt(5)), then divided by
+        # sqrt(n_residuals_per_layer * n_layers); zoology keeps n_residuals_per_layer at 1
+        declared = self._output_projection_names()
+        for name, param in self.named_parameters():
+            if name in declared:
+                nn.init.kaiming_uniform_(param, a=math.sqrt(5))
+                with torch.no_grad():
+                    param.div_(math.sqrt(self.cfg.n_layers))
+
+    def _output_projection_names(self) -> set[str]:
+        return {
+            f"blocks.{layer}.{name}"
+            for layer, block in enumerate(self.blocks)
+            for name in block.output_projection_weights()
+        }
+
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         # A mixer marks parameters whose own initialisation matters (Mamba's dt bias) with
@@ -302,11 +337,7 @@ class HookedLM(HookedRootModule):
         # Each sublayer declares its output projections; they are redrawn in parameter order
         # (the order the generator was always consumed in, so seeded inits stay bit-identical).
         std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
-        declared = {
-            f"blocks.{layer}.{name}"
-            for layer, block in enumerate(self.blocks)
-            for name in block.output_projection_weights()
-        }
+        declared = self._output_projection_names()
         for name, param in self.named_parameters():
             if name in declared:
                 nn.init.normal_(param, std=std)

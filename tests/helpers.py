@@ -195,3 +195,36 @@ def assert_state_edit_propagates(model, tokens, state_hook: str, out_hook: str, 
         torch.testing.assert_close(out[row, :shows], clean_out[row, :shows], rtol=0, atol=prefix_atol)
         if shows < n_pos:
             assert not torch.allclose(out[row, shows:], clean_out[row, shows:]), (row, shows)
+
+
+#: the same seeded initialisation on two CPUs (relative, per fingerprint value): the draws and
+#: inits go through log, exp and cos (normal_'s Box-Muller, Mamba's dt and A), which torch
+#: computes per instruction set (AVX-512, AVX2, scalar); measured here between them: up to 2.4e-5
+#: (a normal draw whose uniform is near 1, where log's ulp is amplified); a value drawn in
+#: another order, from another generator state, or scaled differently moves by O(1)
+INIT_TOL = 1e-3
+INIT_FINGERPRINTS = REPO / "tests" / "data" / "init_fingerprints.json"
+
+
+def init_fingerprint(state: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+    """Return, per tensor of `state` (name order), [sum |x|, sum x², up to 16 evenly spaced values]
+    in float64: what `assert_same_init` compares."""
+    out = {}
+    for name in sorted(state):
+        values = state[name].detach().double().flatten()
+        picked = torch.linspace(0, values.numel() - 1, min(16, values.numel())).round().long()
+        out[name] = [values.abs().sum().item(), (values * values).sum().item(), *values[picked].tolist()]
+    return out
+
+
+def assert_same_init(state: dict[str, torch.Tensor], key: str) -> None:
+    """Assert that `state` is the initialisation recorded under `key` in tests/data (INIT_TOL)."""
+    import json
+    import math
+
+    expected = json.loads(INIT_FINGERPRINTS.read_text())[key]
+    got = init_fingerprint(state)
+    assert sorted(got) == sorted(expected), key
+    for name, values in expected.items():
+        for a, b in zip(got[name], values, strict=True):
+            assert math.isclose(a, b, rel_tol=INIT_TOL, abs_tol=1e-8), f"{key}: {name} {a} != {b}"

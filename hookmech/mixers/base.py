@@ -39,6 +39,9 @@ class Mixer(nn.Module):
     block_mlp: ClassVar[bool] = True
     #: default position embedding of a model made of this mixer ("learned" or "none")
     default_pos_emb: ClassVar[str] = "none"
+    #: the weight init its reference code gives a model of this mixer (`hookmech.config.INITS`):
+    #: what ``init = "zoology"`` picks (zoology draws mamba-ssm's scheme for Mamba blocks only)
+    reference_init: ClassVar[str] = "normal"
     #: other names of the block's hooks around this mixer, ``{alias: hook}`` (e.g. attention's
     #: TransformerLens name ``hook_attn_out`` for ``hook_mixer_out``): `HookedLM` resolves them
     #: in `run_with_hooks`/`hooks` and in its caches, and never lists them as hooks of its own

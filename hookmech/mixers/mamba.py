@@ -98,6 +98,7 @@ class Mamba(Mixer):
     block_norm = "rmsnorm"
     block_mlp = False
     output_projections = ("out_proj",)
+    reference_init = "mamba"  # mamba-ssm's _init_weights, which zoology applies to Mamba blocks
 
     def __init__(
         self,

@@ -143,6 +143,7 @@ def build_run(run: dict[str, Any]):
         tie_embeddings=model["tie_embeddings"],
         pos_emb=model["pos_emb"],
         mlp_hidden_mult=model["mlp_hidden_mult"],
+        init=model.get("init"),
     )
     return task, model_config, TrainConfig(**run["train"])
 

@@ -1,13 +1,18 @@
 """Sweep presets: the papers' grids as TOML text (`hookmech sweep --preset NAME`;
 `hookmech sweep --show-preset NAME` prints one to copy and edit).
 
-- ``ar-paper``: paper 000 §5.1 — AR (vocab 8192, 16 pairs as in the paper's code), six
-  architectures × d_model {16…256} × 7 learning rates in [3e-5, 3e-2] (210 runs), 16 epochs.
+- ``ar-paper``: paper 000 §5.1 at its code's configuration (below) — AR (vocab 8192, 16 pairs as
+  in the paper's code), six architectures × d_model {16…256} × 7 learning rates in [3e-5, 3e-2]
+  (210 runs), 16 epochs.
 - ``ar-paper-d64``: paper 000's own code at its AR configuration (tinylang
-  ``experiments/configs/ar_32``): the six architectures at d_model 64, learned position
-  embeddings in every model, ``bias = false`` in every mixer (zoology's meaning, see
-  docs/mixers.md), ``l_max = 1024`` (its n_positions) in the convolutional mixers, 16 epochs of
-  3126 steps. `lr` is a list to narrow to the pilot's best (``--show-preset``, edit, run the file).
+  ``experiments/configs/ar_32``, ``ar_32_nope``, ``ar_32_more_lr``): the six architectures at
+  d_model 64, learned position embeddings for attention only, zoology's weight init per block
+  type (``init = "zoology"``: mamba-ssm's for Mamba), ``bias = false`` in every mixer (zoology's
+  meaning, see docs/mixers.md), ``l_max = 1024`` (its n_positions) in the convolutional mixers,
+  16 epochs of 3126 steps. `lr` is a list to narrow (``--show-preset``, edit, run the file).
+- ``ar-paper-d64-pe``: the same with learned position embeddings in every architecture and
+  hookmech's N(0, 0.02) init for Mamba: appendix D.1's "configuration mistake", and what
+  ``ar-paper-d64`` was before 2026-12-02 (the records in ``results/ar-paper-d64*``).
 - ``ar-paper-d64-pilot``: the same models for 5000 steps (same warm-up and cosine schedule,
   over those 5000 steps) at lr {3e-4, 1e-3, 3e-3}, evaluated at the end: the learning-rate pilot.
 - ``ar-cpu``: the same question at CPU scale (≈30 min on 2 cores): AR vocab 64, 4 pairs,
@@ -44,8 +49,8 @@ seed = 0
 
 #: paper 000's code at its AR configuration (tinylang ``experiments/configs/ar_32``, model
 #: ``Zoology``: n_embd 64, n_head 1, n_layer 2, n_positions 1024, bias false): what [task],
-#: [model] and [mixer_options] of both ``ar-paper-d64`` presets share
-_AR_PAPER_CODE = """
+#: [model] and [mixer_options] of the ``ar-paper-d64*`` presets share; {pos_emb} is theirs
+_AR_PAPER_CODE_TEMPLATE = """
 [task]
 name = "ar"
 vocab_size = 8192
@@ -56,9 +61,7 @@ d_model = 64
 n_layers = 2
 n_heads = 1
 tie_embeddings = true
-# tinylang's Zoology model: learned absolute position embeddings for every architecture
-pos_emb = "learned"
-# bias=False to every mixer, meaning what zoology's (and mamba-ssm's) `bias` means in each:
+{pos_emb}# bias=False to every mixer, meaning what zoology's (and mamba-ssm's) `bias` means in each:
 # attention's q/k/v projection, Hyena's filter bias D, Mamba's in/out projections; BaseConv,
 # H3 and Based ignore it there and here (docs/mixers.md)
 bias = false
@@ -80,15 +83,30 @@ conv_bias_init = "torch"
 l_max = 1024
 """
 
+#: what the paper's table ran (tinylang experiments/README.md: "NoPE for non-attention only"):
+#: attention from ``ar_32`` (learned positions), every other architecture from ``ar_32_nope`` and
+#: ``ar_32_more_lr`` (``pos_emb: false``); the weights drawn as zoology's ``_init_weights`` draws
+#: them for each block type (mamba-ssm's scheme for Mamba, N(0, 0.02) otherwise)
+_AR_PAPER_CODE = _AR_PAPER_CODE_TEMPLATE.replace(
+    "{pos_emb}",
+    """# no pos_emb: each architecture's own default, learned for attention and none for the SSMs
+# (tinylang: ar_32 for attention, ar_32_nope / ar_32_more_lr for the others)
+init = "zoology"
+""",
+)
+#: appendix D.1's "configuration mistake": learned position embeddings in every architecture and
+#: hookmech's N(0, 0.02) init for Mamba too (what ``ar-paper-d64`` ran before 2026-12-02)
+_AR_PAPER_CODE_PE = _AR_PAPER_CODE_TEMPLATE.replace(
+    "{pos_emb}",
+    """# learned absolute position embeddings for every architecture (appendix D.1's set)
+pos_emb = "learned"
+""",
+)
+
 PRESETS: dict[str, str] = {
     "ar-paper": f"""\
 name = "ar-paper"
-
-[task]
-name = "ar"
-vocab_size = 8192
-num_kv_pairs = 16
-
+{_AR_PAPER_CODE}
 [train]
 epochs = 16
 n_train = 100032
@@ -103,14 +121,26 @@ seed = [0]
 name = "ar-paper-d64"
 {_AR_PAPER_CODE}
 [train]
-# tinylang: cosine schedule, warm-up 10 %, batch 32, 16 epochs x 3126 steps, no weight decay
+# tinylang: cosine schedule, warm-up 10 %, batch 32, 16 epochs x 3126 steps
 epochs = 16
 n_train = 100032
 
 [grid]
 arch = {_PAPER_ARCHS}
-# narrow to the learning rate(s) to run: --show-preset, edit, run the file. At this vocabulary the
-# 5,000-step pilot (ar-paper-d64-pilot) ends at chance for attention, so docs/results.md ran lr = [1e-3]
+# narrow to each architecture's best rate(s) and run one file per architecture: --show-preset,
+# edit, run the file (docs/results.md lists the rates the paper's sweep found best)
+lr = [1e-3, 3e-3, 1e-2]
+seed = [0]
+{_MECH}""",
+    "ar-paper-d64-pe": f"""\
+name = "ar-paper-d64-pe"
+{_AR_PAPER_CODE_PE}
+[train]
+epochs = 16
+n_train = 100032
+
+[grid]
+arch = {_PAPER_ARCHS}
 lr = [3e-4, 1e-3, 3e-3]
 seed = [0]
 {_MECH}""",

@@ -7,7 +7,7 @@ A sweep file has
     [train]   trainer options (`TrainConfig` fields: steps, epochs, n_train, warmup_frac, …)
     [model]   fixed model options (arch — a model preset of `hookmech.presets`, e.g. "based"
               = BaseConv and Based layers alternating —, mixer, d_model, n_layers, n_heads, mlp, tie_embeddings,
-              pos_emb, mlp_hidden_mult) and mixer options (`K` for every layer, `L0.K` for one)
+              pos_emb, mlp_hidden_mult, init) and mixer options (`K` for every layer, `L0.K` for one)
     [mixer_options.<mixer>]   options for the layers whose mixer is <mixer> (e.g. attention)
     [grid]    lists whose product is the sweep: any model or trainer key, a mixer option
               (`d_conv`, `L0.window`) or a task option (`task.num_kv_pairs`); without [grid]
@@ -28,7 +28,18 @@ from typing import Any
 from ..errors import UsageError, unknown
 
 #: model keys a sweep may fix or vary; anything else in [model] or [grid] is a mixer option
-MODEL_KEYS = ("arch", "mixer", "d_model", "n_layers", "n_heads", "mlp", "tie_embeddings", "pos_emb", "mlp_hidden_mult")
+MODEL_KEYS = (
+    "arch",
+    "mixer",
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "mlp",
+    "tie_embeddings",
+    "pos_emb",
+    "mlp_hidden_mult",
+    "init",
+)
 MODEL_DEFAULTS = {
     "arch": None,
     "mixer": None,
@@ -39,6 +50,7 @@ MODEL_DEFAULTS = {
     "tie_embeddings": True,
     "pos_emb": None,
     "mlp_hidden_mult": 4,
+    "init": None,
 }
 MECH_DEFAULTS = {
     "sites": ["L1.block_in"],
