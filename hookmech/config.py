@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import schema
+from .devices import memory_bytes
 from .errors import UsageError, unknown
 
 if TYPE_CHECKING:
@@ -28,6 +31,50 @@ HEAD_OPTIONS = ("n_heads", "num_heads")
 #: the option by which long-convolution mixers learn the longest sequence (zoology's l_max);
 #: the paper's code sets it to the task's context size
 CONTEXT_OPTION = "l_max"
+
+
+#: the fields that size a model (integers >= 1)
+SIZE_FIELDS = ("d_vocab", "n_ctx", "d_model", "n_layers", "mlp_hidden_mult")
+#: the fields with one entry per layer
+PER_LAYER_FIELDS = ("mixers", "mixer_kwargs", "mlp", "norms")
+
+
+def check_config_values(values: dict[str, Any]) -> None:
+    """Raise a UsageError naming the field, its value and what it should be when a model config's
+    `values` (fields by name; absent ones are skipped) have the wrong type or size, name an
+    unknown mixer or give a mixer an option it does not take or of the wrong type; return None.
+    A config read from a file may hold anything JSON can, so types are checked before use."""
+    from .mixers import REGISTRY, check_mixer_options
+
+    for name in SIZE_FIELDS:
+        if name in values:
+            _expect(name, values[name], schema.COUNT.fits(values[name]), schema.COUNT.describe())
+    n_layers = values.get("n_layers")
+    for name in (name for name in PER_LAYER_FIELDS if name in values):
+        value = values[name]
+        _expect(
+            name, value, isinstance(value, (tuple, list)) and len(value) == n_layers, f"a list of {n_layers} entries"
+        )
+    if "tie_embeddings" in values:
+        _expect("tie_embeddings", values["tie_embeddings"], isinstance(values["tie_embeddings"], bool), "true or false")
+    if "mlp" in values:
+        _expect("mlp", values["mlp"], all(isinstance(v, bool) for v in values["mlp"]), "true or false for each layer")
+    if "extra" in values:
+        _expect("extra", values["extra"], isinstance(values["extra"], dict), "a table")
+    mixers, options = values.get("mixers", ()), values.get("mixer_kwargs", ())
+    _expect("mixers", mixers, all(isinstance(name, str) for name in mixers), f"a list of {n_layers} names")
+    _expect("mixer_kwargs", options, all(isinstance(o, dict) for o in options), "a table of options per layer")
+    for name, layer_options in zip(mixers, options, strict=False):
+        if name not in REGISTRY:
+            raise unknown("mixer", name, REGISTRY)
+        check_mixer_options(name, REGISTRY[name], layer_options)
+
+
+def _expect(name: str, value: Any, ok: bool, expected: str) -> None:
+    """Raise ``UsageError("NAME = VALUE: expected EXPECTED")`` unless `ok`."""
+    if not ok:
+        shown = list(value) if isinstance(value, tuple) else value
+        raise UsageError(f"{name} = {schema.toml_text(shown)}: expected {expected}")
 
 
 class NoModelError(UsageError, AttributeError):
@@ -67,12 +114,7 @@ class ModelConfig:
     init: str = "normal"
 
     def __post_init__(self) -> None:
-        for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "mlp_hidden_mult"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("mixers", "mixer_kwargs", "mlp", "norms"):
-            if len(getattr(self, name)) != self.n_layers:
-                raise UsageError(f"config.{name} needs {self.n_layers} entries, got {len(getattr(self, name))}")
+        check_config_values(self.__dict__)
         for norm in (*self.norms, self.final_norm):
             if norm not in NORMS:
                 raise unknown("norm", norm, NORMS)
@@ -144,12 +186,16 @@ class ModelConfig:
     def from_json(cls, text: str) -> ModelConfig:
         """Rebuild a config from `to_json` output; unknown keys are an error."""
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise UsageError(f"model config is not a JSON object: {schema.toml_text(data)[:80]}")
         known = {f.name for f in dataclasses.fields(cls)}
         extra_keys = set(data) - known
         if extra_keys:
             raise UsageError(f"model config has unknown keys: {', '.join(sorted(extra_keys))}")
-        for name in ("mixers", "mixer_kwargs", "mlp", "norms"):
-            data[name] = tuple(data[name])
+        for name in PER_LAYER_FIELDS:
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
+        check_config_values(data)  # before the constructor sees them: JSON may hold any type
         return cls(**data)
 
 
@@ -233,3 +279,50 @@ def resolve_init(init: str | None, classes: list[type[Mixer]]) -> str:
     if init != "zoology":
         return init
     return "mamba" if all(c.reference_init == "mamba" for c in classes) else "normal"
+
+
+def check_fits(config: ModelConfig, device="cpu", copies: int = 1, *, meta_model=None) -> None:
+    """Raise a UsageError naming the config's sizes when `copies` copies of the weights and
+    buffers of a model of `config` would not fit in `device`'s memory (`memory_bytes`); return None.
+
+    The model is counted on torch's meta device (shapes only: nothing is allocated; once per
+    config, `_model_size`), or is `meta_model` when the caller built it there already. `copies`
+    counts what the caller holds at once: 2 to load a checkpoint (the file's tensors and the
+    model), 4 to train (weights, gradients and AdamW's two moments)."""
+    size = _size_of(meta_model) if meta_model is not None else _model_size(config.to_json())
+    count, n_bytes, largest, shape = size
+    limit = memory_bytes(device)
+    if limit is None or n_bytes * copies <= limit:
+        return
+    sizes = ", ".join(f"{name} {getattr(config, name)}" for name in ("d_vocab", "n_ctx", "d_model", "n_layers"))
+    held = f"{copies} copies: " if copies > 1 else ""
+    raise UsageError(
+        f"model config ({sizes}) has {count:,} parameters ({held}{_gigabytes(n_bytes * copies)}), more than "
+        f"the {_gigabytes(limit)} of memory of device {str(device)!r}; its largest tensor, {largest}, is {shape}"
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _model_size(config_json: str) -> tuple[int, int, str, list[int]]:
+    """`_size_of` a model of the config `config_json`, built on the meta device (a few ms, so
+    remembered: a command may load one checkpoint many times)."""
+    import torch
+
+    from .model import HookedLM
+
+    with torch.device("meta"):
+        return _size_of(HookedLM(ModelConfig.from_json(config_json)))
+
+
+def _size_of(model) -> tuple[int, int, str, list[int]]:
+    """Return (elements, bytes, name of the largest tensor, its shape) of `model`'s parameters
+    and buffers, each tensor once (tied embeddings are one)."""
+    tensors = {id(t): (name, t) for name, t in (*model.named_parameters(), *model.named_buffers())}
+    count = sum(t.numel() for _, t in tensors.values())
+    n_bytes = sum(t.numel() * t.element_size() for _, t in tensors.values())
+    largest, tensor = max(tensors.values(), key=lambda item: item[1].numel())
+    return count, n_bytes, largest, list(tensor.shape)
+
+
+def _gigabytes(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:,.1f} GiB"
