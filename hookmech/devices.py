@@ -39,7 +39,8 @@ def memory_bytes(device) -> int | None:
 
     parsed = torch.device(device)
     if parsed.type == "cuda":
-        return int(torch.cuda.get_device_properties(parsed.index or 0).total_memory)
+        index = parsed.index if parsed.index is not None else torch.cuda.current_device()
+        return int(torch.cuda.get_device_properties(index).total_memory)
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not POSIX: no limit we can read

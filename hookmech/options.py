@@ -7,7 +7,6 @@ a string. `L0.K=V` applies to layer 0 only and overrides `K=V` there.
 from __future__ import annotations
 
 import collections.abc
-import functools
 import json
 import re
 import types
@@ -76,14 +75,19 @@ def check_option_types(owner: str, cls: type[object], options: dict[str, Any]) -
             raise UsageError(f"{owner}: option {key}={json.dumps(value)} should be {_describe(hint)}")
 
 
-@functools.cache
+#: the resolved constructor annotations of each class checked so far (`_init_hints`)
+_HINTS: dict[type[object], dict[str, Any]] = {}
+
+
 def _init_hints(cls: type[object]) -> dict[str, Any]:
     """The annotations of `cls`'s constructor, resolved once per class (every model config
     checks its mixers' options); {} when one cannot be resolved (nothing to check against)."""
-    try:
-        return typing.get_type_hints(cls.__init__)
-    except Exception:
-        return {}
+    if cls not in _HINTS:
+        try:
+            _HINTS[cls] = typing.get_type_hints(cls.__init__)
+        except Exception:
+            _HINTS[cls] = {}
+    return _HINTS[cls]
 
 
 def _fits(value: Any, hint: Any) -> bool:
