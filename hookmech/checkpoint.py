@@ -13,12 +13,13 @@ from safetensors import safe_open
 from safetensors.torch import save as save_bytes
 
 from . import __version__
-from .config import ModelConfig, check_fits
+from .config import ModelConfig
 from .devices import check_device
 from .errors import HookmechError
 from .fileio import atomic_path
 from .identity import state_hash
 from .model import HookedLM
+from .sizes import check_fits
 
 _PICKLE_MAGIC = b"\x80"  # pickle protocol >= 2 starts with PROTO, then the protocol number
 _PICKLE_PROTOCOLS = tuple(bytes([n]) for n in range(2, 6))

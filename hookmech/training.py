@@ -45,12 +45,13 @@ from . import schema
 from .allocator import keep_freed_memory
 from .cache import answer_probs, run_chunks
 from .checkpoint import first_non_finite, save
-from .config import ModelConfig, check_fits
+from .config import ModelConfig
 from .devices import check_device
 from .errors import HookmechError, UsageError
 from .fileio import atomic_path, disk_full_as_error, read_json, write_text_atomic
 from .locking import folder_lock
 from .model import HookedLM
+from .sizes import check_fits
 from .tasks import Task
 from .tasks.ar import rng_for
 from .tasks.batch import Batch

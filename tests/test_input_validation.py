@@ -183,7 +183,7 @@ def test_a_bad_model_config_names_the_field(changes, message):
 @pytest.mark.parametrize(("changes", "field"), [({"d_model": 200_000}, "d_model 200000"),
                                                  ({"n_ctx": 10**12}, "n_ctx 1000000000000")])
 def test_a_model_too_big_for_memory_is_refused_by_arithmetic(changes, field):
-    from hookmech.config import check_fits
+    from hookmech.sizes import check_fits
 
     config = ModelConfig.from_json(_config_json(**changes))
     with pytest.raises(UsageError) as raised:
@@ -194,12 +194,12 @@ def test_a_model_too_big_for_memory_is_refused_by_arithmetic(changes, field):
 
 def test_check_fits_counts_what_the_model_holds(monkeypatch):
     """The arithmetic: parameters x bytes x copies against the memory here (set small)."""
-    import hookmech.config
-    from hookmech.config import check_fits
+    import hookmech.sizes
+    from hookmech.sizes import check_fits
 
     config = hookmech.load(ATTENTION_FIXTURE).cfg
     n_bytes = sum(t.numel() * t.element_size() for t in hookmech.load(ATTENTION_FIXTURE).state_dict().values())
-    monkeypatch.setattr(hookmech.config, "memory_bytes", lambda device: 4 * n_bytes)
+    monkeypatch.setattr(hookmech.sizes, "memory_bytes", lambda device: 4 * n_bytes)
     check_fits(config, copies=4)
     with pytest.raises(UsageError, match="memory"):
         check_fits(config, copies=5)

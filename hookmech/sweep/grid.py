@@ -161,9 +161,9 @@ def validate(runs: Iterable[Run]) -> None:
     import torch
 
     from .. import tasks
-    from ..config import check_fits
     from ..mech import check_sites_and_positions, mech_batch
     from ..model import HookedLM
+    from ..sizes import check_fits
 
     hooks: dict[str, Any] = {}
     batches: dict[str, Any] = {}
