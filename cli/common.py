@@ -21,31 +21,47 @@ def split_flag(values) -> list[str]:
     return split_list(values)
 
 
+def require_at_least(flag: str, value: int | None, minimum: int) -> None:
+    """Raise a UsageError "FLAG must be >= MINIMUM, got VALUE" unless `value` is None or at
+    least `minimum` (counts: 0 and negatives are refused before anything runs). Returns None."""
+    if value is not None and value < minimum:
+        from hookmech.errors import UsageError
+
+        raise UsageError(f"{flag} must be >= {minimum}, got {value}")
+
+
+def require_name(flag: str, value: str | None) -> None:
+    """Raise a UsageError when a name option was given empty (``--mixer ''``, which would
+    otherwise mean the default) or as a comma list with an empty item. Returns None."""
+    from hookmech.errors import UsageError
+
+    if value is None:
+        return
+    if not value.strip():
+        raise UsageError(f"{flag} is empty; give a name (see '--help')")
+    if any(not item.strip() for item in value.split(",")):
+        raise UsageError(f"{flag} {value!r} has an empty name in its comma list")
+
+
 def set_threads(threads: int | None) -> None:
     """Pin torch's CPU threads (None: leave torch's default)."""
     import torch
 
     if threads is not None:
-        if threads < 1:
-            from hookmech.errors import UsageError
-
-            raise UsageError(f"--threads must be >= 1, got {threads}")
+        require_at_least("--threads", threads, 1)
         torch.set_num_threads(threads)
 
 
 def check_device(device: str) -> str:
-    """Return `device` if torch can use it here, else raise a UsageError."""
-    import torch
-
+    """Return `device` if torch can use it here, else raise a UsageError naming --device
+    (`hookmech.devices.check_device`)."""
+    from hookmech.devices import check_device as check
     from hookmech.errors import UsageError
 
     try:
-        parsed = torch.device(device)
-    except RuntimeError:
-        raise UsageError(f"unknown device {device!r} (try cpu or cuda)") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available here")
-    return device
+        return check(device)
+    except UsageError as error:
+        raise UsageError(f"--device: {error}") from None
 
 
 device_option = click.option("--device", default="cpu", show_default=True, help="torch device to run on")

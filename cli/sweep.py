@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, check_device, device_option, refuse_overwriting_inputs
+from .common import CONTEXT, check_device, device_option, refuse_overwriting_inputs, require_at_least, require_name
 
 
 @click.command(context_settings=CONTEXT)
@@ -36,6 +36,9 @@ def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, a
         return
     if (sweep_file is None) == (preset is None):
         raise UsageError("give a SWEEP_FILE or --preset NAME (one of them)")
+    require_name("--preset", preset)
+    require_at_least("--workers", workers, 1)
+    require_at_least("--threads", threads, 1)
     if runs_dir is not None and not dry_run:
         refuse_overwriting_inputs(
             [("-o", runs_dir), *(("-o", f"{runs_dir}/{name}") for name in ("sweep.json", "results.csv"))],

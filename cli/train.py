@@ -11,6 +11,8 @@ from .common import (
     check_device,
     device_option,
     refuse_overwriting_inputs,
+    require_at_least,
+    require_name,
     set_threads,
     split_flag,
     threads_option,
@@ -122,8 +124,7 @@ def train(
 
     if epochs is not None and steps is not None:
         raise UsageError("give --epochs or --steps, not both")
-    if d_model <= 0 or n_layers <= 0 or n_heads <= 0:
-        raise UsageError("--d-model, --n-layers and --n-heads must be > 0")
+    _check_options(locals())  # every argument, by name
     refuse_overwriting_inputs(
         [("-o", out_dir), *(("-o", f"{out_dir}/{name}") for name in RUN_FILES)], [("--data", data_path)]
     )
@@ -138,7 +139,7 @@ def train(
     train_config = TrainConfig(
         lr=lr,
         warmup_frac=warmup_frac,
-        epochs=None if steps is not None else (epochs or 16),
+        epochs=None if steps is not None else (16 if epochs is None else epochs),
         steps=steps,
         n_train=n_train,
         n_dev=n_dev,
@@ -174,6 +175,35 @@ def train(
         on_eval=on_eval,
     )
     click.echo(json.dumps(summary, sort_keys=True))
+
+
+#: the count options of `train` and their least value (--n-train 0 means fresh documents)
+_COUNTS = {
+    "--d-model": ("d_model", 1),
+    "--n-layers": ("n_layers", 1),
+    "--n-heads": ("n_heads", 1),
+    "--epochs": ("epochs", 1),
+    "--steps": ("steps", 1),
+    "--n-train": ("n_train", 0),
+    "--n-dev": ("n_dev", 1),
+    "--batch-size": ("batch_size", 1),
+    "--eval-every": ("eval_every", 1),
+    "--ckpt-every": ("ckpt_every", 1),
+    "--mech-every": ("mech_every", 1),
+    "--threads": ("threads", 1),
+}
+
+
+def _check_options(options) -> None:
+    """Refuse, before anything is built, counts below their least value, empty names and a seed
+    torch cannot take, naming the option (`options`: the command's arguments by name)."""
+    from hookmech.schema import SEED
+
+    for flag, (name, minimum) in _COUNTS.items():
+        require_at_least(flag, options[name], minimum)
+    for flag, name in (("--task", "task_name"), ("--mixer", "mixer"), ("--preset", "preset")):
+        require_name(flag, options[name])
+    SEED.check("--seed", options["seed"])
 
 
 def _mixers_and_options(mixer, preset, mixer_opt, n_layers):

@@ -4,6 +4,7 @@ metadata (docs/formats.md, "Checkpoint"). Loading never unpickles. The same mode
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,15 @@ from safetensors.torch import save as save_bytes
 
 from . import __version__
 from .config import ModelConfig
+from .devices import check_device
 from .errors import HookmechError
 from .fileio import atomic_path
 from .identity import state_hash
 from .model import HookedLM
+from .sizes import check_fits
 
-_PICKLE_MAGIC = b"\x80"  # pickle protocol >= 2 starts with PROTO
+_PICKLE_MAGIC = b"\x80"  # pickle protocol >= 2 starts with PROTO, then the protocol number
+_PICKLE_PROTOCOLS = tuple(bytes([n]) for n in range(2, 6))
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default container
 
 
@@ -79,11 +83,18 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metada
 def _refuse_non_safetensors(path: Path) -> None:
     with open(path, "rb") as handle:
         head = handle.read(9)
+    size = path.stat().st_size
     # a safetensors header length may itself begin with 0x80 or "PK": sniff pickles only in
     # files that are not safetensors-shaped
-    if _looks_like_safetensors(head, path.stat().st_size):
+    if _looks_like_safetensors(head, size):
         return
-    if head.startswith(_ZIP_MAGIC) or head.startswith(_PICKLE_MAGIC):
+    if head[8:9] == b"{":  # a JSON header after 8 bytes: a safetensors file whose length is broken
+        length = int.from_bytes(head[:8], "little")
+        raise HookmechError(
+            f"{path}: not a valid safetensors file (header length {length} bytes, but the file "
+            f"holds {size} bytes); it is damaged or cut short"
+        )
+    if head.startswith(_ZIP_MAGIC) or (head.startswith(_PICKLE_MAGIC) and head[1:2] in _PICKLE_PROTOCOLS):
         raise HookmechError(
             f"{path}: is a pickle/torch.save file, not safetensors; it was not opened "
             "(convert it with hookmech.load(path, config=...), which reads it with weights_only=True)"
@@ -115,6 +126,8 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         }
     except (ValueError, TypeError) as error:
         raise HookmechError(f"{path}: corrupt hookmech metadata ({error})") from None
+    except HookmechError as error:  # a field of the config, by name (ModelConfig checks each)
+        raise HookmechError(f"{path}: model config: {error}") from None
 
 
 def _load_state(path: Path) -> dict[str, torch.Tensor]:
@@ -133,24 +146,40 @@ def load(path: str | Path, config: ModelConfig | str | Path | None = None, devic
     safetensors checkpoint.
     """
     path = Path(path)
+    check_device(device)
     if path.suffix in (".pt", ".pth"):
         return _load_torch_state(path, config, device)
     meta = read_metadata(path)
-    model = HookedLM(meta["config"])
+    model = _build(meta["config"], device, path)
     _load_into(model, _load_state(path), path)
     return model.to(device).eval()
+
+
+def _build(config: ModelConfig, device: str, path: Path) -> HookedLM:
+    """Return a `HookedLM` of `config` once its size is known to fit `device` (the file's tensors
+    and the model: 2 copies), naming `path` otherwise."""
+    try:
+        check_fits(config, device, copies=2)
+    except HookmechError as error:
+        raise HookmechError(f"{path}: {error}") from None
+    return HookedLM(config)
 
 
 def _load_torch_state(path: Path, config: ModelConfig | str | Path | None, device: str) -> HookedLM:
     if config is None:
         raise HookmechError(f"{path}: a torch state dict needs its model config (config=...)")
     if not isinstance(config, ModelConfig):
-        config = ModelConfig.from_json(Path(config).read_text())
+        try:
+            config = ModelConfig.from_json(Path(config).read_text())
+        except (ValueError, TypeError) as error:
+            raise HookmechError(f"{config}: not a model config ({error})") from None
+        except HookmechError as error:
+            raise HookmechError(f"{config}: model config: {error}") from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise HookmechError(f"{path}: refused by torch.load(weights_only=True) ({error})") from None
-    model = HookedLM(config)
+    model = _build(config, device, path)
     _load_into(model, state, path)
     return model.to(device).eval()
 
@@ -167,3 +196,32 @@ def _load_into(model: HookedLM, state: dict[str, torch.Tensor], path: Path) -> N
                 f"{path}: {name} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}"
             )
     model.load_state_dict(state)
+
+
+def first_non_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, torch.Tensor] | None:
+    """Return ``(name, tensor)`` of the first floating-point tensor of `tensors` holding NaN or
+    inf, or None when every one is finite (one vectorised check per tensor)."""
+    for name, tensor in tensors:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name, tensor
+    return None
+
+
+def check_finite(model: HookedLM, source: str | Path | None = None) -> None:
+    """Raise a HookmechError naming the first parameter of `model` that holds NaN or inf (and
+    how many), prefixed with `source` (e.g. the checkpoint's path) when given; return None.
+
+    `load` reads such checkpoints (a diverged run's file may be inspected); commands whose
+    results would silently be NaN call this first. It reads every parameter once, cheaply
+    next to one forward pass."""
+    found = first_non_finite(model.named_parameters())
+    if found is None:
+        return
+    name, tensor = found
+    n_nan = int(torch.isnan(tensor).sum())
+    n_inf = int(torch.isinf(tensor).sum())
+    prefix = f"{source}: " if source is not None else ""
+    raise HookmechError(
+        f"{prefix}parameter {name} holds non-finite values ({n_nan} NaN, {n_inf} inf of {tensor.numel()}); "
+        "the model diverged or the file is damaged, so its outputs would be NaN"
+    )

@@ -8,6 +8,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import schema
 from .errors import UsageError, unknown
 
 if TYPE_CHECKING:
@@ -28,6 +29,50 @@ HEAD_OPTIONS = ("n_heads", "num_heads")
 #: the option by which long-convolution mixers learn the longest sequence (zoology's l_max);
 #: the paper's code sets it to the task's context size
 CONTEXT_OPTION = "l_max"
+
+
+#: the fields that size a model (integers >= 1)
+SIZE_FIELDS = ("d_vocab", "n_ctx", "d_model", "n_layers", "mlp_hidden_mult")
+#: the fields with one entry per layer
+PER_LAYER_FIELDS = ("mixers", "mixer_kwargs", "mlp", "norms")
+
+
+def check_config_values(values: dict[str, Any]) -> None:
+    """Raise a UsageError naming the field, its value and what it should be when a model config's
+    `values` (fields by name; absent ones are skipped) have the wrong type or size, name an
+    unknown mixer or give a mixer an option it does not take or of the wrong type; return None.
+    A config read from a file may hold anything JSON can, so types are checked before use."""
+    from .mixers import REGISTRY, check_mixer_options
+
+    for name in SIZE_FIELDS:
+        if name in values:
+            _expect(name, values[name], schema.COUNT.fits(values[name]), schema.COUNT.describe())
+    n_layers = values.get("n_layers")
+    for name in (name for name in PER_LAYER_FIELDS if name in values):
+        value = values[name]
+        _expect(
+            name, value, isinstance(value, (tuple, list)) and len(value) == n_layers, f"a list of {n_layers} entries"
+        )
+    if "tie_embeddings" in values:
+        _expect("tie_embeddings", values["tie_embeddings"], isinstance(values["tie_embeddings"], bool), "true or false")
+    if "mlp" in values:
+        _expect("mlp", values["mlp"], all(isinstance(v, bool) for v in values["mlp"]), "true or false for each layer")
+    if "extra" in values:
+        _expect("extra", values["extra"], isinstance(values["extra"], dict), "a table")
+    mixers, options = values.get("mixers", ()), values.get("mixer_kwargs", ())
+    _expect("mixers", mixers, all(isinstance(name, str) for name in mixers), f"a list of {n_layers} names")
+    _expect("mixer_kwargs", options, all(isinstance(o, dict) for o in options), "a table of options per layer")
+    for name, layer_options in zip(mixers, options, strict=False):
+        if name not in REGISTRY:
+            raise unknown("mixer", name, REGISTRY)
+        check_mixer_options(name, REGISTRY[name], layer_options)
+
+
+def _expect(name: str, value: Any, ok: bool, expected: str) -> None:
+    """Raise ``UsageError("NAME = VALUE: expected EXPECTED")`` unless `ok`."""
+    if not ok:
+        shown = list(value) if isinstance(value, tuple) else value
+        raise UsageError(f"{name} = {schema.toml_text(shown)}: expected {expected}")
 
 
 class NoModelError(UsageError, AttributeError):
@@ -67,12 +112,7 @@ class ModelConfig:
     init: str = "normal"
 
     def __post_init__(self) -> None:
-        for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "mlp_hidden_mult"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("mixers", "mixer_kwargs", "mlp", "norms"):
-            if len(getattr(self, name)) != self.n_layers:
-                raise UsageError(f"config.{name} needs {self.n_layers} entries, got {len(getattr(self, name))}")
+        check_config_values(self.__dict__)
         for norm in (*self.norms, self.final_norm):
             if norm not in NORMS:
                 raise unknown("norm", norm, NORMS)
@@ -144,12 +184,16 @@ class ModelConfig:
     def from_json(cls, text: str) -> ModelConfig:
         """Rebuild a config from `to_json` output; unknown keys are an error."""
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise UsageError(f"model config is not a JSON object: {schema.toml_text(data)[:80]}")
         known = {f.name for f in dataclasses.fields(cls)}
         extra_keys = set(data) - known
         if extra_keys:
             raise UsageError(f"model config has unknown keys: {', '.join(sorted(extra_keys))}")
-        for name in ("mixers", "mixer_kwargs", "mlp", "norms"):
-            data[name] = tuple(data[name])
+        for name in PER_LAYER_FIELDS:
+            if isinstance(data.get(name), list):
+                data[name] = tuple(data[name])
+        check_config_values(data)  # before the constructor sees them: JSON may hold any type
         return cls(**data)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import HookmechError, UsageError
+from .fileio import disk_full_as_error
 
 if sys.platform == "win32":  # pragma: no cover - not on POSIX
     fcntl = None
@@ -75,10 +76,24 @@ def _acquire(folder: Path, what: str) -> int:
         except FileNotFoundError:
             same = False
         if same:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _write_pid(fd, path)
             return fd
         os.close(fd)
+
+
+def _write_pid(fd: int, path: Path) -> None:
+    """Write our PID into the lock file `path` (open as `fd`, locked). If that fails (a full disk
+    has room for the file's name, not for its bytes), remove the file and close `fd`, so that no
+    empty lock file stays behind, and raise: a full disk as a HookmechError naming `path`."""
+    try:
+        with disk_full_as_error(path):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # still locked: nobody else holds this file (see `_acquire`)
+        os.close(fd)
+        raise
 
 
 @contextlib.contextmanager
@@ -108,7 +123,13 @@ def folder_lock(folder: str | Path, what: str = "folder") -> Iterator[Path]:
     if holder == me:  # nested: the outer block holds the lock and releases it
         yield folder
         return
-    fd = _acquire(folder, what)
+    try:
+        fd = _acquire(folder, what)
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):  # only if empty, as below
+                folder.rmdir()
+        raise
     with _guard:
         _held[key] = me
     try:

@@ -68,14 +68,26 @@ def check_option_types(owner: str, cls: type[object], options: dict[str, Any]) -
     """Raise a UsageError naming `owner` when an option's value does not fit the type the
     constructor of `cls` annotates (``window=abc`` for an ``int | None``, ``2.5`` for an int).
     Options whose annotation cannot be read are left to the constructor."""
-    try:
-        hints = typing.get_type_hints(cls.__init__)
-    except Exception:  # an annotation we cannot resolve: nothing to check against
-        return
+    hints = _init_hints(cls)
     for key, value in options.items():
         hint = hints.get(key)
         if hint is not None and not _fits(value, hint):
             raise UsageError(f"{owner}: option {key}={json.dumps(value)} should be {_describe(hint)}")
+
+
+#: the resolved constructor annotations of each class checked so far (`_init_hints`)
+_HINTS: dict[type[object], dict[str, Any]] = {}
+
+
+def _init_hints(cls: type[object]) -> dict[str, Any]:
+    """The annotations of `cls`'s constructor, resolved once per class (every model config
+    checks its mixers' options); {} when one cannot be resolved (nothing to check against)."""
+    if cls not in _HINTS:
+        try:
+            _HINTS[cls] = typing.get_type_hints(cls.__init__)
+        except Exception:
+            _HINTS[cls] = {}
+    return _HINTS[cls]
 
 
 def _fits(value: Any, hint: Any) -> bool:

@@ -3,7 +3,7 @@
 A run lives in one folder::
 
     run.json              what was asked (model config, task spec, trainer options)
-    model.safetensors     the latest weights (a normal hookmech checkpoint)
+    model.safetensors     the latest weights (a normal hookmech checkpoint; only finite ones)
     resume.safetensors    weights + optimizer moments + step, written atomically together
     metrics.jsonl         one JSON object per evaluation (each step once, also after a resume)
     summary.json          written last: the run is finished
@@ -41,14 +41,17 @@ from safetensors.torch import save_file
 from torch import Tensor
 from torch.nn import functional as F
 
+from . import schema
 from .allocator import keep_freed_memory
 from .cache import answer_probs, run_chunks
-from .checkpoint import save
+from .checkpoint import first_non_finite, save
 from .config import ModelConfig
+from .devices import check_device
 from .errors import HookmechError, UsageError
 from .fileio import atomic_path, disk_full_as_error, read_json, write_text_atomic
 from .locking import folder_lock
 from .model import HookedLM
+from .sizes import check_fits
 from .tasks import Task
 from .tasks.ar import rng_for
 from .tasks.batch import Batch
@@ -58,6 +61,21 @@ RUN_FILES = ("run.json", "model.safetensors", "resume.safetensors", "metrics.jso
 
 # seed streams: independent documents for each purpose
 _TRAIN_SET, _DEV_SET, _FRESH, _EPOCH_ORDER = 0, 1, 2, 3
+
+
+#: what each trainer option may be (`TrainConfig` checks them; sweep files are checked against them)
+TRAIN_FIELDS: dict[str, schema.Field] = {
+    "lr": schema.number(0, above=True),
+    "warmup_frac": schema.number(0, 1),
+    "epochs": schema.COUNT,
+    "steps": schema.COUNT,
+    "n_train": schema.integer(0),
+    "n_dev": schema.COUNT,
+    "batch_size": schema.COUNT,
+    "seed": schema.SEED,
+    "eval_every": schema.COUNT,
+    "ckpt_every": schema.COUNT,
+}
 
 
 @dataclass(frozen=True)
@@ -76,25 +94,14 @@ class TrainConfig:
     ckpt_every: int = 1000
 
     def __post_init__(self) -> None:
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise UsageError(f"lr must be > 0, got {self.lr}")
-        if not 0 <= self.warmup_frac <= 1:
-            raise UsageError(f"warmup_frac must be in [0, 1], got {self.warmup_frac}")
+        for name, field in TRAIN_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None or name not in ("epochs", "steps"):
+                field.check(name, value)
         if (self.epochs is None) == (self.steps is None):
             raise UsageError("give exactly one of epochs and steps")
         if self.n_train == 0 and self.steps is None:
             raise UsageError("n_train 0 (fresh documents every step) needs steps, not epochs")
-        for name in ("epochs", "steps"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise UsageError(f"{name} must be > 0, got {value}")
-        for name in ("n_dev", "batch_size", "eval_every", "ckpt_every"):
-            if getattr(self, name) <= 0:
-                raise UsageError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.n_train < 0:
-            raise UsageError(f"n_train must be >= 0, got {self.n_train}")
-        if self.seed < 0:
-            raise UsageError(f"seed must be >= 0, got {self.seed}")
 
     def total_steps(self) -> int:
         """Number of optimizer steps of the whole run."""
@@ -180,21 +187,57 @@ def _save_resume(path: Path, model: HookedLM, optimizer: torch.optim.Optimizer, 
         save_file(tensors, str(tmp), metadata={"resume": json.dumps(extra)})
 
 
-def _load_resume(path: Path, model: HookedLM, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+#: what a resume state's metadata holds, and what each value may be
+_RESUME_FIELDS = {
+    "step": schema.integer(0),
+    "seconds": schema.number(0),
+    "loss_sum": schema.number(),
+    "loss_count": schema.integer(0),
+}
+
+
+def _load_resume(path: Path, model: HookedLM, optimizer: torch.optim.Optimizer, total: int) -> dict[str, Any]:
+    """Load the resume state at `path` into `model` and `optimizer`; return its metadata. A state
+    that does not fit this run (of `total` steps) or holds non-finite values is refused, naming
+    the file: resuming it would go on from NaN and could end 'finished'."""
     try:
         with safe_open(str(path), framework="pt") as handle:
             extra = json.loads(handle.metadata()["resume"])
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     except Exception as error:
         raise HookmechError(f"{path}: unreadable resume state ({error}); delete it to restart the run") from None
-    model.load_state_dict({name[6:]: t for name, t in tensors.items() if name.startswith("model.")})
+    _check_resume_metadata(path, extra, total)
+    found = first_non_finite(tensors.items())
+    if found is not None:
+        raise HookmechError(
+            f"{path}: the resume state holds non-finite values (NaN or inf) in {found[0]}, so the run "
+            "cannot go on from it; delete it to restart the run"
+        )
     state: dict[int, dict[str, Tensor]] = {}
     for name, tensor in tensors.items():
         if name.startswith("optim."):
             _, index, key = name.split(".", 2)
             state.setdefault(int(index), {})[key] = tensor
-    optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+    try:
+        model.load_state_dict({name[6:]: t for name, t in tensors.items() if name.startswith("model.")})
+        optimizer.load_state_dict({"state": state, "param_groups": optimizer.state_dict()["param_groups"]})
+    except (RuntimeError, ValueError, KeyError) as error:
+        first = str(error).strip().splitlines()[0]
+        raise HookmechError(f"{path}: the resume state does not fit this run's model ({first}); delete it") from None
     return extra
+
+
+def _check_resume_metadata(path: Path, extra: Any, total: int) -> None:
+    """Raise a HookmechError naming `path` and the key when the resume metadata is not what
+    `_save_resume` writes (a step in 0..total, finite counters)."""
+    if not isinstance(extra, dict):
+        raise HookmechError(f"{path}: resume metadata is not a table; delete it to restart the run")
+    for key, field in {**_RESUME_FIELDS, "step": schema.integer(0, total)}.items():
+        if key not in extra or not field.fits(extra[key]):
+            raise HookmechError(
+                f"{path}: resume metadata {key} = {schema.toml_text(extra.get(key))} is not {field.describe()}; "
+                "delete it to restart the run"
+            )
 
 
 def _run_record(
@@ -252,7 +295,11 @@ def train(
     ``status``. `on_step(step)` is called after each optimizer step (tests use it to
     interrupt a run); `on_eval(step, model)` at each evaluation, its dict is added to that
     step's metrics line (e.g. attributions measured during training). Raises `HookmechError` if
-    the loss becomes NaN (the last good checkpoint is kept).
+    the loss or the weights become NaN or inf, saying which checkpoint the folder keeps: only
+    finite weights are written, and summary.json gets ``status`` "nan" and ``checkpoint_step``
+    (None when the run diverged before its first checkpoint). A resume state holding NaN or inf
+    is refused. `device` must exist here and the model fit its memory (`check_fits`), or a
+    UsageError is raised before anything is written.
 
     `train_set` (rows of `task`, ``config.n_train`` of them) replaces the sampled training set;
     `train_set_sha256` (default: `batch_sha256` of it; the CLI gives the dataset file's) is
@@ -263,6 +310,8 @@ def train(
     """
     keep_freed_memory()  # CPU steps allocate multi-MB temporaries: see hookmech/allocator.py
     out = Path(out_dir)
+    check_device(device)
+    check_fits(model_config, device, copies=4)  # weights, gradients, AdamW's two moments
     log = log or (lambda message: print(message, file=sys.stderr))
     if train_set is not None:
         from .datasets import check_batch
@@ -372,21 +421,36 @@ def _train_loop(
 ) -> dict[str, Any]:
     """Run the optimizer steps left in `out` (resuming from its resume state) and return the summary."""
     summary_path, resume_path, metrics_path = out / "summary.json", out / "resume.safetensors", out / "metrics.jsonl"
+    total = config.total_steps()
     start, seconds_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
+    kept: int | None = None  # the step of the checkpoint in the folder (model.safetensors, resume state)
     if resume_path.exists():
-        extra = _load_resume(resume_path, model, optimizer)
+        extra = _load_resume(resume_path, model, optimizer, total)
         start, seconds_before = extra["step"], extra["seconds"]
         loss_sum, loss_count = extra["loss_sum"], extra["loss_count"]
+        kept = start
         log(f"{out}: resuming from step {start}")
     _truncate_metrics(metrics_path, start)
 
-    total = config.total_steps()
     began = time.perf_counter()
     last_eval: dict[str, float] = {}
     bar = _progress_bar(total, start, progress)
 
     def elapsed() -> float:
         return seconds_before + time.perf_counter() - began
+
+    def diverged(what: str, step: int) -> HookmechError:
+        """Write the "nan" summary; return the error saying what diverged and what was kept."""
+        bar.close()
+        _write_summary(
+            summary_path,
+            {"status": "nan", "steps": step, "checkpoint_step": kept, "seconds": elapsed(), **last_eval},
+        )
+        if kept is None:
+            was_kept = f"no checkpoint was kept (the first was due at step {min(config.ckpt_every, total)})"
+        else:
+            was_kept = f"kept the checkpoint of step {kept} in {out / 'model.safetensors'}"
+        return HookmechError(f"{what} at step {step}; run stopped, {was_kept}")
 
     def checkpoint(step: int) -> None:
         _save_resume(
@@ -403,18 +467,22 @@ def _train_loop(
             group["lr"] = learning_rate(step, config)
         loss = answer_loss(model, batch)
         if not torch.isfinite(loss):
-            bar.close()
-            _write_summary(summary_path, {"status": "nan", "steps": step, "seconds": elapsed(), **last_eval})
-            raise HookmechError(
-                f"loss became {loss.item()} at step {step}; run stopped, last good checkpoint kept in {out}"
-            )
+            raise diverged(f"loss became {loss.item()}", step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
         done = step + 1
         bar.update(1)
-        if done % config.eval_every == 0 or done == total:
+        evaluating = done % config.eval_every == 0 or done == total
+        checkpointing = done % config.ckpt_every == 0 or done == total
+        if evaluating or checkpointing:
+            # a finite loss can still leave NaN weights (an inf gradient): only finite weights
+            # are evaluated or written, so the folder's checkpoint is always one to resume from
+            bad = first_non_finite(_training_state(model, optimizer))
+            if bad is not None:
+                raise diverged(f"the weights became non-finite (NaN or inf in {bad[0]})", done)
+        if evaluating:
             last_eval = evaluate(model, dev)
             entry = {
                 "step": done,
@@ -430,8 +498,9 @@ def _train_loop(
                 handle.write(json.dumps(entry) + "\n")
             loss_sum, loss_count = 0.0, 0
             bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{last_eval['dev_acc']:.3f}")
-        if done % config.ckpt_every == 0 or done == total:
+        if checkpointing:
             checkpoint(done)
+            kept = done
         if on_step is not None:
             on_step(done)
     bar.close()
@@ -445,6 +514,15 @@ def _train_loop(
     )
     _write_summary(summary_path, summary)
     return summary
+
+
+def _training_state(model: HookedLM, optimizer: torch.optim.Optimizer):
+    """Yield ``(name, tensor)`` of what a checkpoint writes: the weights, then AdamW's moments."""
+    yield from model.named_parameters()
+    for index, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            if isinstance(value, Tensor):
+                yield f"optim.{index}.{key}", value
 
 
 def _write_summary(path: Path, summary: dict[str, Any]) -> None:

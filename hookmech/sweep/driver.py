@@ -4,8 +4,10 @@ current as runs finish."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -15,7 +17,7 @@ from typing import Any
 from ..errors import HookmechError, UsageError, unknown
 from ..fileio import write_text_atomic
 from ..locking import folder_lock
-from .engines import ENGINES, default_threads, run_local, run_ray
+from .engines import ENGINES, check_ray_address, default_threads, import_ray, ray_session, run_local, run_ray
 from .grid import expand, validate
 from .results import write_results
 from .spec import Sweep
@@ -41,20 +43,23 @@ def run_sweep(
     ``status = "error"``; the sweep then raises a HookmechError after writing the table.
 
     Every run is checked (`validate`) before anything is written; a bad option of any run raises
-    then, naming the run. Raises `hookmech.locking.FolderLocked` if another process holds
-    `runs_dir`.
+    then, naming the run; so does a Ray that is not installed, or an `address` where nothing
+    answers. Raises `hookmech.locking.FolderLocked` if another process holds `runs_dir`.
     """
     if engine not in ENGINES:
         raise unknown("engine", engine, ENGINES)
     if workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
-    if gpus_per_run < 0:
-        raise UsageError(f"--gpus-per-run must be >= 0, got {gpus_per_run}")
+    if not (math.isfinite(gpus_per_run) and gpus_per_run >= 0):
+        raise UsageError(f"--gpus-per-run must be a number >= 0, got {gpus_per_run}")
     if gpus_per_run > 0 and engine != "ray":
         raise UsageError("--gpus-per-run needs --engine ray")
-    threads = threads or default_threads(workers)
+    threads = default_threads(workers) if threads is None else threads
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")
+    if engine == "ray":  # before anything is checked at length or written: Ray may be absent or far
+        import_ray()
+        check_ray_address(address)
     log = log or (lambda message: print(message, file=sys.stderr))
     runs = expand(sweep)
     validate(runs)
@@ -62,7 +67,6 @@ def run_sweep(
     # one sweep at a time in a runs folder (its results.csv is rewritten as runs finish); each
     # worker then locks only its own run folder, so workers never wait for each other
     with folder_lock(runs_dir, "runs folder"):
-        write_text_atomic(runs_dir / "sweep.json", json.dumps(dataclasses.asdict(sweep), indent=1, sort_keys=True))
         as_dicts = [run.as_dict() for run in runs]
         rows: dict[str, dict[str, Any]] = {}
         todo = []
@@ -71,33 +75,37 @@ def run_sweep(
                 rows[run["run_id"]] = collect_row(run, runs_dir)
             else:
                 todo.append(run)
-        log(
-            f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
-            f"({engine}, {workers} workers x {threads} threads)"
-        )
-        began = time.perf_counter()
-
-        def done(run: dict[str, Any], row: dict[str, Any]) -> None:
-            rows[run["run_id"]] = row
-            acc = row.get("dev_acc")
-            detail = row.get("error") or (f"dev_acc {acc:.3f}" if isinstance(acc, float) else "")
+        # Ray starts (or fails to, in one line) before the sweep writes or says anything
+        session = ray_session(workers, threads, address) if engine == "ray" and todo else contextlib.nullcontext()
+        with session as ray:
+            write_text_atomic(runs_dir / "sweep.json", json.dumps(dataclasses.asdict(sweep), indent=1, sort_keys=True))
             log(
-                f"[{len(rows)}/{len(runs)}] {run['run_id']}: {row['status']} {detail} "
-                f"({time.perf_counter() - began:.0f} s)"
+                f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
+                f"({engine}, {workers} workers x {threads} threads)"
             )
-            write_results([rows[r["run_id"]] for r in as_dicts if r["run_id"] in rows], runs_dir / "results.csv")
+            began = time.perf_counter()
 
-        if todo:
-            if engine == "local":
-                run_local(todo, str(runs_dir), workers, threads, device, done)
-            else:
-                run_ray(todo, str(runs_dir), workers, threads, device, done, address, gpus_per_run)
-        ordered = [rows[run["run_id"]] for run in as_dicts]
-        write_results(ordered, runs_dir / "results.csv")
-        failed = [row["run_id"] for row in ordered if row["status"] == "error"]
-        if failed:
-            raise HookmechError(
-                f"{len(failed)} of {len(runs)} runs failed ({', '.join(failed[:3])}"
-                f"{', …' if len(failed) > 3 else ''}); results.csv has the rest; rerun to retry"
-            )
-        return ordered
+            def done(run: dict[str, Any], row: dict[str, Any]) -> None:
+                rows[run["run_id"]] = row
+                acc = row.get("dev_acc")
+                detail = row.get("error") or (f"dev_acc {acc:.3f}" if isinstance(acc, float) else "")
+                log(
+                    f"[{len(rows)}/{len(runs)}] {run['run_id']}: {row['status']} {detail} "
+                    f"({time.perf_counter() - began:.0f} s)"
+                )
+                write_results([rows[r["run_id"]] for r in as_dicts if r["run_id"] in rows], runs_dir / "results.csv")
+
+            if todo:
+                if engine == "local":
+                    run_local(todo, str(runs_dir), workers, threads, device, done)
+                else:
+                    run_ray(ray, todo, str(runs_dir), threads, device, done, gpus_per_run)
+            ordered = [rows[run["run_id"]] for run in as_dicts]
+            write_results(ordered, runs_dir / "results.csv")
+            failed = [row["run_id"] for row in ordered if row["status"] == "error"]
+            if failed:
+                raise HookmechError(
+                    f"{len(failed)} of {len(runs)} runs failed ({', '.join(failed[:3])}"
+                    f"{', …' if len(failed) > 3 else ''}); results.csv has the rest; rerun to retry"
+                )
+            return ordered

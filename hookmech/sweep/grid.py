@@ -153,7 +153,8 @@ def validate(runs: Iterable[Run]) -> None:
     HookmechError naming the run) on the first bad one.
 
     Builds each run's task (and its test split, where it has one), model config and trainer
-    config, each distinct model on torch's meta device (no memory, no compute), and checks the
+    config, each distinct model on torch's meta device (no memory, no compute; its size must fit
+    this machine's memory, `check_fits`), and checks the
     [mech] sites against that model's hooks, the positions against the run's mech batch, and
     ``every`` against the run's ``eval_every``.
     """
@@ -162,6 +163,7 @@ def validate(runs: Iterable[Run]) -> None:
     from .. import tasks
     from ..mech import check_sites_and_positions, mech_batch
     from ..model import HookedLM
+    from ..sizes import check_fits
 
     hooks: dict[str, Any] = {}
     batches: dict[str, Any] = {}
@@ -173,7 +175,9 @@ def validate(runs: Iterable[Run]) -> None:
             key = model_config.to_json()
             if key not in hooks:
                 with torch.device("meta"):
-                    hooks[key] = HookedLM(model_config).hook_dict
+                    meta_model = HookedLM(model_config)
+                check_fits(model_config, copies=4, meta_model=meta_model)  # as `train` will
+                hooks[key] = meta_model.hook_dict
             mech = run.mech
             if mech is None:
                 continue
