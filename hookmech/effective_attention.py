@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .errors import HookmechError, UsageError
+from .model import check_tokens
 
 SUMMARIES = ("mean", None)
 #: the largest per-channel result `attention_maps(summary=None)` returns, in elements
@@ -44,8 +45,7 @@ def attention_maps(model, tokens: Tensor, *, summary: str | None = "mean") -> di
     """
     if summary not in SUMMARIES:
         raise UsageError(f"attention_maps: summary must be 'mean' or None, got {summary!r}")
-    if tokens.dim() != 2:
-        raise UsageError(f"attention_maps: tokens must be [batch, pos], got shape {list(tokens.shape)}")
+    check_tokens(tokens, model.cfg, "attention_maps")
     names = [f"blocks.{layer}.hook_mixer_in" for layer in range(len(model.blocks))]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=names, return_cache_object=False)

@@ -123,6 +123,19 @@ def _process_exists(pid: int) -> bool:
     return True
 
 
+def temp_prefix(path: str | Path) -> str:
+    """Return how this process's temporary names for `path` begin: ``.<name>.<pid>@<host>.``
+    (`TEMP_NAME`; `tempfile.mkdtemp` adds the random part and the suffix)."""
+    return f".{Path(path).name}.{os.getpid()}@{_host_tag()}."
+
+
+def temp_owner_gone(name: str) -> bool:
+    """True when `name` is a temporary name (`TEMP_NAME`, with any suffix in place of ``.tmp``)
+    whose writer ran on this host and is no longer running: a name no live process owns."""
+    match = TEMP_NAME.match(name.rsplit(".", 1)[0] + ".tmp")
+    return match is not None and match["host"] == _host_tag() and not _process_exists(int(match["pid"]))
+
+
 @contextlib.contextmanager
 def disk_full_as_error(path: str | Path) -> Iterator[None]:
     """Turn a full disk (or quota, or file size limit) inside the block into one

@@ -16,9 +16,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from transformer_lens import ActivationCache, HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 from .config import ModelConfig
-from .errors import HookmechError, UsageError
+from .errors import HookmechError, UsageError, unknown
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
 from .mixers.base import Mixer, hook_in_use, kept, take_window
@@ -608,6 +609,29 @@ class HookedLM(HookedRootModule):
         clean at the `senders` positions ``[N, pos]`` (its head `head` only, if given; `paths.path_change`)."""
         return path_change(self, ends, acts, senders, head)
 
+    def run_with_hooks(self, *model_args: Any, **kwargs: Any) -> Logits | QueryLogits | Resid:
+        """Run the model with `fwd_hooks` and `bwd_hooks` attached; return its output.
+
+        TransformerLens's own, after two checks that turn its raw errors into a UsageError: the
+        tokens (`check_tokens`, unless the input is a residual stream given with `start_at_layer`)
+        and every hook named in `fwd_hooks` and `bwd_hooks` (a hook name or alias of this model;
+        a filter function is TransformerLens's to apply).
+        """
+        self._check_model_input("run_with_hooks", model_args, kwargs)
+        hooks = [*kwargs.get("fwd_hooks", ()), *kwargs.get("bwd_hooks", ())]
+        for name in (name for name, _ in hooks if isinstance(name, str)):
+            if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
+                raise unknown("hook", name, [*self.hook_dict, *self.hook_aliases])
+        return super().run_with_hooks(*model_args, **kwargs)
+
+    def _check_model_input(self, caller: str, model_args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """`check_tokens` on the input of `caller` unless it is a residual stream (`start_at_layer`)."""
+        if kwargs.get("start_at_layer") is not None:
+            return
+        if not model_args and "input" not in kwargs:
+            raise UsageError(f"{caller}: give the tokens [batch, pos] to run the model on")
+        check_tokens(model_args[0] if model_args else kwargs["input"], self.cfg, caller)
+
     def run_with_cache(
         self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any
     ) -> tuple[Logits | QueryLogits | Resid, AliasedActivationCache | dict[str, Tensor]]:
@@ -617,8 +641,9 @@ class HookedLM(HookedRootModule):
         `AliasedActivationCache`, which also answers to `hook_aliases`) unless
         `return_cache_object=False` (then a plain dict of hook name -> tensor). A `names_filter`
         given as a name or a list of names may use hook aliases; the cache keys them by the
-        hooks' own names.
+        hooks' own names. Tokens are checked first (`check_tokens`; a UsageError).
         """
+        self._check_model_input("run_with_cache", model_args, kwargs)
         names_filter = kwargs.get("names_filter")
         if isinstance(names_filter, str):
             kwargs["names_filter"] = self.hook_aliases.get(names_filter, names_filter)
@@ -634,6 +659,33 @@ class HookedLM(HookedRootModule):
         if hook_name.startswith("blocks."):
             return int(hook_name.split(".")[1])
         return None
+
+
+#: the token dtypes the embedding takes
+TOKEN_DTYPES = (torch.int64, torch.int32)
+
+
+def check_tokens(tokens: Any, cfg: ModelConfig, caller: str) -> None:
+    """Raise a UsageError naming `caller` unless `tokens` is an integer tensor ``[batch, pos]``
+    (`TOKEN_DTYPES`) of at least one row and one position, every id in ``0 .. d_vocab - 1``.
+    The ids cost one min/max over the tensor (the sequence length is `embed_tokens`' to check)."""
+    if not isinstance(tokens, Tensor):
+        raise UsageError(
+            f"{caller}: tokens must be a torch tensor [batch, pos] of token ids, got {type(tokens).__name__}"
+        )
+    if tokens.dtype not in TOKEN_DTYPES:
+        raise UsageError(f"{caller}: tokens must be integer ids (torch.int64 or torch.int32), got {tokens.dtype}")
+    if tokens.dim() != 2 or tokens.numel() == 0:
+        raise UsageError(
+            f"{caller}: tokens must be [batch, pos] with at least one row and one position, "
+            f"got shape {list(tokens.shape)}"
+        )
+    low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one transfer from the device
+    if low < 0 or high >= cfg.d_vocab:
+        bad = low if low < 0 else high
+        raise UsageError(
+            f"{caller}: token id {bad} is outside the vocabulary 0..{cfg.d_vocab - 1} (d_vocab {cfg.d_vocab})"
+        )
 
 
 def _at_positions(base: Callable[[str], Tensor], at: RowInts) -> Callable[[str], Tensor]:

@@ -22,11 +22,15 @@ File names depend only on the runs; figures are drawn with fixed seeds and no ti
 from __future__ import annotations
 
 import contextlib
+import csv
+import html
+import io
 import json
 import math
 import os
 import shutil
 import tempfile
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -35,23 +39,149 @@ from typing import Any
 import numpy as np
 
 from .errors import HookmechError, UsageError, unknown
-from .fileio import atomic_path, write_text_atomic
+from .fileio import TEMP_NAME, atomic_path, read_json, sha256_of, temp_owner_gone, temp_prefix, write_text_atomic
 
 SWEPT = ("d_model", "lr", "seed")
 POSITIONS = ("key", "value", "query")
 N_BOOTSTRAP = 1000
 
 
-# -- tables --------------------------------------------------------------------------------
+# -- reading a sweep folder ----------------------------------------------------------------
+#: the columns every results.csv has (`sweep.result_columns`)
+REQUIRED_COLUMNS = ("run_id", "status", "dev_acc")
+#: columns whose cells are numbers or empty (with every ``attr:<site>@<pos>`` column)
+NUMBER_COLUMNS: tuple[str, ...] = ("dev_acc", "dev_p_answer", "test_acc", "test_p_answer", "steps", "seconds")
+NUMBER_COLUMNS += ("mech_n", "mech_p_clean", "mech_p_corrupt", "d_model", "lr", "seed")
+#: columns whose numbers are accuracies or probabilities, in [0, 1]
+UNIT_COLUMNS = ("dev_acc", "dev_p_answer", "test_acc", "test_p_answer", "mech_p_clean", "mech_p_corrupt")
+
+
+def read_sweep_results(runs_dir: str | Path) -> list[dict[str, Any]]:
+    """Return the rows of ``runs_dir/results.csv`` as `sweep.read_results` reads them, checked
+    first, with each run_id as written (the folder ``007``, not the number 7).
+
+    A HookmechError names the file, the line and the column of the first fault: text that is not
+    UTF-8 or not CSV, a missing column (`REQUIRED_COLUMNS`), a row with more or fewer cells than
+    the header, a run_id that is empty, repeated or not a plain folder name, a status that is not
+    text, a cell
+    of a number column (`NUMBER_COLUMNS`, ``attr:*``) that is not a finite number, an accuracy
+    or probability outside [0, 1], a finished run without dev_acc, or no runs at all.
+    """
+    from .sweep import read_results
+
+    path = Path(runs_dir) / "results.csv"
+    if not path.is_file():
+        raise HookmechError(f"{path} does not exist (run `hookmech sweep` first)")
+    lines, run_ids = _checked_run_ids(path, _csv_table(path))
+    rows = read_results(path)
+    for line, row, run_id in zip(lines, rows, run_ids, strict=True):
+        row["run_id"] = run_id
+        _check_row(path, line, row)
+    return rows
+
+
+def _csv_table(path: Path) -> list[tuple[int, list[str]]]:
+    """Return (line number, cells) of each line of a CSV file, header first, blank lines left out;
+    a HookmechError naming the file if it is not UTF-8 CSV."""
+    try:
+        reader = csv.reader(io.StringIO(path.read_bytes().decode("utf-8"), newline=""))
+        table = [(reader.line_num, cells) for cells in reader if cells]
+    except UnicodeDecodeError as error:
+        line = error.object.count(b"\n", 0, error.start) + 1
+        raise HookmechError(
+            f"{path}: not a results table (line {line}: byte {error.object[error.start]:#04x} is not UTF-8 text)"
+        ) from None
+    except csv.Error as error:
+        raise HookmechError(f"{path}: not a results table ({error})") from None
+    if not table:
+        raise HookmechError(f"{path} is empty: no header and no runs")
+    return table
+
+
+def _checked_run_ids(path: Path, table: list[tuple[int, list[str]]]) -> tuple[list[int], list[str]]:
+    """Return the line numbers and the run_id cells of the rows of `table` (`_csv_table`), after
+    checking its header, the number of cells of each row and the ids."""
+    header = table[0][1]
+    missing = [column for column in REQUIRED_COLUMNS if column not in header]
+    if missing:
+        raise HookmechError(
+            f"{path} lacks the column {missing[0]} (its header: {', '.join(header)[:200]}); "
+            "is it a results.csv written by `hookmech sweep`?"
+        )
+    rows = table[1:]
+    if not rows:
+        raise HookmechError(f"{path} has no runs")
+    where = header.index("run_id")
+    seen: set[str] = set()
+    for line, cells in rows:
+        if len(cells) != len(header):
+            raise HookmechError(f"{path} line {line}: {len(cells)} cells, the header has {len(header)}")
+        run_id = cells[where]
+        if not run_id or run_id in (".", "..") or any(char in run_id for char in "/\\\0"):
+            raise HookmechError(f"{path} line {line}: run_id {run_id!r} is not the name of a run folder")
+        if run_id in seen:
+            raise HookmechError(f"{path} line {line}: run_id {run_id!r} appears twice")
+        seen.add(run_id)
+    return [line for line, _ in rows], [cells[where] for _, cells in rows]
+
+
+def _check_row(path: Path, line: int, row: dict[str, Any]) -> None:
+    """Raise a HookmechError naming `path`, `line` and the column of the first bad cell of `row`."""
+    where = f"{path} line {line} (run {row['run_id']})"
+    if not isinstance(row["status"], str):
+        raise HookmechError(f"{where}: status {row['status']!r} is not a run status (finished, nan, error, ...)")
+    for column, value in row.items():
+        if column not in NUMBER_COLUMNS and not column.startswith("attr:"):
+            continue
+        if value is not None and (isinstance(value, (bool, str)) or not math.isfinite(value)):
+            raise HookmechError(f"{where}: {column} {value!r} is not a number")
+        if column in UNIT_COLUMNS and value is not None and not 0 <= value <= 1:
+            raise HookmechError(f"{where}: {column} {value!r} is outside [0, 1]")
+    if row["status"] == "finished" and row["dev_acc"] is None:
+        raise HookmechError(f"{where}: a finished run without dev_acc")
+    if not isinstance(row.get("mech_passes"), (bool, type(None))):
+        raise HookmechError(f"{where}: mech_passes {row['mech_passes']!r} is not true or false")
+
+
+def read_sweep_json(runs_dir: str | Path) -> dict[str, Any] | None:
+    """Return ``runs_dir/sweep.json`` (the sweep file `hookmech sweep` keeps), or None where there
+    is none; a HookmechError naming it if it is not a JSON object whose ``grid`` is an object
+    and whose ``name``, if any, is a string."""
+    path = Path(runs_dir) / "sweep.json"
+    if not path.exists():
+        return None
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("grid"), dict):
+        raise HookmechError(f"{path}: expected a JSON object with a grid object, as `hookmech sweep` writes")
+    if not isinstance(data.get("name", ""), str):
+        raise HookmechError(f"{path}: name {data['name']!r} is not a string")
+    return data
+
+
+def sweep_title(runs_dir: str | Path) -> str:
+    """Return the sweep's name: sweep.json's ``name``, else the folder's name."""
+    data = read_sweep_json(runs_dir)
+    return data["name"] if data is not None and data.get("name") else Path(runs_dir).name
+
+
 def grid_keys(runs_dir: Path, rows: Sequence[dict[str, Any]]) -> list[str]:
-    """Return the sweep's grid keys (from sweep.json, else the columns between run_id and status)."""
-    sweep_file = runs_dir / "sweep.json"
-    if sweep_file.exists():
-        return list(json.loads(sweep_file.read_text())["grid"])
+    """Return the sweep's grid keys (from sweep.json, else the columns between run_id and status);
+    a HookmechError when sweep.json names a key results.csv has no column for."""
+    data = read_sweep_json(runs_dir)
     columns = list(rows[0]) if rows else []
-    return columns[1 : columns.index("status")] if "status" in columns else []
+    if data is None:
+        return columns[1 : columns.index("status")] if "status" in columns else []
+    keys = list(data["grid"])
+    missing = [key for key in keys if key not in columns]
+    if missing:
+        raise HookmechError(
+            f"{runs_dir}/results.csv has no column {missing[0]}, a grid key of {runs_dir}/sweep.json: "
+            "are they of the same sweep?"
+        )
+    return keys
 
 
+# -- tables --------------------------------------------------------------------------------
 def series_of(row: dict[str, Any], keys: Sequence[str]) -> str:
     """Return a row's series label: the values of the non-swept grid keys ("all" if none)."""
     own = [key for key in keys if key not in SWEPT]
@@ -134,8 +264,8 @@ def lr_curves(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dict[
     """Return dev accuracy against the learning rate of the finished runs: one entry per
     (series, d_model) with runs, ``{"series", "d_model", "points"}``, each point ``{"lr", "mean",
     "min", "max", "n"}`` over seeds, lrs ascending; series in order of first appearance,
-    d_model ascending."""
-    finished = [r for r in rows if r["status"] == "finished"]
+    d_model ascending. Runs without an lr (a results.csv without the column) have no curve."""
+    finished = [r for r in rows if r["status"] == "finished" and r.get("lr") is not None]
     series = list(dict.fromkeys(series_of(r, keys) for r in finished))
     d_models = sorted({r.get("d_model") for r in finished}, key=lambda d: d or 0)
     curves = []
@@ -213,7 +343,10 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9})
+    # text.parse_math off: titles hold the sweep's and runs' names, whose "$" is no formula
+    plt.rcParams.update(
+        {"figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3, "font.size": 9, "text.parse_math": False}
+    )
     return plt
 
 
@@ -242,7 +375,7 @@ def plot_accuracy(summary: list[dict[str, Any]], path: Path, title: str) -> None
         axes[0], [("dev", "dev"), ("test", "test (held-out pairs)")], strict=False
     ):  # no test axis without test runs
         for name in series:
-            points = [e for e in summary if e["series"] == name and f"{key}_acc" in e]
+            points = [e for e in summary if e["series"] == name and f"{key}_acc" in e and e["d_model"] is not None]
             if not points:
                 continue
             x = [e["d_model"] for e in points]
@@ -386,18 +519,16 @@ def plot_dynamics(metrics: Sequence[dict[str, Any]], path: Path, title: str) -> 
         return False
     plt = _pyplot()
     fig, axes = plt.subplots(3, 1, figsize=(6.5, 7), sharex=True)
-    steps = [m["step"] for m in metrics]
-    axes[0].plot(steps, [m["loss"] for m in metrics], color="black", label="train loss")
+    axes[0].plot(*_curve(metrics, "loss"), color="black", label="train loss")
     axes[0].set_yscale("log")
     axes[0].set_ylabel("train loss")
-    axes[1].plot(steps, [m["dev_acc"] for m in metrics], color="tab:red", label="dev accuracy")
-    axes[1].plot(steps, [m["dev_p_answer"] for m in metrics], color="tab:purple", linestyle="--", label="dev p(answer)")
+    axes[1].plot(*_curve(metrics, "dev_acc"), color="tab:red", label="dev accuracy")
+    axes[1].plot(*_curve(metrics, "dev_p_answer"), color="tab:purple", linestyle="--", label="dev p(answer)")
     axes[1].set_ylim(-0.02, 1.02)
     axes[1].set_ylabel("dev accuracy")
     keys = list(dict.fromkeys(k for m in steps_attr for k in m if k.startswith("attr:")))
     for key in keys:
-        points = [(m["step"], m[key]) for m in steps_attr if m.get(key) is not None]
-        axes[2].plot([p[0] for p in points], [p[1] for p in points], marker=".", label=key[5:])
+        axes[2].plot(*_curve(steps_attr, key), marker=".", label=key[5:])
     axes[2].set_ylabel("attribution")
     axes[2].set_xlabel("training step")
     for ax in axes:
@@ -406,6 +537,12 @@ def plot_dynamics(metrics: Sequence[dict[str, Any]], path: Path, title: str) -> 
     fig.tight_layout()
     _save(fig, path)
     return True
+
+
+def _curve(metrics: Sequence[dict[str, Any]], field: str) -> tuple[list[int], list[float]]:
+    """Return (steps, values) of the metrics lines that hold a number in `field`."""
+    points = [(m["step"], m[field]) for m in metrics if isinstance(m.get(field), (int, float))]
+    return [step for step, _ in points], [value for _, value in points]
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -427,7 +564,7 @@ def headline_table(summary: Sequence[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for e in summary:
         cells = [
-            e["series"],
+            _md(e["series"]),
             _fmt(e["d_model"]),
             _fmt(e["lr"]),
             f"{e['dev_acc']:.3f} ± {e['dev_sd']:.3f} (n={e['n_seeds']})",
@@ -465,13 +602,8 @@ def select_runs(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dic
 
 def heatmap_records(run_dir: Path, n: int, seed: int) -> list[dict[str, Any]]:
     """Return the records of every block-level site patched at every role of the run's task on `n`
-    examples drawn with `seed` (`mech.mech_batch`), kept in the run folder's heatmap.json and read
-    from there when it holds the same n and seed."""
-    cached = run_dir / "heatmap.json"
-    if cached.exists():
-        data = json.loads(cached.read_text())
-        if data.get("n") == n and data.get("seed") == seed:
-            return data["records"]
+    examples drawn with `seed` (`mech.mech_batch`), from the run folder's model.safetensors.
+    Nothing is written (`hookmech report` keeps them in its own folder: `_report_heatmap`)."""
     from . import tasks
     from .checkpoint import load
     from .mech import evaluate_mechanism, mech_batch
@@ -481,15 +613,38 @@ def heatmap_records(run_dir: Path, n: int, seed: int) -> list[dict[str, Any]]:
     batch = mech_batch(task, seed, n)
     positions = [role for role in ("key", "value", "query", "divider") if role in batch.roles]
     records, _ = evaluate_mechanism(model, batch, ["all"], positions)
-    write_text_atomic(cached, json.dumps({"n": n, "seed": seed, "records": records}))
     return records
 
 
+def no_heatmap_reason(run_dir: Path, row: dict[str, Any]) -> str | None:
+    """Return why the run of `row` (in `run_dir`) can have no heatmap, a phrase for "no heatmap
+    for RUN: ...", or None when it can have one (a finished run with its model file)."""
+    if not run_dir.is_dir():
+        return f"results.csv names it but {run_dir} does not exist"
+    if row["status"] != "finished":
+        return f"its status is {row['status']}, not finished"
+    if not (run_dir / "model.safetensors").is_file():
+        return f"{run_dir / 'model.safetensors'} does not exist"
+    return None
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Return the lines of a run's metrics.jsonl as dicts ([] when the file does not exist)."""
+    """Return the lines of a run's metrics.jsonl as dicts ([] when the file does not exist); a
+    HookmechError naming the file and line where a line is not a JSON object with an integer step."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = []
+    for number, text in enumerate(path.read_bytes().decode("utf-8", errors="replace").splitlines(), start=1):
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise HookmechError(f"{path} line {number}: not valid JSON ({error.msg}); fix or delete the line") from None
+        if not isinstance(line, dict) or isinstance(line.get("step"), bool) or not isinstance(line.get("step"), int):
+            raise HookmechError(f"{path} line {number}: expected a JSON object with an integer step")
+        lines.append(line)
+    return lines
 
 
 def build_report(
@@ -504,34 +659,37 @@ def build_report(
 ) -> Path:
     """Write the figures and ``report.md`` of the sweep in `runs_dir` into `out_dir`; return the
     report's path. `runs` names the runs that get a heatmap and a dynamics figure (default: the
-    best run of each series); heatmaps patch `n` examples drawn with `seed`.
+    best run of each series); heatmaps patch `n` examples drawn with `seed`. A selected run that
+    can have no heatmap (`no_heatmap_reason`) is named in `log` and in report.md.
 
-    Every input is checked before anything is drawn. The report is built in a temporary folder
-    beside `out_dir` and renamed onto it when complete, so `out_dir` holds a whole report or is
-    left as it was; an existing `out_dir` is replaced only if it is empty or a report folder
-    (report.md and PNGs), else a UsageError names what it holds.
+    Nothing is written into `runs_dir`. Every input is checked before anything is drawn
+    (`read_sweep_results`). The report is built in a temporary folder beside `out_dir` and
+    renamed onto it when complete, so `out_dir` holds a whole report or is left as it was; an
+    existing `out_dir` is replaced only if it is empty or a report folder (`REPORT_FILES`), else
+    a UsageError names what it holds. The temporary folders of killed earlier reports into
+    `out_dir` are removed first (`_remove_stale_report_folders`). Each heatmap's records are kept
+    beside its PNG (``heatmap_<run>.json``) and reused by the next report into `out_dir` when
+    they are of the same model file, `n` and `seed`.
     """
-    from .sweep import read_results
-
     runs_dir, out_dir = Path(runs_dir), Path(out_dir)
     log = log or (lambda message: None)
     if n < 1:
         raise UsageError(f"n must be >= 1 examples per heatmap, got {n}")
-    rows = read_results(runs_dir / "results.csv")
-    if not rows:
-        raise HookmechError(f"{runs_dir}/results.csv has no runs")
+    rows = read_sweep_results(runs_dir)
     by_id = {row["run_id"]: row for row in rows}
     missing = [r for r in runs or () if r not in by_id]
     if missing:
         raise unknown("run", missing[0], by_id)
     _check_report_folder(out_dir)
+    earlier = out_dir if out_dir.is_dir() else None
     with _fresh_folder(out_dir) as building:
-        _write_report(runs_dir, building, rows, runs=runs, n=n, seed=seed, heatmaps=heatmaps, log=log)
+        report = _Report(runs_dir, building, earlier, n, seed, log)
+        report.write(rows, runs=runs, heatmaps=heatmaps)
     return out_dir / "report.md"
 
 
 #: what a report folder holds (`_check_report_folder` replaces nothing else)
-REPORT_FILES = ("report.md", "*.png")
+REPORT_FILES = ("report.md", "*.png", "heatmap_*.json")
 
 
 def _check_report_folder(out_dir: Path) -> None:
@@ -556,15 +714,20 @@ def _check_report_folder(out_dir: Path) -> None:
 @contextlib.contextmanager
 def _fresh_folder(path: Path) -> Iterator[Path]:
     """Yield a new empty folder beside `path`; when the block succeeds, rename it onto `path`
-    (replacing the folder there), else remove it and leave `path` as it was."""
+    (replacing the folder there), else remove it and leave `path` as it was.
+
+    The folder is ``.<name>.<pid>@<host>.<random>.tmp`` (`fileio.TEMP_NAME`), and the earlier
+    `path`, for the moment between the two renames, ``... .old``: so that the next call can tell
+    a killed report's folders from a running one's (`_remove_stale_report_folders`)."""
     path = Path(os.path.abspath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    _remove_stale_report_folders(path)
+    building = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
     try:
         os.chmod(building, 0o777 & ~_umask())  # mkdtemp makes 0700; give what mkdir would
         yield building
         if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            old = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".old", dir=path.parent))
             os.replace(path, old)  # onto the empty folder just made
             try:
                 os.replace(building, path)
@@ -579,45 +742,98 @@ def _fresh_folder(path: Path) -> Iterator[Path]:
             shutil.rmtree(building, ignore_errors=True)
 
 
+def _remove_stale_report_folders(path: Path) -> list[Path]:
+    """Remove the folders `_fresh_folder` made beside `path` in processes of this host that are
+    no longer running (a report killed while building); return them.
+
+    Only folders named for `path` in `_fresh_folder`'s pattern are touched, never a live
+    process's. A killed report's ``.tmp`` is removed; its ``.old`` (the earlier report) is
+    removed when `path` exists, else renamed back onto `path` (killed between the two renames).
+    """
+    removed = []
+    for entry in sorted(path.parent.iterdir()):
+        stem, _, suffix = entry.name.rpartition(".")
+        match = TEMP_NAME.match(f"{stem}.tmp")
+        if suffix not in ("tmp", "old") or match is None or match["name"] != path.name:
+            continue
+        if entry.is_symlink() or not entry.is_dir() or not temp_owner_gone(entry.name):
+            continue
+        if suffix == "old" and not path.exists():
+            os.replace(entry, path)
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-def _write_report(
-    runs_dir: Path,
-    out_dir: Path,
-    rows: list[dict[str, Any]],
-    *,
-    runs: Sequence[str] | None,
-    n: int,
-    seed: int,
-    heatmaps: bool,
-    log: Callable[[str], None],
-) -> None:
-    """Draw the figures and write report.md of `rows` into the existing folder `out_dir`."""
-    keys = grid_keys(runs_dir, rows)
-    title = (
-        json.loads((runs_dir / "sweep.json").read_text())["name"]
-        if (runs_dir / "sweep.json").exists()
-        else runs_dir.name
-    )
-    summary = summarise(rows, keys)
-    site = attribution_site(rows)
-    counts: defaultdict[str, int] = defaultdict(int)
-    for row in rows:
-        counts[row["status"]] += 1
-    lines = [
-        f"# Report: {title}",
-        "",
-        f"{len(rows)} runs in `{runs_dir}` ({', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}). "
-        f"Series: {', '.join(k for k in keys if k not in SWEPT) or '—'}; swept: "
-        f"{', '.join(k for k in keys if k in SWEPT) or '—'}. Best lr per (series, d_model) by mean dev accuracy.",
-        "",
-    ]
-    if summary:
-        lines += ["## Headline", "", headline_table(summary), ""]
+def _md(text: Any) -> str:
+    """Return `text` for report.md's prose and tables: markup characters as entities, so that a
+    name holding ``<!--`` or ``|`` shows as written instead of hiding or splitting what follows."""
+    escaped = html.escape(str(text), quote=False)
+    return escaped.replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
+
+
+def _md_image(alt: str, name: str) -> str:
+    """Return report.md's image line of the file `name` in the report folder."""
+    return f"![{_md(alt)}]({urllib.parse.quote(name)})"
+
+
+class _Report:
+    """One report being written into `out_dir` (`build_report`): the sweep's tables, figures and
+    report.md; heatmap records reused from the `earlier` report folder where they match."""
+
+    def __init__(
+        self, runs_dir: Path, out_dir: Path, earlier: Path | None, n: int, seed: int, log: Callable[[str], None]
+    ):
+        self.runs_dir, self.out_dir, self.earlier = runs_dir, out_dir, earlier
+        self.n, self.seed, self.log = n, seed, log
+        self.title = sweep_title(runs_dir)
+
+    def write(self, rows: list[dict[str, Any]], *, runs: Sequence[str] | None, heatmaps: bool) -> None:
+        """Draw the figures and write report.md of `rows` into the existing folder `out_dir`."""
+        keys = grid_keys(self.runs_dir, rows)
+        counts: defaultdict[str, int] = defaultdict(int)
+        for row in rows:
+            counts[row["status"]] += 1
+        statuses = ", ".join(f"{count} {_md(status)}" for status, count in sorted(counts.items()))
+        lines = [
+            f"# Report: {_md(self.title)}",
+            "",
+            f"{len(rows)} runs in {_md(self.runs_dir)} ({statuses}). "
+            f"Series: {', '.join(_md(k) for k in keys if k not in SWEPT) or '—'}; swept: "
+            f"{', '.join(k for k in keys if k in SWEPT) or '—'}. Best lr per (series, d_model) by mean dev accuracy.",
+            "",
+        ]
+        summary = summarise(rows, keys)
+        if summary:
+            lines += self._headline(rows, keys, summary)
+        site = attribution_site(rows)
+        if site is not None and summary:
+            lines += self._mechanisms(rows, keys, site)
+        selected = [{row["run_id"]: row for row in rows}[r] for r in runs] if runs else select_runs(rows, keys)
+        detail = [line for row in selected for line in self._selected_run(row, keys, heatmaps)]
+        if detail:
+            chosen = "the runs given" if runs else f"the best run of each series ({SELECTION_RULE})"
+            lines += [
+                "## Selected runs",
+                "",
+                f"Runs: {chosen}. Heatmaps: every block-level site × role, one patch each. "
+                "Dynamics: runs trained with `--mech-every` (or `[mech] every`).",
+                "",
+                *detail,
+            ]
+        write_text_atomic(self.out_dir / "report.md", "\n".join(lines).rstrip() + "\n")
+
+    def _headline(self, rows: list[dict[str, Any]], keys: list[str], summary: list[dict[str, Any]]) -> list[str]:
+        """Return report.md's headline and accuracy sections; draw the accuracy figures."""
+        lines = ["## Headline", "", headline_table(summary), ""]
+        site = attribution_site(rows)
         if site is not None:
             lines += [
                 f"Attributions: `{site}` at each position, mean over the best-lr seeds that pass the filter "
@@ -625,59 +841,72 @@ def _write_report(
                 "key = in layer 1 (paper 000 §5.1).",
                 "",
             ]
-        plot_accuracy(summary, out_dir / "accuracy_vs_d_model.png", title)
-        plot_lr_sensitivity(rows, keys, out_dir / "lr_sensitivity.png", title)
-        lines += [
-            "## Accuracy",
-            "",
-            "![accuracy vs d_model](accuracy_vs_d_model.png)",
-            "",
-            "![learning-rate sensitivity](lr_sensitivity.png)",
-            "",
-        ]
-    if site is not None and summary:
-        plot_value_vs_query(rows, keys, site, out_dir / "attribution_value_vs_query.png", title)
-        plot_attribution_summary(rows, keys, site, out_dir / "attribution_summary.png", title)
-        lines += [
+        figures = []
+        if any(entry["d_model"] is not None for entry in summary):
+            plot_accuracy(summary, self.out_dir / "accuracy_vs_d_model.png", self.title)
+            figures += [_md_image("accuracy vs d_model", "accuracy_vs_d_model.png"), ""]
+        else:
+            figures += ["No accuracy-vs-d_model figure: results.csv has no d_model.", ""]
+        if lr_curves(rows, keys):
+            plot_lr_sensitivity(rows, keys, self.out_dir / "lr_sensitivity.png", self.title)
+            figures += [_md_image("learning-rate sensitivity", "lr_sensitivity.png"), ""]
+        else:
+            figures += ["No learning-rate figure: results.csv has no lr.", ""]
+        return lines + ["## Accuracy", "", *figures]
+
+    def _mechanisms(self, rows: list[dict[str, Any]], keys: list[str], site: str) -> list[str]:
+        """Return report.md's mechanism section; draw its figures."""
+        plot_value_vs_query(rows, keys, site, self.out_dir / "attribution_value_vs_query.png", self.title)
+        plot_attribution_summary(rows, keys, site, self.out_dir / "attribution_summary.png", self.title)
+        return [
             "## Mechanisms",
             "",
-            "![value vs query](attribution_value_vs_query.png)",
+            _md_image("value vs query", "attribution_value_vs_query.png"),
             "",
-            "![attribution summary](attribution_summary.png)",
+            _md_image("attribution summary", "attribution_summary.png"),
             "",
         ]
-    by_id = {row["run_id"]: row for row in rows}
-    if runs:
-        selected = [by_id[r] for r in runs]
-    else:
-        selected = select_runs(rows, keys)
-    detail = []
-    for row in selected:
-        run_dir = runs_dir / row["run_id"]
+
+    def _selected_run(self, row: dict[str, Any], keys: list[str], heatmaps: bool) -> list[str]:
+        """Return report.md's lines of one selected run (its heatmap, its dynamics, or why it has
+        no heatmap); draw its figures."""
+        run_id, run_dir = row["run_id"], self.runs_dir / row["run_id"]
         label = f"{series_of(row, keys)}, d_model {row.get('d_model')}, lr {row.get('lr')}, seed {row.get('seed')}"
-        if heatmaps and row["status"] == "finished" and (run_dir / "model.safetensors").exists():
-            log(f"heatmap {row['run_id']}")
-            records = heatmap_records(run_dir, n, seed)
-            name = f"heatmap_{row['run_id']}.png"
+        lines = []
+        reason = no_heatmap_reason(run_dir, row) if heatmaps else None
+        if reason is not None:
+            self.log(f"no heatmap for {run_id}: {reason}")
+            lines += [f"No heatmap for {_md(run_id)}: {_md(reason)}.", ""]
+        elif heatmaps:
+            self.log(f"heatmap {run_id}")
+            name = f"heatmap_{run_id}.png"
             plot_heatmap(
-                records,
-                out_dir / name,
-                f"{title}: {label} (dev acc {row['dev_acc']:.3f})\nattribution per site × position, {n} examples",
+                self._heatmap(run_dir, run_id),
+                self.out_dir / name,
+                f"{self.title}: {label} (dev acc {row['dev_acc']:.3f})\n"
+                f"attribution per site × position, {self.n} examples",
             )
-            detail += [f"![heatmap {row['run_id']}]({name})", ""]
-        name = f"dynamics_{row['run_id']}.png"
-        if plot_dynamics(
-            read_metrics(run_dir / "metrics.jsonl"), out_dir / name, f"{title}: {label}: training dynamics"
-        ):
-            detail += [f"![dynamics {row['run_id']}]({name})", ""]
-    if detail:
-        chosen = "the runs given" if runs else f"the best run of each series ({SELECTION_RULE})"
-        lines += [
-            "## Selected runs",
-            "",
-            f"Runs: {chosen}. Heatmaps: every block-level site × role, one patch each. "
-            "Dynamics: runs trained with `--mech-every` (or `[mech] every`).",
-            "",
-            *detail,
-        ]
-    write_text_atomic(out_dir / "report.md", "\n".join(lines).rstrip() + "\n")
+            lines += [_md_image(f"heatmap {run_id}", name), ""]
+        name = f"dynamics_{run_id}.png"
+        metrics = read_metrics(run_dir / "metrics.jsonl")
+        if plot_dynamics(metrics, self.out_dir / name, f"{self.title}: {label}: training dynamics"):
+            lines += [_md_image(f"dynamics {run_id}", name), ""]
+        return lines
+
+    def _heatmap(self, run_dir: Path, run_id: str) -> list[dict[str, Any]]:
+        """Return the heatmap records of a run (`heatmap_records`): the earlier report's
+        ``heatmap_<run>.json`` when it is of the same model file, n and seed, else computed;
+        kept as ``heatmap_<run>.json`` in this report."""
+        key = {"n": self.n, "seed": self.seed, "model_sha256": sha256_of(run_dir / "model.safetensors")}
+        name = f"heatmap_{run_id}.json"
+        records = None
+        if self.earlier is not None and (self.earlier / name).is_file():
+            data = read_json(self.earlier / name)
+            if isinstance(data, dict) and {field: data.get(field) for field in key} == key:
+                records = data.get("records")
+            if records is not None and not isinstance(records, list):
+                raise HookmechError(f"{self.earlier / name}: records is not a list; delete the file")
+        if records is None:
+            records = heatmap_records(run_dir, self.n, self.seed)
+        write_text_atomic(self.out_dir / name, json.dumps({**key, "records": records}, sort_keys=True))
+        return records

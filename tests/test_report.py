@@ -109,15 +109,18 @@ def test_report_of_a_trained_sweep_has_heatmaps_and_dynamics_and_is_deterministi
     second = build_report(tmp_path / "runs", tmp_path / "b", n=16)
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "b").iterdir())
-    assert sum(name.startswith("heatmap_") for name in names) == 2
+    assert sum(name.startswith("heatmap_") and name.endswith(".png") for name in names) == 2
+    assert sum(name.startswith("heatmap_") and name.endswith(".json") for name in names) == 2
     assert sum(name.startswith("dynamics_") for name in names) == 2
     for name in names:
         data = (tmp_path / "a" / name).read_bytes()
         assert data and data == (tmp_path / "b" / name).read_bytes(), name
         if name.endswith(".png"):
             assert f"({name})" in first.read_text()
-    # the heatmap covers every block-level site of layer 0 and 1 at each AR role
-    heatmap = json.loads(next((tmp_path / "runs").glob("*/heatmap.json")).read_text())["records"]
+    # the heatmap covers every block-level site of layer 0 and 1 at each AR role; its records are
+    # kept beside the figure, not in the run folder the report reads
+    assert not list((tmp_path / "runs").glob("*/heatmap*"))
+    heatmap = json.loads(next((tmp_path / "a").glob("heatmap_*.json")).read_text())["records"]
     assert {r["pos"] for r in heatmap} == {"key", "value", "query", "divider"}
     assert {"L0.block_in", "L1.block_out"} <= {r["site"] for r in heatmap}
     assert second.name == "report.md"

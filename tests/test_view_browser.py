@@ -111,3 +111,79 @@ def test_a_sweep_page_draws_without_errors(browser, tmp_path, capsys):
         len(browser.find_elements(By.CSS_SELECTOR, "svg")) >= 1 + 2 + 2 + 3
     )  # accuracy, lr panels, mechanisms, dynamics
     assert browser.save_screenshot(str(tmp_path / "sweep.png"))
+
+
+# -- hostile names: text from files and folders must stay text ---------------------------------
+#: names that break a page embedding them raw in its script element: "<!--<script>" puts the
+#: tokenizer in the script-data double-escaped state (the real "</script>" no longer ends the
+#: element), "</script>" ends it early; any case; and markup that would run if parsed as HTML
+HOSTILE = "<!--<script>"
+HOSTILE_TEXT = "</SCRIPT><!--<ScRiPt>x</script><img src=x onerror=window.pwned=1><script>window.pwned=1</script>"
+
+
+def _hostile_sweep(tmp_path, title_from):
+    """A sweep folder named HOSTILE whose run id, series value and (with `title_from` "sweep.json")
+    sweep name hold hostile text; returns (folder, the title the page should show, the run id)."""
+    from test_report import synthetic_rows
+
+    from hookmech.sweep import write_results
+
+    runs = tmp_path / f"runs {HOSTILE}"
+    runs.mkdir()
+    rows = synthetic_rows()
+    run_id = f"{HOSTILE}run"
+    rows[0] = {**rows[0], "run_id": run_id, "arch": HOSTILE_TEXT}
+    write_results(rows, runs / "results.csv")
+    (runs / run_id).mkdir()
+    line = {"step": 2, "loss": 1.0, "dev_acc": 0.5, "dev_p_answer": 0.4, f"attr:{HOSTILE}@value": 0.5}
+    (runs / run_id / "metrics.jsonl").write_text(json.dumps(line) + "\n")
+    title = runs.name
+    if title_from == "sweep.json":
+        title = f"{HOSTILE_TEXT} {HOSTILE}"
+        grid = {"arch": ["attention", "mamba"], "d_model": [16, 32], "lr": [1e-3, 1e-2], "seed": [0, 1]}
+        (runs / "sweep.json").write_text(json.dumps({"name": title, "grid": grid}))
+    return runs, title, run_id
+
+
+def _assert_drawn_as_text(driver, log, title):
+    """The page drew (its script ran to the end), ran nothing from the data, and shows `title` as text."""
+    from selenium.webdriver.common.by import By
+
+    assert _errors(log) == []
+    assert driver.execute_script("return window.pwned === undefined && document.images.length === 0")
+    assert driver.find_element(By.TAG_NAME, "h1").text == title
+    assert driver.title == title
+
+
+@pytest.mark.parametrize("title_from", ["sweep.json", "folder name"])
+def test_hostile_names_in_a_sweep_page_stay_text(browser, tmp_path, capsys, title_from):
+    from selenium.webdriver.common.by import By
+
+    runs, name, run_id = _hostile_sweep(tmp_path, title_from)
+    page = tmp_path / "sweep.html"
+    code, _, err = run_cli(["view", runs, "--no-heatmaps", "--run", run_id, "-o", page], capsys)
+    assert code == 0, err
+    _assert_drawn_as_text(browser, _open(browser, page), f"{name}: sweep")
+    assert str(runs) in browser.find_element(By.ID, "about").text
+    box = browser.find_element(By.CSS_SELECTOR, "#page div[data-run]")
+    assert box.get_attribute("data-run") == run_id
+    assert box.find_element(By.TAG_NAME, "h3").text.startswith(f"{run_id}: {HOSTILE_TEXT}, d_model 16")
+    cells = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "section table td:first-child")]
+    assert HOSTILE_TEXT in cells  # the series, in the headline table
+    legend = [text.text for text in browser.find_elements(By.CSS_SELECTOR, "g.legend text")]
+    assert f"{HOSTILE}@value" in legend  # the attribution's name, in the dynamics chart
+
+
+def test_hostile_names_in_a_checkpoint_page_stay_text(browser, tmp_path, capsys):
+    from selenium.webdriver.common.by import By
+
+    folder = tmp_path / HOSTILE
+    folder.mkdir()
+    ckpt = folder / f"{HOSTILE}.safetensors"
+    ckpt.write_bytes(ATTENTION_FIXTURE.read_bytes())
+    page = tmp_path / "ckpt.html"
+    code, _, err = run_cli(["view", "--ckpt", ckpt, "--n", 4, "--maps", 1, "-o", page], capsys)
+    assert code == 0, err
+    _assert_drawn_as_text(browser, _open(browser, page), f"{ckpt.name}: attention on ar")
+    assert f"source {ckpt}" in browser.find_element(By.ID, "about").text
+    assert len(browser.find_elements(By.CSS_SELECTOR, "rect.cell")) == 14 * 4

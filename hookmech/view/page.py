@@ -47,10 +47,13 @@ def _asset(name: str) -> str:
 
 
 def page_json(data: dict[str, Any]) -> str:
-    """Return `data` as the JSON the page embeds: compact, NaN as null, and ``</`` written
-    ``<\\/`` so that no string can close the script element."""
+    """Return `data` as the JSON the page embeds: compact, NaN as null, and every ``<`` written
+    ``\\u003c``, so that no string (a sweep's name, a run id, a path) holds ``</script``,
+    ``<script`` or ``<!--``: inside a script element the first closes it and the other two
+    switch the browser's tokenizer into states where the real ``</script>`` no longer closes it.
+    JSON reads the escape back as ``<``."""
     text = json.dumps(clean_json(data), separators=(",", ":"), allow_nan=False)
-    return text.replace("</", "<\\/")
+    return text.replace("<", "\\u003c")  # "<" occurs in JSON text only inside strings
 
 
 def render_page(data: dict[str, Any], title: str) -> str:
@@ -79,4 +82,4 @@ def read_page_data(path: str | Path) -> dict[str, Any]:
     start = text.index('<script type="application/json" id="hookmech-data">')
     start = text.index(">", start) + 1
     end = text.index("</script>", start)
-    return json.loads(text[start:end])  # JSON reads "<\\/" as "</"
+    return json.loads(text[start:end])  # JSON reads "\\u003c" as "<"

@@ -6,20 +6,19 @@
 - attribution at the value against the query, one point per run passing the filter
   (`report.value_query_points`);
 - mean attribution per position and series with 95% bootstrap intervals (`report.attribution_bars`);
-- site × position heatmaps of the selected runs (`report.heatmap_records`, kept in each run
-  folder's heatmap.json as the report keeps them);
+- site × position heatmaps of the selected runs (`report.heatmap_records`, computed here: nothing
+  is written into the sweep folder), or why a run has none (`report.no_heatmap_reason`);
 - training dynamics of the selected runs trained with ``--mech-every`` (their metrics.jsonl).
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import HookmechError, unknown
+from ..errors import unknown
 
 #: the metrics.jsonl fields the dynamics panels draw (besides ``step`` and ``attr:*``)
 DYNAMICS_FIELDS = ("loss", "dev_acc", "dev_p_answer")
@@ -39,8 +38,10 @@ def sweep_page_data(
 
     ``selected`` holds, for each run of `runs` (default: the best run of each series,
     `report.select_runs`), its label, its heatmap records (`n` examples drawn with `seed`; only
-    with `heatmaps` and a finished run with a model file) and its dynamics (metrics.jsonl lines
-    that carry attributions: ``step``, `DYNAMICS_FIELDS` and ``attr:*``, as lists).
+    with `heatmaps` and a finished run with a model file, else ``no_heatmap`` says why, also to
+    `log`) and its dynamics (metrics.jsonl lines that carry attributions: ``step``,
+    `DYNAMICS_FIELDS` and ``attr:*``, as lists). Reads the folder, writes nothing into it;
+    its files are checked as `hookmech report` checks them (`report.read_sweep_results`).
     """
     from ..report import (
         SELECTION_RULE,
@@ -49,26 +50,25 @@ def sweep_page_data(
         grid_keys,
         heatmap_records,
         lr_curves,
+        no_heatmap_reason,
         read_metrics,
+        read_sweep_results,
         select_runs,
         series_of,
         summarise,
+        sweep_title,
         value_query_points,
     )
-    from ..sweep import read_results
 
     runs_dir = Path(runs_dir)
     log = log or (lambda message: None)
-    rows = read_results(runs_dir / "results.csv")
-    if not rows:
-        raise HookmechError(f"{runs_dir}/results.csv has no runs")
+    rows = read_sweep_results(runs_dir)
     by_id = {row["run_id"]: row for row in rows}
     missing = [run for run in runs or () if run not in by_id]
     if missing:
         raise unknown("run", missing[0], by_id)
     keys = grid_keys(runs_dir, rows)
-    sweep_file = runs_dir / "sweep.json"
-    title = json.loads(sweep_file.read_text())["name"] if sweep_file.exists() else runs_dir.name
+    title = sweep_title(runs_dir)
     site = attribution_site(rows)
     selected = []
     for row in [by_id[run] for run in runs] if runs else select_runs(rows, keys):
@@ -81,9 +81,12 @@ def sweep_page_data(
             "seed": row.get("seed"),
             "dev_acc": row.get("dev_acc"),
             "heatmap": None,
+            "no_heatmap": no_heatmap_reason(run_dir, row) if heatmaps else None,
             "dynamics": None,
         }
-        if heatmaps and row["status"] == "finished" and (run_dir / "model.safetensors").exists():
+        if entry["no_heatmap"] is not None:
+            log(f"no heatmap for {row['run_id']}: {entry['no_heatmap']}")
+        elif heatmaps:
             log(f"heatmap {row['run_id']}")
             entry["heatmap"] = heatmap_records(run_dir, n, seed)
         entry["dynamics"] = dynamics(read_metrics(run_dir / "metrics.jsonl"))

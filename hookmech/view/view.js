@@ -497,7 +497,8 @@
           { name: "dev p(answer)", color: "#9467bd", marker: false, dash: "4 3", points: pts(dyn.dev_p_answer) }], width: 400, height: 240 }),
         chart({ title: "attributions", xlabel: "training step", ylabel: "attribution", series: names.map((n, k) => ({ name: n, color: PALETTE[k % PALETTE.length], radius: 2, points: pts(dyn.attr[n]) })), width: 460, height: 240 })));
     }
-    if (!run.heatmap && !run.dynamics) box.append(el("p", { class: "note", text: "no model file for a heatmap and no attributions in metrics.jsonl" }));
+    if (run.no_heatmap) box.append(el("p", { class: "note missing", text: `No heatmap: ${run.no_heatmap}.` }));
+    if (!run.heatmap && !run.no_heatmap && !run.dynamics) box.append(el("p", { class: "note", text: "no heatmap (--no-heatmaps) and no attributions in metrics.jsonl" }));
   }
 
   function renderSweep(D, page) {
@@ -552,7 +553,8 @@
       });
       lrRow.append(chart({ title: name, xlabel: "learning rate", ylabel: "dev accuracy", xlog: 10, ylim: [-0.02, 1.02], series, width: 400, height: 270 }));
     }
-    lrSection.append(el("p", { class: "note", text: "Dev accuracy against the learning rate: mean over seeds, band min\u2013max. Click a legend entry to hide it." }), lrRow);
+    const lrNote = D.lr_curves.length ? "Dev accuracy against the learning rate: mean over seeds, band min\u2013max. Click a legend entry to hide it." : "results.csv has no lr: no learning-rate curves.";
+    lrSection.append(el("p", { class: "note", text: lrNote }), lrRow);
     page.append(lrSection);
 
     if (D.site) {
