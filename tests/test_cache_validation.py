@@ -54,6 +54,16 @@ def test_a_role_outside_its_row_is_refused_when_the_rows_are_read(cache_path, ar
             patch(ar_model, cache, ["L1.block_in"], ["value"])
 
 
+@pytest.mark.parametrize("method", ["exact", "atp"])
+def test_a_batch_whose_role_is_outside_its_rows_is_refused(ar_model, ar_task, method):
+    """The same check for rows that come from no cache (a Batch built or edited in Python)."""
+    batch = ar_task.sample(4, seed=0)
+    batch.roles["value"] = torch.full_like(batch.roles["value"], -1)
+    with pytest.raises(HookmechError, match=r"the examples: role value of row 0 is -1, outside the row "
+                                            r"\(length \d+: positions 0\.\.\d+\)"):
+        patch(ar_model, batch, ["L1.block_in"], ["value"], method=method)
+
+
 @pytest.mark.parametrize(("name", "value", "message"), [
     ("lengths", 0, r"lengths row 0 holds 0, expected 1\.\.\d+"),
     ("answers", -3, r"answers row 0 holds -3, expected a token id 0\.\.\d+"),
@@ -167,7 +177,7 @@ def test_a_cache_of_another_model_with_an_edited_hash_is_refused(tmp_path, ar_mo
     with h5py.File(path, "r+") as h5:
         h5.attrs["model_hash"] = model_hash(ar_model)
     with pytest.raises(HookmechError, match=r"c\.h5: p_answer/clean row \d+ is .* in the cache but .* recomputed "
-                                            r"with this model \(tolerance 0\.0001\)"):
+                                            r"with this model \(tolerance 0\.001\)"):
         patch(ar_model, path, ["L1.block_in"], ["value"])
     with CacheFile(path, verify=False) as cache:  # the check can be skipped, and then it is the file's word
         assert patch(ar_model, cache, ["L1.block_in"], ["value"])[0]["n"] == 12

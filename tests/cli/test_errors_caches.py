@@ -118,7 +118,7 @@ SETUPS = {
     "int32 activations": _edited(_replace(f"acts/clean/{HOOK}", lambda acts: acts.astype(np.int32))),
     "nan activations": _edited(_replace(f"acts/clean/{HOOK}", lambda acts: np.full_like(acts, np.nan))),
     "inf p_answer": _edited(_replace("p_answer/clean", lambda p: np.where(np.arange(len(p)) == 2, np.inf, p))),
-    "edited p_answer": _edited(_replace("p_answer/clean", lambda p: np.clip(p + 0.2, 0, 1).astype(np.float32))),
+    "edited p_answer": _edited(_replace("p_answer/clean", lambda p: (0.8 * p).astype(np.float32))),
     "format_version abc": _edited(lambda h5: h5.attrs.__setitem__("format_version", "abc")),
     "roles as a dataset": _edited(_roles_as_a_dataset),
     "no model_config": _edited(lambda h5: h5.attrs.__delitem__("model_config")),
