@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import warnings
 
 import click
 
@@ -19,6 +18,7 @@ from .common import (
     threads_option,
     threshold_option,
     to_json,
+    verify_cache_option,
 )
 
 
@@ -68,12 +68,14 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     from hookmech.errors import UsageError
     from hookmech.fileio import sha256_of
     from hookmech.sites import resolve_sites
+    from hookmech.validate import check_finite_parameters
 
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
     refuse_overwriting_inputs([("-o", out_path)], [("--ckpt", ckpt)])
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
+    check_finite_parameters(model, ckpt)
     hooks = resolve_sites(split_flag(site_specs) or ["all"], model.hook_dict)
     batch = task.sample(n, seed=seed)
     with progress(n, "caching") as advance:
@@ -108,6 +110,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 @click.option(
     "--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of this checkpoint"
 )
+@verify_cache_option
 @click.option(
     "--data",
     "data_path",
@@ -211,15 +214,17 @@ def patch(
     senders=(),
     receivers=(),
     via=None,
+    verify_cache=True,
 ):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position
     (--site, --pos), or along one path from a sender to a receiver (--sender, --receiver, --via)."""
-    from hookmech.cache import CacheFile, UnverifiedCacheWarning
+    from hookmech.cache import CacheFile
     from hookmech.errors import UsageError
     from hookmech.fileio import write_text_atomic
     from hookmech.patching import patch as run_patch
     from hookmech.patching import path_patch
     from hookmech.tables import format_records
+    from hookmech.validate import check_finite_parameters
 
     _check_node_or_path(site_specs, pos_specs, senders, receivers, via, method, verify_top, direction, ablate)
     if n < 1:
@@ -237,6 +242,7 @@ def patch(
     )
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
+    check_finite_parameters(model, ckpt)
     if corrupt is not None:
         from hookmech.tasks import from_spec
 
@@ -244,56 +250,55 @@ def patch(
     if data_path is not None:
         source = _patch_rows_from_file(data_path, task)
     elif cache_path is not None:
-        source = CacheFile(cache_path)
-        _check_cache_model(source, model, ckpt)
+        source = CacheFile(cache_path, verify=verify_cache)
     else:
         source = task.sample(n, seed=seed)
     try:
-        with warnings.catch_warnings():
-            # an older cache without a model_hash was checked above, by the checkpoint file's hash
-            warnings.simplefilter("ignore", UnverifiedCacheWarning)
-            if via is not None:
-                records = path_patch(
-                    model,
-                    source,
-                    split_flag(senders),
-                    split_flag(receivers),
-                    via,
-                    threshold=threshold,
-                    max_batch=max_batch,
-                    per_example=per_example is not None,
-                    metric=metric,
-                    context_memory=context_memory << 20,
-                )
-            else:
-                records = run_patch(
-                    model,
-                    source,
-                    split_flag(site_specs),
-                    split_flag(pos_specs),
-                    method=method,
-                    threshold=threshold,
-                    max_batch=max_batch,
-                    per_example=per_example is not None,
-                    metric=metric,
-                    direction=direction,
-                    ablate=ablate,
-                    ablate_seed=ablate_seed,
-                    context_memory=context_memory << 20,
-                    graddrop=graddrop,
-                )
-            if verify_top:
-                from hookmech.patching import verify_top as verify
+        if cache_path is not None:
+            # the one identity check; the checkpoint file checks an older cache without model_hash
+            source.check_model(model, checkpoint=ckpt, hooks=())
+        if via is not None:
+            records = path_patch(
+                model,
+                source,
+                split_flag(senders),
+                split_flag(receivers),
+                via,
+                threshold=threshold,
+                max_batch=max_batch,
+                per_example=per_example is not None,
+                metric=metric,
+                context_memory=context_memory << 20,
+            )
+        else:
+            records = run_patch(
+                model,
+                source,
+                split_flag(site_specs),
+                split_flag(pos_specs),
+                method=method,
+                threshold=threshold,
+                max_batch=max_batch,
+                per_example=per_example is not None,
+                metric=metric,
+                direction=direction,
+                ablate=ablate,
+                ablate_seed=ablate_seed,
+                context_memory=context_memory << 20,
+                graddrop=graddrop,
+            )
+        if verify_top:
+            from hookmech.patching import verify_top as verify
 
-                records = verify(
-                    model,
-                    source,
-                    records,
-                    verify_top,
-                    threshold=threshold,
-                    max_batch=max_batch,
-                    context_memory=context_memory << 20,
-                )
+            records = verify(
+                model,
+                source,
+                records,
+                verify_top,
+                threshold=threshold,
+                max_batch=max_batch,
+                context_memory=context_memory << 20,
+            )
     finally:
         if cache_path is not None:
             source.close()
@@ -327,30 +332,6 @@ def _check_node_or_path(site_specs, pos_specs, senders, receivers, via, method, 
         )
     if method != "exact" or verify_top or direction is not None or ablate is not None:
         raise UsageError("a path patch is exact denoising: drop --method atp, --verify-top, --direction and --ablate")
-
-
-def _check_cache_model(cache, model, ckpt) -> None:
-    """Refuse (closing it) a cache made from another model than `ckpt`'s: by `model_hash`, or,
-    for an older cache that records none, by the SHA-256 of the checkpoint file. Returns None."""
-    from hookmech.errors import HookmechError
-    from hookmech.fileio import sha256_of
-    from hookmech.identity import model_hash
-
-    recorded = cache.model_hash
-    if recorded is not None:
-        own = model_hash(model)
-        if recorded != own:
-            cache.close()
-            raise HookmechError(
-                f"{cache.path} was made from another model than {ckpt} "
-                f"(cache model_hash {recorded}, checkpoint's {own})"
-            )
-    elif cache.model_sha256 != sha256_of(ckpt):
-        cache.close()
-        raise HookmechError(
-            f"{cache.path} was made from another checkpoint (an older cache without model_hash; "
-            f"its model_sha256 differs from {ckpt}'s file hash)"
-        )
 
 
 def _patch_rows_from_file(data_path, task):

@@ -78,6 +78,15 @@ max_batch_option = click.option(
 )
 
 
+verify_cache_option = click.option(
+    "--verify-cache/--no-verify-cache",
+    default=True,
+    show_default=True,
+    help="recompute 4 of the cache's rows with the checkpoint and compare them with its p(answer) and "
+    "activations (refuses a cache of another model, or edited there, whatever its model_hash says)",
+)
+
+
 def refuse_overwriting_inputs(outputs, inputs) -> None:
     """Raise a UsageError if a path the command writes is one of its input files or folders.
 

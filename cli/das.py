@@ -14,6 +14,7 @@ from .common import (
     split_flag,
     threads_option,
     to_json,
+    verify_cache_option,
 )
 
 
@@ -26,6 +27,7 @@ from .common import (
     type=click.Path(dir_okay=False),
     help="activation cache of this checkpoint holding the site's clean activations",
 )
+@verify_cache_option
 @click.option("--site", required=True, help="one site with a position axis (L1.block_in, L0.mixer.ssm_state)")
 @click.option("--pos", required=True, help="one position per row: a role (key, value, query) or an integer")
 @click.option("--dim", "dim_specs", multiple=True, help="subspace dimensions K to learn (repeatable, comma lists)")
@@ -41,7 +43,21 @@ from .common import (
     "-o", "--out", "out_dir", required=True, type=click.Path(), help="folder for records.json and bases.safetensors"
 )
 def das(
-    ckpt, cache_path, site, pos, dim_specs, boundless, steps, lr, batch_size, seed, as_json, device, threads, out_dir
+    ckpt,
+    cache_path,
+    site,
+    pos,
+    dim_specs,
+    boundless,
+    steps,
+    lr,
+    batch_size,
+    seed,
+    as_json,
+    device,
+    threads,
+    out_dir,
+    verify_cache=True,
 ):
     """Distributed alignment search: learn the subspace of an activation that carries the answer.
 
@@ -51,13 +67,13 @@ def das(
     of the same K and the whole activation's interchange. Writes records.json and bases.safetensors
     into -o.
     """
-    import warnings
     from pathlib import Path
 
-    from hookmech.cache import CacheFile, UnverifiedCacheWarning
+    from hookmech.cache import CacheFile
     from hookmech.das import BASES_FILE, RECORDS_FILE, DasOptions, train
     from hookmech.errors import UsageError
     from hookmech.tables import format_table
+    from hookmech.validate import check_finite_parameters
 
     dims = _parse_dims(split_flag(dim_specs)) if dim_specs else None
     if dims is not None and boundless:
@@ -74,14 +90,12 @@ def das(
     )
     set_threads(threads)
     model, _ = load_model_and_task(ckpt, device)
-    with CacheFile(cache_path) as cache:
-        from .analysis import _check_cache_model
-
-        _check_cache_model(cache, model, ckpt)
+    check_finite_parameters(model, ckpt)
+    with CacheFile(cache_path, verify=verify_cache) as cache:
+        # the one identity check; the checkpoint file checks an older cache without model_hash
+        cache.check_model(model, checkpoint=ckpt, hooks=())
         total = steps * (1 if boundless else len(dims or []))
-        with progress(total, "das") as advance, warnings.catch_warnings():
-            # an older cache without a model_hash was checked above, by the checkpoint file's hash
-            warnings.simplefilter("ignore", UnverifiedCacheWarning)
+        with progress(total, "das") as advance:
             result = train(
                 model,
                 cache,

@@ -152,15 +152,13 @@ def _checkpoint_data(ckpt, cache_path, site_specs, pos_specs, n, seed, threshold
     from hookmech.cache import CacheFile, UnverifiedCacheWarning
     from hookmech.view import checkpoint_page_data
 
-    from .analysis import _check_cache_model
-
     model, task = load_model_and_task(ckpt, device)
     about = {"source": ckpt if cache_path is None else f"{ckpt} with the cache {cache_path}"}
     about.update({"n": n, "seed": seed} if cache_path is None else {"n": None, "seed": None})
     source = task.sample(n, seed=seed) if cache_path is None else CacheFile(cache_path)
     try:
         if cache_path is not None:
-            _check_cache_model(source, model, ckpt)
+            source.check_model(model, checkpoint=ckpt, hooks=())
         with warnings.catch_warnings():
             # an older cache without a model_hash was checked above, by the checkpoint file's hash
             warnings.simplefilter("ignore", UnverifiedCacheWarning)

@@ -7,8 +7,8 @@ Format version 1::
     tokens/clean|corrupt   int32 [N, T]
     lengths, answers, doc_index   int32 [N]
     roles/<role>           int32 [N]
-    acts/clean/<hook>      [N, T, ...]   (chunked along N)
-    acts/corrupt/<hook>    [N, T, ...]
+    acts/clean/<hook>      float32 or float16 [N, T, ...]   (chunked along N)
+    acts/corrupt/<hook>    float32 or float16 [N, T, ...]
     p_answer/clean|corrupt float32 [N]
 
 Hook names contain dots, which HDF5 allows in names; they are stored verbatim.
@@ -31,11 +31,12 @@ from torch import Tensor
 
 from . import __version__
 from .errors import HookmechError, UsageError, suggest, unknown
-from .fileio import atomic_h5
+from .fileio import atomic_h5, sha256_of
 from .identity import model_hash
 from .shapes import Acts, ActsAt, RowFloats
 from .sites import hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
+from .validate import check_finite_parameters, first_non_finite, value_at
 
 FORMAT = "hookmech-cache"
 FORMAT_VERSION = 1
@@ -46,6 +47,28 @@ DATASET_FORMAT = "hookmech-dataset"
 #: next: bench/cache_throughput.py)
 MAX_CHUNK_ROWS = 256
 MAX_CHUNK_TOKENS = 8192
+#: the dtypes the format allows (docs/formats.md): activations, p(answer), and the integer datasets
+ACTIVATION_DTYPES = ("float32", "float16")
+P_ANSWER_DTYPE = "float32"
+INTEGER_DTYPE = "int32"
+#: the integer datasets of the format, one value per row (``[N]``) or per token (``[N, T]``)
+TOKEN_COLUMNS = ("tokens/clean", "tokens/corrupt")
+ROW_COLUMNS = ("answers", "lengths", "doc_index")
+#: rows `CacheFile.check_model` recomputes with the model (a seeded choice) to verify a cache
+VERIFY_ROWS = 4
+VERIFY_SEED = 0
+#: the largest difference `CacheFile.check_model` accepts between a cached and a recomputed
+#: p(answer): 10x what a run may move between CPU and CUDA (1e-4, bench/gpu_check.py; one device
+#: moves it by 1e-6 between batchings), far below what another model or an edit changes
+VERIFY_P_TOL = 1e-3
+#: the same for activations, relative to the hook's largest |value| on the checked rows, by the
+#: dtype stored (float16 rounds to 2**-11 ≈ 5e-4 of a value)
+VERIFY_ACTS_RTOL = {"float32": 1e-3, "float16": 4e-3}
+
+
+def allows_minus_inf(hook: str) -> bool:
+    """Whether `hook`'s activations hold -inf by definition: masked attention scores (before the softmax)."""
+    return hook.endswith("hook_attn_scores")
 
 
 def default_chunk(n_rows: int, n_pos: int) -> int:
@@ -69,7 +92,8 @@ def run_chunks(n_rows: int, chunk: int) -> Iterator[slice]:
 
 def check_batch_fits(model, batch: Batch, where: str = "the examples") -> None:
     """Raise a HookmechError unless `model` can run `batch`: every token and answer is one of its
-    token ids (``0 .. d_vocab - 1``) and the rows fit its context (`n_ctx`). Returns None."""
+    token ids (``0 .. d_vocab - 1``), the rows fit its context (`n_ctx`) and every role position
+    is inside its row (`check_roles_inside_rows`). Returns None."""
     d_vocab, n_ctx = model.cfg.d_vocab, model.cfg.n_ctx
     for name, ids in (("tokens", batch.tokens), ("corrupt tokens", batch.corrupt_tokens), ("answers", batch.answers)):
         if ids.numel() == 0:
@@ -85,6 +109,27 @@ def check_batch_fits(model, batch: Batch, where: str = "the examples") -> None:
         raise HookmechError(
             f"{where}: rows of {batch.tokens.shape[1]} tokens do not fit the model's context (n_ctx {n_ctx})"
         )
+    check_roles_inside_rows(batch, where)
+
+
+def check_roles_inside_rows(batch: Batch, where: str = "the examples") -> None:
+    """Raise a HookmechError naming the first row whose length is not in 1..T or whose role
+    position is outside the row (a role of -1 would index the last position). Returns None."""
+    n_pos, lengths = batch.tokens.shape[1], batch.lengths
+    short = (lengths < 1) | (lengths > n_pos)
+    if bool(short.any()):
+        row = int(short.int().argmax())
+        raise HookmechError(
+            f"{where}: row {row} has length {int(lengths[row])}, expected 1..{n_pos} (the tokens' width)"
+        )
+    for role, positions in batch.roles.items():
+        outside = (positions < 0) | (positions >= lengths)
+        if bool(outside.any()):
+            row = int(outside.int().argmax())
+            raise HookmechError(
+                f"{where}: role {role} of row {row} is {int(positions[row])}, outside the row "
+                f"(length {int(lengths[row])}: positions 0..{int(lengths[row]) - 1})"
+            )
 
 
 @torch.no_grad()
@@ -115,10 +160,7 @@ def check_cache_fits(model, cache: CacheFile, batch: Batch, hooks: Iterable[str]
 
 def _config_difference(cache: CacheFile, model) -> str:
     """`` (d_model 16 in the cache, 32 here)``: where the cache's model config differs from `model`'s, or ''."""
-    try:
-        config = cache.model_config
-    except (KeyError, ValueError):  # no readable model config: the shapes say enough
-        return ""
+    config = cache.model_config  # a JSON object: checked when the cache was opened
     own = json.loads(model.cfg.to_json())
     differ = [
         f"{key} {config[key]} in the cache, {own.get(key)} here"
@@ -145,10 +187,17 @@ def write_cache(
     """Run `batch` clean and corrupt through `model`, storing the `hooks` activations and
     p(answer) in an HDF5 cache at `path` (written to a temporary file, then renamed).
 
-    `chunk` is the rows per forward pass and per HDF5 chunk (None: `default_chunk`). Returns
-    the path written.
+    `chunk` is the rows per forward pass and per HDF5 chunk (None: `default_chunk`); `dtype`
+    the activations' ("float32" or "float16"). A model whose weights, activations (as `dtype`) or
+    p(answer) are not finite is refused (HookmechError; -inf of masked attention scores aside):
+    nothing is written. Returns the path written.
     """
     hooks = list(dict.fromkeys(hooks))
+    if dtype not in ACTIVATION_DTYPES:
+        raise UsageError(f"dtype {dtype!r}: the format stores activations as {' or '.join(ACTIVATION_DTYPES)}")
+    if len(batch) == 0:
+        raise UsageError("no rows to cache: the batch is empty")
+    check_finite_parameters(model)
     check_batch_fits(model, batch)
     for hook in hooks:
         if getattr(model.hook_dict.get(hook), "pos_axis", 1) is None:
@@ -188,22 +237,19 @@ def write_cache(
         with ThreadPoolExecutor(max_workers=1) as io, _ChunkWriter(h5, n_rows, chunk, compression, io) as writer:
             for rows in run_chunks(n_rows, chunk):
                 for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
-                    logits, acts = model.run_with_cache(
-                        tokens[rows].to(device),
-                        names_filter=hooks,
-                        return_cache_object=False,
-                        positions=batch.query_pos[rows].to(device),
+                    p_answer, acts = forward_rows(
+                        model, tokens[rows], batch.query_pos[rows], batch.answers[rows], hooks, device
                     )
-                    writer.put(
-                        f"p_answer/{which}", rows, answer_probs(logits, batch.answers[rows].to(device)).cpu().numpy()
-                    )
+                    probabilities = p_answer.cpu().numpy()
+                    _refuse_non_finite_output(probabilities, "p(answer)", which, rows.start, "float32")
+                    writer.put(f"p_answer/{which}", rows, probabilities)
                     for hook in hooks:
                         if hook not in acts:
                             raise HookmechError(f"hook {hook} did not fire in the forward pass")
                         if hook not in aliases:
-                            writer.put(
-                                f"acts/{which}/{hook}", rows, acts[hook].to("cpu", getattr(torch, dtype)).numpy()
-                            )
+                            values = acts[hook].to("cpu", getattr(torch, dtype)).numpy()
+                            _refuse_non_finite_output(values, hook, which, rows.start, dtype)
+                            writer.put(f"acts/{which}/{hook}", rows, values)
                     writer.flush()
                 writer.wait_for_previous_chunk()
                 if progress is not None:
@@ -213,6 +259,35 @@ def write_cache(
                 h5[f"acts/{which}/{hook}"] = writer.datasets[f"acts/{which}/{same}"]  # an HDF5 hard link
     del written  # after the file is closed
     return Path(path)
+
+
+def forward_rows(
+    model, tokens: Tensor, query: Tensor, answers: Tensor, hooks: Sequence[str], device: torch.device
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Run `tokens` ``[n, T]`` through `model` as `write_cache` does; return (p(answer) ``[n]``
+    at the `query` positions, ``{hook: activations [n, ...]}`` of `hooks`). The cache check
+    (`CacheFile.check_model`) recomputes rows with this same function."""
+    logits, acts = model.run_with_cache(
+        tokens.to(device), names_filter=list(hooks), return_cache_object=False, positions=query.to(device)
+    )
+    return answer_probs(logits, answers.to(device)), acts
+
+
+def _refuse_non_finite_output(values: np.ndarray, hook: str, which: str, first_row: int, dtype: str) -> None:
+    """Raise a HookmechError if `values` (rows from `first_row` on of `hook`'s activations, or of
+    p(answer), in the `which` run, as `dtype`) hold a NaN or an infinity (-inf of masked
+    attention scores aside): a cache of them would give null attributions. Returns None."""
+    index = first_non_finite(values, allow_minus_inf=allows_minus_inf(hook))
+    if index is None:
+        return
+    site = hook_to_site(hook)
+    label = hook if site == hook else f"{site} ({hook})"
+    hint = "; cache as float32" if dtype == "float16" else ""
+    raise HookmechError(
+        f"{label} of the {which} run holds {value_at(values, index)} at row {first_row + index[0]}, "
+        f"index {[first_row + index[0], *index[1:]]} as {dtype}: not written (the model's activations "
+        f"are not finite{hint})"
+    )
 
 
 def _stored_once(model, hooks: list[str]) -> dict[str, str]:
@@ -319,6 +394,12 @@ class UnverifiedCacheWarning(UserWarning):
 
 _warned_unverified = False
 
+#: the end of the message of a cache whose recomputed rows disagree with it
+_NOT_THIS_MODEL = (
+    "the cache was made from another model (whatever its model_hash says) or was edited since; make a cache "
+    "of this model, or skip this check (--no-verify-cache; CacheFile(path, verify=False))"
+)
+
 
 class CacheFile:
     """Lazy read access to a cache file: nothing is read until it is indexed.
@@ -326,10 +407,20 @@ class CacheFile:
     ``cache["blocks.1.hook_resid_pre"]`` (clean) or ``cache["blocks.1.hook_resid_pre", "corrupt"]``
     return h5py datasets (slice them to read); ``cache.at(site, role, which)`` reads the
     ``[N, ...]`` activations of each row at its role position.
+
+    Opening checks the metadata: attributes, layout, shapes and dtypes (docs/formats.md). The
+    row data is checked as it is read (`batch`, `p_answer`, `read_rows`, `read`, `gather`): role
+    positions inside their rows, lengths, token ids, p(answer) in [0, 1], finite activations
+    (-inf of masked attention scores aside). Each refusal is a HookmechError naming the file,
+    the dataset and the first bad value. `verify` (default True): `check_model` also recomputes
+    a few rows with the model and compares them with the file.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, verify: bool = True):
         self.path = Path(path)
+        self.verify = verify
+        #: what `check_model` has established, as (model_hash, "identity" | "p_answer" | hook) pairs
+        self._checked: set[tuple[str, str]] = set()
         if not self.path.is_file():
             raise HookmechError(f"{self.path}: no such cache file")
         try:
@@ -337,7 +428,7 @@ class CacheFile:
         except OSError as error:
             raise HookmechError(f"{self.path}: not an HDF5 cache ({error})") from None
         # read what the messages need before closing: attributes of a closed file read as None
-        kind, version = self._h5.attrs.get("format"), self._h5.attrs.get("format_version")
+        kind = self._h5.attrs.get("format")
         if kind != FORMAT:
             self.close()
             if kind == DATASET_FORMAT:
@@ -346,64 +437,120 @@ class CacheFile:
                     "`patch --data` read it; `hookmech cache` makes caches)"
                 )
             raise HookmechError(f"{self.path}: not a hookmech cache (format attribute {kind!r})")
-        if version is None or int(version) != FORMAT_VERSION:
-            self.close()
-            raise HookmechError(
-                f"{self.path}: cache format version {version} is not supported (expected {FORMAT_VERSION})"
-            )
         try:
+            self._check_version()
+            self._model_config = self._json_attribute("model_config", "the model's config")
+            self._task = self._json_attribute("task", "the task's spec")
             self._check_layout()
         except HookmechError:
             self.close()
             raise
 
+    # -- metadata, checked on opening ------------------------------------------------------------
+    def _check_version(self) -> None:
+        version = self._h5.attrs.get("format_version")
+        if version is None:
+            raise HookmechError(f"{self.path}: no format_version attribute, expected the integer {FORMAT_VERSION}")
+        if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)):
+            raise HookmechError(f"{self.path}: format_version is {version!r}, expected the integer {FORMAT_VERSION}")
+        if int(version) != FORMAT_VERSION:
+            raise HookmechError(
+                f"{self.path}: cache format version {version} is not supported (expected {FORMAT_VERSION})"
+            )
+
+    def _json_attribute(self, name: str, what: str) -> dict[str, Any]:
+        """Return root attribute `name` parsed: a JSON object (`what` says what it holds)."""
+        raw = self._h5.attrs.get(name)
+        expected = f"expected {what} as a JSON object"
+        if raw is None:
+            raise HookmechError(f"{self.path}: no {name} attribute, {expected}")
+        if isinstance(raw, bytes):
+            raw = raw.decode("utf-8", "replace")
+        if not isinstance(raw, str):
+            raise HookmechError(f"{self.path}: the {name} attribute is {type(raw).__name__}, not text; {expected}")
+        try:
+            value = json.loads(raw)
+        except ValueError as error:
+            raise HookmechError(f"{self.path}: the {name} attribute is not JSON ({error}); {expected}") from None
+        if not isinstance(value, dict):
+            raise HookmechError(f"{self.path}: the {name} attribute is a JSON {type(value).__name__}; {expected}")
+        return value
+
+    def _dataset(self, name: str) -> h5py.Dataset:
+        """Return dataset `name`; a HookmechError if it is missing or a group."""
+        item = self._h5.get(name)
+        if item is None:
+            raise HookmechError(f"{self.path}: cache has no {name} (truncated or not written by hookmech)")
+        if not isinstance(item, h5py.Dataset):
+            raise HookmechError(f"{self.path}: {name} is a group, expected a dataset (not written by hookmech)")
+        return item
+
+    def _group(self, name: str, holds: str) -> h5py.Group | None:
+        """Return group `name` (None if absent); a HookmechError if it is a dataset or holds a group."""
+        item = self._h5.get(name)
+        if isinstance(item, h5py.Dataset):
+            raise HookmechError(f"{self.path}: {name} is a dataset, expected a group of {holds}")
+        for key in item or ():
+            if not isinstance(item[key], h5py.Dataset):
+                raise HookmechError(
+                    f"{self.path}: {name}/{key} is a group, expected a dataset (not written by hookmech)"
+                )
+        return item
+
+    def _check_dtype(self, name: str, allowed: Sequence[str], what: str) -> None:
+        dtype = self._h5[name].dtype
+        if dtype.name not in allowed:
+            raise HookmechError(f"{self.path}: {name} is {dtype}; the format stores {what} as {' or '.join(allowed)}")
+
     def _check_layout(self) -> None:
-        """Raise a HookmechError naming the first dataset the format needs that is missing or
-        whose rows disagree with the tokens' (a truncated or hand-made file). Reads metadata only."""
-        h5 = self._h5
-        for name in (
-            "tokens/clean",
-            "tokens/corrupt",
-            "answers",
-            "lengths",
-            "doc_index",
-            "roles",
-            "p_answer/clean",
-            "p_answer/corrupt",
-        ):
-            if name not in h5:
-                raise HookmechError(f"{self.path}: cache has no {name} (truncated or not written by hookmech)")
-        tokens = h5["tokens/clean"].shape
-        if len(tokens) != 2 or h5["tokens/corrupt"].shape != tokens:
+        """Raise a HookmechError naming the first dataset the format needs that is missing, of
+        another kind or dtype, or whose rows disagree with the tokens' (a truncated or hand-made
+        file). Reads metadata only."""
+        for name in (*TOKEN_COLUMNS, *ROW_COLUMNS, "p_answer/clean", "p_answer/corrupt"):
+            self._dataset(name)
+        roles = self._group("roles", "[N] datasets (one per role)")
+        if roles is None:
+            raise HookmechError(f"{self.path}: cache has no roles (truncated or not written by hookmech)")
+        if "query" not in roles:
+            raise HookmechError(
+                f"{self.path}: roles has no query (the position each row's answer is read at; roles: "
+                f"{', '.join(roles) or 'none'})"
+            )
+        acts = {
+            which: self._group(f"acts/{which}", "[N, ...] datasets (one per hook)") for which in ("clean", "corrupt")
+        }
+        tokens = self._h5["tokens/clean"].shape
+        if len(tokens) != 2 or self._h5["tokens/corrupt"].shape != tokens:
             raise HookmechError(
                 f"{self.path}: cache tokens have shapes {list(tokens)} (clean) and "
-                f"{list(h5['tokens/corrupt'].shape)} (corrupt); expected two [N, T] arrays"
+                f"{list(self._h5['tokens/corrupt'].shape)} (corrupt); expected two [N, T] arrays"
             )
+        if 0 in tokens:
+            raise HookmechError(f"{self.path}: the cache holds no rows (tokens of shape {list(tokens)})")
+        self._shape = (int(tokens[0]), int(tokens[1]))
         n_rows = tokens[0]
-        per_row = [
-            "answers",
-            "lengths",
-            "doc_index",
-            "p_answer/clean",
-            "p_answer/corrupt",
-            *(f"roles/{r}" for r in h5["roles"]),
-        ]
+        per_row = [*ROW_COLUMNS, "p_answer/clean", "p_answer/corrupt", *(f"roles/{r}" for r in roles)]
         for name in per_row:
-            if h5[name].shape != (n_rows,):
+            shape = self._h5[name].shape
+            if shape != (n_rows,):
                 raise HookmechError(
-                    f"{self.path}: {name} has {(h5[name].shape or (0,))[0]} rows, the cache {n_rows} "
-                    f"(shape {list(h5[name].shape)}, expected [{n_rows}]; truncated or not written by hookmech)"
+                    f"{self.path}: {name} has {(shape or (0,))[0]} rows, the cache {n_rows} "
+                    f"(shape {list(shape)}, expected [{n_rows}]; truncated or not written by hookmech)"
                 )
+        for name in (*TOKEN_COLUMNS, *ROW_COLUMNS, *(f"roles/{r}" for r in roles)):
+            self._check_dtype(name, (INTEGER_DTYPE,), "tokens, lengths, answers, document and role indices")
         for which in ("clean", "corrupt"):
-            for hook in self.hooks(which):
-                shape = h5[f"acts/{which}/{hook}"].shape
-                if not shape or shape[0] != n_rows:
+            self._check_dtype(f"p_answer/{which}", (P_ANSWER_DTYPE,), "p(answer)")
+            for hook in acts[which] or ():
+                name = f"acts/{which}/{hook}"
+                shape = self._h5[name].shape
+                if len(shape) < 2 or shape[0] != n_rows:
                     raise HookmechError(
-                        f"{self.path}: acts/{which}/{hook} has shape {list(shape)}, expected "
+                        f"{self.path}: {name} has shape {list(shape)}, expected "
                         f"{n_rows} rows like the tokens (truncated or not written by hookmech)"
                     )
+                self._check_dtype(name, ACTIVATION_DTYPES, "activations")
 
-    # -- metadata ------------------------------------------------------------------------
     @property
     def model_sha256(self) -> str:
         """The SHA-256 of the checkpoint file the cache was made from ('' when unknown)."""
@@ -416,51 +563,170 @@ class CacheFile:
         value = self._h5.attrs.get("model_hash")
         return str(value) if value else None
 
-    def check_model(self, model) -> None:
-        """Raise `HookmechError` unless `model` is the model this cache was made from (same
-        `model_hash`). A cache without a model_hash (an older one) cannot be checked: that
-        warns (`UnverifiedCacheWarning`, once per process) and passes. Returns None."""
-        global _warned_unverified
-        if self.model_hash is None:
-            if not _warned_unverified:
-                _warned_unverified = True
-                warnings.warn(
-                    f"{self.path} records no model_hash (written by an older hookmech): cannot check "
-                    "that it was made from this model",
-                    UnverifiedCacheWarning,
-                    stacklevel=3,
-                )
-            return
-        own = model_hash(model)
-        if own != self.model_hash:
-            raise HookmechError(
-                f"{self.path} was made from another model (its model_hash {self.model_hash}, "
-                f"this model's {own}); make a cache of this model"
-            )
-
     @property
     def model_config(self) -> dict[str, Any]:
-        return json.loads(self._h5.attrs["model_config"])
+        """The config of the model the cache was made from (the ``model_config`` attribute)."""
+        return dict(self._model_config)
 
     @property
     def task(self) -> dict[str, Any]:
-        return json.loads(self._h5.attrs["task"])
+        """The spec of the task whose rows the cache holds (the ``task`` attribute)."""
+        return dict(self._task)
 
     @property
     def n(self) -> int:
-        return int(self._h5["tokens/clean"].shape[0])
+        """N: the number of rows."""
+        return self._shape[0]
+
+    @property
+    def n_pos(self) -> int:
+        """T: the tokens' width (rows are right-padded to it)."""
+        return self._shape[1]
 
     def hooks(self, which: str = "clean") -> list[str]:
         """Return the hook names stored for `which` run."""
         group = self._h5.get(f"acts/{which}")
         return list(group.keys()) if group is not None else []
 
-    # -- data --------------------------------------------------------------------------
+    # -- the one identity check ------------------------------------------------------------------
+    def check_model(self, model, *, checkpoint: str | Path | None = None, hooks: Iterable[str] | None = None) -> None:
+        """Raise a HookmechError unless this cache was made from `model`; return None.
+
+        1. Identity: the cache's `model_hash` must be the model's. A cache without one (an older
+           one) is checked by its `model_sha256` against the SHA-256 of `checkpoint`, the file the
+           model was loaded from; without `checkpoint` it cannot be: that warns
+           (`UnverifiedCacheWarning`, once per process) and passes.
+        2. Unless the cache was opened with ``verify=False``: the file's word is not trusted. The
+           clean and corrupt runs of `VERIFY_ROWS` rows (a seeded choice, the same each time) are
+           recomputed with `model` and compared with the cached p(answer) (within `VERIFY_P_TOL`)
+           and with the cached activations of `hooks` (None: every stored hook; within
+           `VERIFY_ACTS_RTOL` of their largest value). A cache of another model, or edited on
+           those rows, is refused; edits of other rows are not seen.
+
+        What was checked for a model is not checked again while the file is open. A model whose
+        weights are not finite is refused first.
+        """
+        check_finite_parameters(model)
+        own = model_hash(model)
+        self._check_identity(own, checkpoint)
+        if self.verify:
+            self._verify_rows(model, own, hooks)
+
+    def _check_identity(self, own: str, checkpoint: str | Path | None) -> None:
+        global _warned_unverified
+        if (own, "identity") in self._checked:
+            return
+        recorded = self.model_hash
+        if recorded is not None and recorded != own:
+            than, whose = (
+                (f" than {checkpoint}", "the checkpoint's") if checkpoint is not None else ("", "this model's")
+            )
+            raise HookmechError(
+                f"{self.path} was made from another model{than} (its model_hash {recorded}, {whose} {own}); "
+                "make a cache of this model"
+            )
+        if recorded is None and checkpoint is not None and self.model_sha256 != sha256_of(checkpoint):
+            raise HookmechError(
+                f"{self.path} was made from another checkpoint (an older cache without model_hash; "
+                f"its model_sha256 differs from {checkpoint}'s file hash)"
+            )
+        if recorded is None and checkpoint is None:
+            if not _warned_unverified:
+                _warned_unverified = True
+                warnings.warn(
+                    f"{self.path} records no model_hash (written by an older hookmech): cannot check "
+                    "that it was made from this model",
+                    UnverifiedCacheWarning,
+                    stacklevel=4,
+                )
+            return
+        self._checked.add((own, "identity"))
+
+    @torch.no_grad()
+    def _verify_rows(self, model, own: str, hooks: Iterable[str] | None) -> None:
+        """Recompute the checked rows with `model` and compare them with the file (`check_model`)."""
+        stored = self.keys()
+        wanted = stored if hooks is None else [hook for hook in dict.fromkeys(hooks) if hook in stored]
+        todo = [hook for hook in wanted if (own, hook) not in self._checked]
+        if (own, "p_answer") in self._checked and not todo:
+            return
+        foreign = [hook for hook in todo if hook not in model.hook_dict]
+        if foreign:
+            raise HookmechError(f"{self.path} holds {foreign[0]}, which this model does not have: {_NOT_THIS_MODEL}")
+        rows = self.verify_rows()
+        batch = self._rows(rows)
+        check_batch_fits(model, batch, str(self.path))
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()  # the cache's runs are the model's deterministic ones
+        try:
+            for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
+                p_answer, acts = forward_rows(model, tokens, batch.query_pos, batch.answers, todo, device)
+                self._compare_p_answer(which, rows, p_answer.double().cpu())
+                for hook in todo:
+                    if self.has(hook, which):
+                        self._compare_acts(hook, which, rows, acts[hook].detach().to("cpu", torch.float64))
+        finally:
+            model.train(was_training)
+        self._checked.update((own, what) for what in ("p_answer", *todo))
+
+    def verify_rows(self) -> slice:
+        """Return the rows `check_model` recomputes: `VERIFY_ROWS` consecutive rows (all, in a
+        smaller cache) from a start drawn with `VERIFY_SEED` (one slice reads them from each
+        dataset at once; h5py reads a list of rows a millisecond slower per dataset)."""
+        count = min(VERIFY_ROWS, self.n)
+        start = int(np.random.default_rng(VERIFY_SEED).integers(0, self.n - count + 1))
+        return slice(start, start + count)
+
+    def _compare_p_answer(self, which: str, rows: slice, recomputed: Tensor) -> None:
+        cached = torch.from_numpy(self._p_answer_rows(which, rows)).double()
+        worst = int((cached - recomputed).abs().argmax())
+        if abs(float(cached[worst] - recomputed[worst])) > VERIFY_P_TOL:
+            raise HookmechError(
+                f"{self.path}: p_answer/{which} row {rows.start + worst} is {float(cached[worst]):.6g} in the "
+                f"cache but {float(recomputed[worst]):.6g} recomputed with this model (tolerance "
+                f"{VERIFY_P_TOL:g}): {_NOT_THIS_MODEL}"
+            )
+
+    def _compare_acts(self, hook: str, which: str, rows: slice, recomputed: Tensor) -> None:
+        name = f"acts/{which}/{hook}"
+        stored = self.read_rows(hook, which, rows)
+        cached = torch.from_numpy(stored).double()
+        if cached.shape != recomputed.shape:
+            raise HookmechError(
+                f"{self.path}: {name} has shape {list(cached.shape[1:])} per row, this model's "
+                f"{list(recomputed.shape[1:])}: {_NOT_THIS_MODEL}"
+            )
+        finite = torch.isfinite(recomputed)
+        scale = float(recomputed[finite].abs().max()) if bool(finite.any()) else 0.0
+        rtol = VERIFY_ACTS_RTOL[stored.dtype.name]
+        # equal non-finite entries (masked attention scores) agree; inf - inf would be nan
+        difference = torch.where(cached == recomputed, 0.0, (cached - recomputed).abs().nan_to_num(math.inf))
+        worst = float(difference.max())
+        if worst > rtol * max(scale, 1e-30):
+            index = [int(i) for i in np.unravel_index(int(difference.argmax()), tuple(difference.shape))]
+            index[0] += rows.start
+            raise HookmechError(
+                f"{self.path}: {name} row {index[0]} differs from this model's recomputed activation by "
+                f"{worst:.3g} at index {index} (tolerance {rtol:g} of its largest |value| {scale:.3g}): "
+                f"{_NOT_THIS_MODEL}"
+            )
+
+    # -- row data, checked as it is read -------------------------------------------------------
     def batch(self) -> Batch:
-        """Return the cached rows as a `Batch` (tokens, answers, roles ...), int64."""
+        """Return the cached rows as a `Batch` (tokens, answers, roles ...), int64. A value outside
+        its range (a role outside its row, a length outside 1..T, a token id outside the model
+        config's vocabulary) is a HookmechError naming the dataset and the row."""
+        return self._rows(slice(None))
+
+    def _rows(self, rows: slice) -> Batch:
+        """Return the rows of the slice `rows` as a `Batch`, checked."""
+        names = [*TOKEN_COLUMNS, *ROW_COLUMNS, *(f"roles/{role}" for role in self.roles)]
+        columns = {name: self._h5[name][rows] for name in names}
+        self._check_row_integers(columns, self._row_numbers(rows))
 
         def read(name: str) -> Tensor:
-            return torch.from_numpy(self._h5[name][()].astype(np.int64))
+            return torch.from_numpy(columns[name].astype(np.int64))
 
         return Batch(
             tokens=read("tokens/clean"),
@@ -468,15 +734,72 @@ class CacheFile:
             answers=read("answers"),
             lengths=read("lengths"),
             doc_index=read("doc_index"),
-            roles={role: read(f"roles/{role}") for role in self._h5["roles"]},
+            roles={role: read(f"roles/{role}") for role in self.roles},
         )
 
+    def _row_numbers(self, rows: slice) -> np.ndarray:
+        """Return the file's row number of each row that `rows` reads."""
+        return np.arange(*rows.indices(self.n))
+
+    def _check_row_integers(self, columns: dict[str, np.ndarray], numbers: np.ndarray) -> None:
+        """Raise a HookmechError naming the first value of `columns` (datasets' values at the file
+        rows `numbers`) outside its range; roles are checked against the `lengths` column."""
+        d_vocab = self._model_config.get("d_vocab")
+        if isinstance(d_vocab, int) and not isinstance(d_vocab, bool):
+            vocab, high = f"a token id 0..{d_vocab - 1} (d_vocab {d_vocab} in the cache's model_config)", d_vocab
+        else:
+            vocab, high = "a token id >= 0", None
+        ranges = {
+            **{name: (0, high, vocab) for name in (*TOKEN_COLUMNS, "answers")},
+            "lengths": (1, self.n_pos + 1, f"1..{self.n_pos} (the tokens' width)"),
+            "doc_index": (0, None, "a document number >= 0"),
+        }
+        for name, (low, top, expected) in ranges.items():
+            if name in columns:
+                self._refuse_outside(name, columns[name], numbers, low, top, expected)
+        for name, positions in columns.items():
+            if name.startswith("roles/"):
+                lengths = columns["lengths"]
+                outside = (positions < 0) | (positions >= lengths)
+                if outside.any():
+                    row = int(np.argmax(outside))
+                    raise HookmechError(
+                        f"{self.path}: {name} row {numbers[row]} holds {positions[row]}, outside the row "
+                        f"(length {lengths[row]}: positions 0..{lengths[row] - 1})"
+                    )
+
+    def _refuse_outside(
+        self, name: str, values: np.ndarray, numbers: np.ndarray, low: int, high: int | None, expected: str
+    ) -> None:
+        outside = values < low
+        if high is not None:
+            outside |= values >= high
+        if outside.any():
+            index = np.unravel_index(int(np.argmax(outside)), values.shape)
+            where = f", position {index[1]}," if values.ndim == 2 else ""
+            raise HookmechError(
+                f"{self.path}: {name} row {numbers[index[0]]}{where} holds {values[index]}, expected {expected}"
+            )
+
     def p_answer(self, which: str) -> RowFloats:
-        """Return the cached p(answer) ``[N]`` of the clean or corrupt run."""
-        return torch.from_numpy(self._h5[f"p_answer/{which}"][()])
+        """Return the cached p(answer) ``[N]`` of the clean or corrupt run; a value that is not a
+        probability (NaN, inf, outside [0, 1]) is a HookmechError naming its row."""
+        return torch.from_numpy(self._p_answer_rows(which, slice(None)))
+
+    def _p_answer_rows(self, which: str, rows: slice) -> np.ndarray:
+        name = f"p_answer/{which}"
+        values = self._h5[name][rows]
+        outside = ~((values >= 0) & (values <= 1))  # NaN compares False
+        if outside.any():
+            row = int(np.argmax(outside))
+            raise HookmechError(
+                f"{self.path}: {name} row {self._row_numbers(rows)[row]} holds {values[row]}, "
+                "expected a probability in [0, 1]"
+            )
+        return values
 
     def has(self, hook: str, which: str = "clean") -> bool:
-        return f"acts/{which}/{hook}" in self._h5
+        return bool(hook) and isinstance(self._h5.get(f"acts/{which}/{hook}"), h5py.Dataset)
 
     def keys(self) -> list[str]:
         """Return the stored hook names (either run), in forward order, as `ActivationCache.keys()`."""
@@ -508,9 +831,12 @@ class CacheFile:
 
     def hook_of(self, site: str, which: str = "clean") -> str:
         """Return the hook name of `site` (a site or hook name) stored for `which` run; an
-        unknown one is a UsageError naming the closest stored sites."""
+        empty or unknown one is a UsageError naming the closest stored sites."""
         if which not in ("clean", "corrupt"):
             raise unknown("run", which, ("clean", "corrupt"))
+        if not isinstance(site, str) or not site.strip():
+            listing = ", ".join(map(hook_to_site, self.hooks(which))) or "none"
+            raise UsageError(f"{self.path}: empty site name (cached: {listing})")
         try:
             hook = site_to_hook(site)
         except UsageError:
@@ -558,7 +884,7 @@ class CacheFile:
             "path": str(self.path),
             "format_version": int(self._h5.attrs["format_version"]),
             "n": self.n,
-            "n_pos": int(self._h5["tokens/clean"].shape[1]),
+            "n_pos": self.n_pos,
             "model_hash": self.model_hash,
             "model_sha256": self.model_sha256,
             "task": self.task,
@@ -570,28 +896,56 @@ class CacheFile:
             "sites": sites,
         }
 
+    def read_rows(self, hook: str, which: str, rows: slice) -> np.ndarray:
+        """Return the stored activations of `hook` (a site or hook name) in the `which` run for
+        the slice `rows`, as stored (float32 or float16). A NaN or an
+        infinity (-inf of masked attention scores aside) is a HookmechError naming the dataset
+        and the first such value."""
+        hook = self.hook_of(hook, which)
+        values = self._h5[f"acts/{which}/{hook}"][rows]
+        numbers = self._row_numbers(rows)
+        self._refuse_non_finite(hook, which, values, lambda index: [int(numbers[index[0]]), *index[1:]])
+        return values
+
     def read(self, hook: str, which: str, rows: slice) -> Acts:
-        """Return the activations of `hook` for `rows` as a float32 tensor."""
-        return torch.from_numpy(self[hook, which][rows]).float()
+        """Return the activations of `hook` for `rows` as a float32 tensor (checked as `read_rows`)."""
+        return torch.from_numpy(self.read_rows(hook, which, rows)).float()
+
+    def _refuse_non_finite(self, hook: str, which: str, values: np.ndarray, file_index) -> None:
+        """Raise a HookmechError if `values` (read from acts/`which`/`hook`) hold a NaN or an
+        infinity; `file_index` maps an index of `values` to the dataset's."""
+        index = first_non_finite(values, allow_minus_inf=allows_minus_inf(hook))
+        if index is not None:
+            where = file_index(index)
+            raise HookmechError(
+                f"{self.path}: acts/{which}/{hook} holds {value_at(values, index)} at row {where[0]}, index {where} "
+                "(the first non-finite value): the cache is damaged or its model's activations were not finite"
+            )
 
     def at(self, site: str, role: str, which: str = "clean") -> ActsAt:
         """Return ``[N, ...]``: each row's activation of `site` at its `role` position."""
         if role not in self._h5["roles"]:
             raise unknown("role", role, self.roles)
-        return self.gather(site, self._h5[f"roles/{role}"][()], which)
+        columns = {name: self._h5[name][()] for name in ("lengths", f"roles/{role}")}
+        self._check_row_integers(columns, np.arange(self.n))
+        return self.gather(site, columns[f"roles/{role}"], which)
 
     def gather(self, site: str, positions: np.ndarray | Tensor | Sequence[int], which: str = "clean") -> ActsAt:
-        """Return ``[N, ...]``: row i's activation of `site` at ``positions[i]`` (``[N]`` ints;
-        another shape is a UsageError)."""
+        """Return ``[N, ...]``: row i's activation of `site` at ``positions[i]`` (``[N]`` ints in
+        0..T-1; another shape or a position outside is a UsageError), checked as `read_rows`."""
         data = self[site, which]
         positions = np.asarray(positions)
         if positions.shape != (data.shape[0],):
             raise UsageError(f"need one position per row ({data.shape[0]}), got shape {positions.shape}")
+        if positions.size and (positions.min() < 0 or positions.max() >= data.shape[1]):
+            raise UsageError(f"positions must be in 0..{data.shape[1] - 1}, got {positions.min()}..{positions.max()}")
         # h5py reads one list of increasing rows per call: group the rows by position.
         out = np.empty((len(positions), *data.shape[2:]), dtype=data.dtype)
         for position in np.unique(positions):
             rows = np.nonzero(positions == position)[0]
             out[rows] = data[rows.tolist(), int(position)]
+        hook = data.name.rsplit("/", 1)[-1]
+        self._refuse_non_finite(hook, which, out, lambda index: [index[0], int(positions[index[0]]), *index[1:]])
         return torch.from_numpy(out)
 
     def close(self) -> None:
@@ -604,6 +958,6 @@ class CacheFile:
         self.close()
 
 
-def open(path: str | Path) -> CacheFile:  # noqa: A001 - mirrors h5py.File / hookmech.cache.open
+def open(path: str | Path, *, verify: bool = True) -> CacheFile:  # noqa: A001 - mirrors h5py.File
     """Open a cache file lazily (see `CacheFile`)."""
-    return CacheFile(path)
+    return CacheFile(path, verify=verify)

@@ -11,6 +11,7 @@ Everything is read from the cache (`hookmech.cache.CacheFile`); no model is load
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -21,6 +22,7 @@ from .cache import CacheFile
 from .errors import UsageError, unknown
 from .sites import hook_to_site, row_positions
 from .splits import split_by_document
+from .validate import check_seed
 
 TARGETS = ("key", "value", "answer")
 WHICH = ("clean", "corrupt")
@@ -59,6 +61,8 @@ def probe_data(
         raise unknown("probe target", target, TARGETS)
     if which not in WHICH:
         raise unknown("run", which, WHICH)
+    if not isinstance(pos, str):
+        raise UsageError(f"position {pos!r} is a {type(pos).__name__}, not a string: give a role or an integer as text")
     batch = cache.batch()
     if pos.strip() in ("all", "whole") or "+" in pos:
         raise UsageError(
@@ -121,8 +125,15 @@ def fit_probe(
     `ProbeResult` (held-out accuracy on the documents `split_by_document` holds out, and chance).
 
     Features are standardised with the training rows' mean and standard deviation. A held-out
-    token never seen in training counts as a miss.
+    token never seen in training counts as a miss. `weight_decay` must be a finite number >= 0,
+    `max_iter` >= 1 and `seed` in 0..2**63-1 (else a UsageError); non-finite activations are
+    refused as the cache reads them.
     """
+    if not (math.isfinite(weight_decay) and weight_decay >= 0):
+        raise UsageError(f"weight decay must be a finite number >= 0, got {weight_decay}")
+    if max_iter < 1:
+        raise UsageError(f"max_iter must be >= 1, got {max_iter}")
+    check_seed(seed)
     hook = cache.hook_of(site, which)
     features, labels, doc_index = probe_data(cache, hook, pos, target, which)
     train, heldout = split_by_document(doc_index, heldout_frac, seed)

@@ -69,10 +69,33 @@ def site_to_hook(site: str) -> str:
     raise UsageError(f"malformed site {site!r}{suggest(site, [*BLOCK_SITES, *GLOBAL_SITES])}")
 
 
-def as_specs(specs: str | Iterable[str]) -> list[str]:
-    """Return site or position specs as a list: a bare string is one spec (``"L1.block_in"``),
-    not a list of characters."""
-    return [specs] if isinstance(specs, str) else list(specs)
+#: what each kind of spec may be, for the message refusing one that is not a string
+_ACCEPTED = {
+    "site": "a site or pattern such as 'L1.block_in' or 'L*.mixer_out', or a hook name",
+    "position": "a role such as 'value', an integer as text such as '3' or '-1', 'all', 'whole', or 'key+value'",
+    "sender": "SITE@POS such as 'L0.block_out@value'",
+    "receiver": "SITE@POS such as 'L1.block_in@value'",
+}
+
+
+def as_specs(specs: str | Iterable[str], kind: str = "spec") -> list[str]:
+    """Return site or position specs (`kind`: "site", "position" ...) as a list: a bare string
+    is one spec (``"L1.block_in"``), not a list of characters. A spec that is not a string (an
+    integer position) is a UsageError naming it and what is accepted."""
+    if isinstance(specs, str):
+        return [specs]
+    listed: list[object]
+    try:
+        listed = list(specs)
+    except TypeError:  # one spec that is not a string, e.g. positions=3
+        listed = [specs]
+    for spec in listed:
+        if not isinstance(spec, str):
+            accepted = _ACCEPTED.get(kind, "strings")
+            raise UsageError(
+                f"{kind} {spec!r} is a {type(spec).__name__}, not a string: {kind}s are strings ({accepted})"
+            )
+    return [str(spec) for spec in listed]
 
 
 def joint_parts(spec: str, kind: str) -> list[str]:
@@ -99,7 +122,7 @@ def resolve_sites(patterns: str | Iterable[str], hook_names: Iterable[str]) -> l
     wildcards never reach inside hooks; inside hooks need ``L{l}.mixer.<name or *>``. An
     unknown site is a UsageError naming close matches.
     """
-    patterns = as_specs(patterns)
+    patterns = as_specs(patterns, "site")
     ordered = list(hook_names)
     sites = [hook_to_site(hook) for hook in ordered]
     block_level = [s for s in sites if _BLOCK_SITE.match(s) and not _is_inside(s)]
@@ -165,13 +188,12 @@ def row_positions(spec: str, roles: dict[str, Tensor], lengths: Tensor) -> Tenso
     if re.fullmatch(r"-?\d+", spec):
         if spec.startswith("-") and int(spec) == 0:
             raise UsageError("position -0 is ambiguous: use 0 (the first token) or -1 (each row's last)")
-        index = int(spec)
-        positions = lengths + index if index < 0 else torch.full_like(lengths, index)
-        if ((positions < 0) | (positions >= lengths)).any():
-            raise UsageError(
-                f"position {index} is outside some rows (lengths {int(lengths.min())}..{int(lengths.max())})"
-            )
-        return positions
+        index, shortest = int(spec), int(lengths.min())
+        # inside every row: 0 <= index < length, or 0 <= length + index for a negative index
+        # (checked on plain ints first: an index past int64 cannot become a tensor)
+        if not -shortest <= index < shortest:
+            raise UsageError(f"position {index} is outside some rows (lengths {shortest}..{int(lengths.max())})")
+        return lengths + index if index < 0 else torch.full_like(lengths, index)
     if spec not in roles:
         raise UsageError(
             f"unknown position {spec!r}{suggest(spec, [*roles, 'all', 'whole'])}; this task's roles: {', '.join(roles)}"
@@ -196,7 +218,7 @@ def position_patches(
     patched there); ``a+b`` patches a and b jointly. A bare string is one spec.
     """
     patches: list[PositionPatch] = []
-    for spec in dict.fromkeys(spec.strip() for spec in as_specs(specs)):  # a repeated spec is one patch
+    for spec in dict.fromkeys(spec.strip() for spec in as_specs(specs, "position")):  # a repeated spec is one patch
         if spec == "all":
             patches.extend(
                 PositionPatch(

@@ -93,3 +93,22 @@ def test_layer_options_of_another_length_than_the_layers_are_refused():
 
     with pytest.raises(UsageError, match="got 1 sets of layer options for 2 layers"):
         build_config(d_vocab=8, n_ctx=8, mixers="attention", n_layers=2, layer_options=[{}])
+
+
+@pytest.mark.parametrize(("kind", "sites", "positions", "value"), [
+    ("position", ["L1.block_in"], [3], "3"),
+    ("position", ["L1.block_in"], ["value", None], "None"),
+    ("site", [1], ["value"], "1"),
+])
+def test_specs_that_are_not_strings_name_the_value_and_what_is_accepted(ar_model, ar_task, kind, sites, positions,
+                                                                         value):
+    """An integer position used to raise AttributeError ('int' object has no attribute 'strip')."""
+    with pytest.raises(UsageError, match=rf"{kind} {value} is a \w+, not a string: {kind}s are strings"):
+        patch(ar_model, ar_task.sample(4, seed=0), sites, positions)
+
+
+@pytest.mark.parametrize("position", ["9999999999999999999999", "-9999999999999999999999"])
+def test_a_position_past_any_int64_is_outside_the_rows(ar_model, ar_task, position):
+    """It used to overflow building the positions (OverflowError)."""
+    with pytest.raises(UsageError, match=rf"position {position} is outside some rows"):
+        patch(ar_model, ar_task.sample(4, seed=0), ["L1.block_in"], [position])

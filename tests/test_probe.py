@@ -151,8 +151,9 @@ def test_reading_one_slice_reads_a_small_part_of_a_large_cache(tmp_path, monkeyp
         h5.attrs.update({"format": "hookmech-cache", "format_version": 1, "model_sha256": "", "model_config": "{}",
                          "task": "{}", "hookmech_version": "test"})
         h5["tokens/clean"] = h5["tokens/corrupt"] = np.zeros((n_rows, n_pos), np.int32)
-        for name in ("lengths", "answers", "doc_index", "roles/value", "roles/query"):
+        for name in ("answers", "doc_index", "roles/value", "roles/query"):
             h5[name] = np.full(n_rows, 3, np.int32)
+        h5["lengths"] = np.full(n_rows, n_pos, np.int32)  # rows as long as the tokens: position 3 is inside
         h5["p_answer/clean"] = h5["p_answer/corrupt"] = np.zeros(n_rows, np.float32)
         block = np.random.default_rng(0).normal(size=(256, n_pos, d_model)).astype(np.float32)
         for which in ("clean", "corrupt"):

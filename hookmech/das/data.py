@@ -28,6 +28,7 @@ from ..patching.protocol import PatchableModel
 from ..shapes import Context
 from ..sites import hook_to_site, row_positions
 from ..splits import split_by_document
+from ..validate import check_finite_parameters
 from .basis import derived_seed
 
 
@@ -105,6 +106,11 @@ class DasData:
     ):
         if chunk_rows < 1:
             raise UsageError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        if not isinstance(pos, str):
+            raise UsageError(
+                f"position {pos!r} is a {type(pos).__name__}, not a string: give a role or an integer as text"
+            )
+        check_finite_parameters(model)  # NaN weights would train on NaN and score null
         pos = pos.strip()
         if pos in ("all", "whole") or "+" in pos:
             raise UsageError(
@@ -127,8 +133,9 @@ class DasData:
         self.context_hooks = (
             {} if resume_at is None else {b: f"blocks.{b}.hook_mixer_in" for b in range(resume_at, model.cfg.n_layers)}
         )
+        read = [self.source_hook, *(hook for hook in self.base_hooks() if cache.has(hook, "corrupt"))]
         check_cache_fits(model, cache, batch, [self.source_hook, *self.base_hooks()])
-        cache.check_model(model)
+        cache.check_model(model, hooks=read)
         self.activation_shape = tuple(cache[self.source_hook].shape[2:])
         self.d = math.prod(self.activation_shape)
 
@@ -167,7 +174,7 @@ class DasData:
         position = self.positions[numbers]
 
         def read(hook: str, which: str) -> Tensor:
-            values = torch.from_numpy(self.cache[hook, which][rows])[kept]
+            values = torch.from_numpy(self.cache.read_rows(hook, which, rows))[kept]
             return values.to(self.device, self.dtype)
 
         source_axis = pos_axis_of(self.model.hook_dict[self.source_hook])

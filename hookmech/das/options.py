@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import UsageError
+from ..validate import check_seed
 
 
 @dataclass(frozen=True)
@@ -28,5 +29,6 @@ class DasOptions:
             raise UsageError(f"learning rate must be a positive number, got {self.lr}")
         if self.batch_size < 1:
             raise UsageError(f"batch size must be >= 1, got {self.batch_size}")
+        check_seed(self.seed)
         if not all(math.isfinite(t) and t > 0 for t in self.temperature):
             raise UsageError(f"temperatures must be positive numbers, got {self.temperature}")

@@ -128,7 +128,7 @@ def positional_hooks(model: PatchableModel, sites: str | Iterable[str]) -> tuple
     """Return the hooks of site specs `sites` and the first block the estimates must run from (None
     when a hook is outside the blocks: the embeddings need the tokens); a UsageError for a site
     without a position axis (attribution patching estimates patches at positions)."""
-    hooks = resolve_sites(as_specs(sites), model.hook_dict)
+    hooks = resolve_sites(as_specs(sites, "site"), model.hook_dict)
     flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
     if flat:
         raise UsageError(
@@ -183,7 +183,7 @@ def attribution_patch(
             max_batch=max_batch,
             only=("clean",) if cache is None else ("clean", "corrupt"),
         )
-        patches = position_patches(as_specs(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
+        patches = position_patches(as_specs(positions, "position"), batch.roles, batch.lengths, batch.tokens.shape[1])
         masks = torch.stack([p.mask for p in patches]).double()
         estimates, p_corrupt = _estimates(model, runs, hooks, start, masks, max_batch)
     p_clean_rows = runs.p_answer["clean"].double().cpu()

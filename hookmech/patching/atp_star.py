@@ -128,7 +128,7 @@ def atp_star_patch(
             context_memory=CONTEXT_MEMORY,
             only=("clean",) if capture else ("clean", "corrupt"),
         )
-        patches = position_patches(as_specs(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
+        patches = position_patches(as_specs(positions, "position"), batch.roles, batch.lengths, batch.tokens.shape[1])
         masks = torch.stack([p.mask for p in patches]).double()  # [P, N, T]
         estimator = _Estimator(model, runs, hooks, start, blocks, graddrop, max_batch, capture)
         shifts = {hook: torch.empty(len(patches), len(batch), dtype=torch.float64) for hook in hooks}

@@ -73,7 +73,7 @@ def patch(
         ablate=ablate,
         ablate_seed=ablate_seed,
     )
-    sites, positions = as_specs(sites), as_specs(positions)
+    sites, positions = as_specs(sites, "site"), as_specs(positions, "position")
     if not graddrop and options.method != "atp-star":
         raise UsageError(f"graddrop=False is an option of method 'atp-star' (AtP*), not of {options.method!r}")
     if options.method == "atp":

@@ -44,7 +44,7 @@ def run_exact(
     check_patchable(model)
     patch_sites = parse_sites(sites, model)
     with evaluating(model), open_source(source) as (batch, cache):
-        return exact_patch(model, batch, cache, patch_sites, as_specs(positions), options)
+        return exact_patch(model, batch, cache, patch_sites, as_specs(positions, "position"), options)
 
 
 def exact_patch(

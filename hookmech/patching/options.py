@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import UsageError, suggest
+from ..validate import check_seed
 from .metrics import METRICS
 
 METHODS = ("exact", "atp", "atp-star")
@@ -56,6 +57,7 @@ class PatchOptions:
                 raise UsageError(f"unknown {kind} {value!r}{suggest(value, choices)} (available: {', '.join(choices)})")
         if self.max_batch < 1:
             raise UsageError(f"max_batch must be >= 1, got {self.max_batch}")
+        check_seed(self.ablate_seed, "ablate_seed")
         if self.ablate is not None and self.direction == "denoise":
             raise UsageError(
                 "ablations replace activations of the clean run (direction 'noise'); "

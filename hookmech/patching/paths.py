@@ -90,8 +90,8 @@ def path_patch(
         context_memory=context_memory,
         per_example=per_example,
     )
-    senders = [split_endpoint(spec, "sender") for spec in as_specs(sender)]
-    receivers = [split_endpoint(spec, "receiver") for spec in as_specs(receiver)]
+    senders = [split_endpoint(spec, "sender") for spec in as_specs(sender, "sender")]
+    receivers = [split_endpoint(spec, "receiver") for spec in as_specs(receiver, "receiver")]
     if not senders or not receivers:
         raise UsageError("a path patch needs a sender and a receiver (SITE@POS each)")
     with evaluating(model), open_source(source) as (batch, cache):

@@ -2,8 +2,9 @@
 
 Activations of hooks, residuals entering blocks, query logits and p(answer) of both unpatched
 runs of a batch, read from an activation cache where it holds them, else computed once (in
-chunks of `max_batch` rows). Reading a cache checks that it was made from this model
-(`model_hash`) and that its shapes are this model's; the base run also records the mixer
+chunks of `max_batch` rows). A model whose weights are not finite is refused. Reading a cache
+checks that its shapes are this model's and that it was made from this model
+(`CacheFile.check_model`: its `model_hash`, and a few rows recomputed); the base run also records the mixer
 contexts that resumed patches start from, while they fit in `context_memory` bytes.
 """
 
@@ -20,6 +21,7 @@ from ..cache import CacheFile, answer_probs, check_batch_fits, check_cache_fits,
 from ..errors import HookmechError
 from ..hooks import pos_axis_of
 from ..tasks.batch import Batch
+from ..validate import check_finite_parameters
 from .metrics import Metric
 from .protocol import PatchableModel
 
@@ -100,10 +102,12 @@ class CleanCorruptRuns:
         self.p_answer: dict[str, Tensor] = {}
         self.computed: dict[tuple[str, str], Tensor] = {}
         self.contexts: dict[tuple[int, str], dict[str, Tensor]] = {}
+        check_finite_parameters(model)  # NaN weights would give null attributions and no word
         check_batch_fits(model, batch, "the examples" if cache is None else str(cache.path))
         if cache is not None:
-            check_cache_fits(model, cache, batch, [hook for hook in wanted if hook not in missing])
-            cache.check_model(model)  # a cache of another model would give numbers that mean nothing
+            read = [hook for hook in wanted if hook not in missing]
+            check_cache_fits(model, cache, batch, read)
+            cache.check_model(model, hooks=read)  # a cache of another model would give numbers that mean nothing
             self.p_answer = {which: cache.p_answer(which).double() for which in RUNS}
         if missing or need_logits or cache is None:
             self._compute(missing, max_batch, base)

@@ -85,7 +85,7 @@ def parse_sites(specs: str | Iterable[str], model: PatchableModel) -> list[Patch
     `PatchSite` per record.
     """
     result: list[PatchSite] = []
-    for spec in as_specs(specs):
+    for spec in as_specs(specs, "site"):
         parts = joint_parts(spec, "site")
         per_part = [_parse_part(part, model) for part in parts]
         if len(parts) == 1:

@@ -1,0 +1,60 @@
+"""Checks of numbers that come from outside the computation (files, weights, options): a NaN weight
+or activation would otherwise flow through every forward and come out as null attributions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .errors import HookmechError, UsageError
+
+#: the largest seed every random stream of hookmech takes (numpy's SeedSequence, torch's Generator)
+MAX_SEED = 2**63 - 1
+
+
+def first_non_finite(values: Tensor | np.ndarray, allow_minus_inf: bool = False) -> tuple[int, ...] | None:
+    """Return the index of the first NaN or infinite entry of `values` in C order (with
+    `allow_minus_inf`, -inf does not count), or None when there is none.
+
+    Cheap when all is well: one pass for the smallest and largest entries (a NaN makes both
+    NaN, +inf the largest, -inf the smallest; as fast as a sum, 5x faster than an elementwise
+    test), and the elementwise test only to locate a bad entry."""
+    tensor = torch.from_numpy(values) if isinstance(values, np.ndarray) else values.detach()
+    if not tensor.is_floating_point() or tensor.numel() == 0:
+        return None
+    smallest, largest = torch.aminmax(tensor)
+    if math.isfinite(float(largest)) and (allow_minus_inf or math.isfinite(float(smallest))):
+        return None
+    bad = torch.isnan(tensor) | (tensor == math.inf)
+    if not allow_minus_inf:
+        bad |= tensor == -math.inf
+    flat = int(bad.flatten().nonzero()[0])
+    return tuple(int(i) for i in np.unravel_index(flat, tuple(tensor.shape)))
+
+
+def value_at(values: Tensor | np.ndarray, index: tuple[int, ...]) -> str:
+    """Return the entry of `values` at `index` as text (``nan``, ``inf``, ``-inf``, ``0.5``)."""
+    return str(float(values[index]))
+
+
+def check_finite_parameters(model, source: str = "the model") -> None:
+    """Raise a HookmechError naming the first parameter or buffer of `model` (a torch module)
+    holding a NaN or an infinity, and where (`source` names the model: a checkpoint path).
+    Returns None."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        index = first_non_finite(tensor.detach())
+        if index is not None:
+            raise HookmechError(
+                f"{source}: weight {name} holds {value_at(tensor.detach(), index)} at {list(index)}: "
+                "its training diverged or the file is damaged; use a checkpoint whose weights are finite"
+            )
+
+
+def check_seed(seed: object, name: str = "seed") -> int:
+    """Return `seed` if it is an integer in ``0..MAX_SEED``; else raise a UsageError naming `name`."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"{name} must be an integer in 0..2**63-1, got {seed}")
+    return int(seed)
