@@ -4,7 +4,6 @@ metadata (docs/formats.md, "Checkpoint"). Loading never unpickles. The same mode
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -196,32 +195,3 @@ def _load_into(model: HookedLM, state: dict[str, torch.Tensor], path: Path) -> N
                 f"{path}: {name} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}"
             )
     model.load_state_dict(state)
-
-
-def first_non_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, torch.Tensor] | None:
-    """Return ``(name, tensor)`` of the first floating-point tensor of `tensors` holding NaN or
-    inf, or None when every one is finite (one vectorised check per tensor)."""
-    for name, tensor in tensors:
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            return name, tensor
-    return None
-
-
-def check_finite(model: HookedLM, source: str | Path | None = None) -> None:
-    """Raise a HookmechError naming the first parameter of `model` that holds NaN or inf (and
-    how many), prefixed with `source` (e.g. the checkpoint's path) when given; return None.
-
-    `load` reads such checkpoints (a diverged run's file may be inspected); commands whose
-    results would silently be NaN call this first. It reads every parameter once, cheaply
-    next to one forward pass."""
-    found = first_non_finite(model.named_parameters())
-    if found is None:
-        return
-    name, tensor = found
-    n_nan = int(torch.isnan(tensor).sum())
-    n_inf = int(torch.isinf(tensor).sum())
-    prefix = f"{source}: " if source is not None else ""
-    raise HookmechError(
-        f"{prefix}parameter {name} holds non-finite values ({n_nan} NaN, {n_inf} inf of {tensor.numel()}); "
-        "the model diverged or the file is damaged, so its outputs would be NaN"
-    )

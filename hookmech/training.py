@@ -44,7 +44,7 @@ from torch.nn import functional as F
 from . import schema
 from .allocator import keep_freed_memory
 from .cache import answer_probs, run_chunks
-from .checkpoint import first_non_finite, save
+from .checkpoint import save
 from .config import ModelConfig
 from .devices import check_device
 from .errors import HookmechError, UsageError
@@ -55,6 +55,7 @@ from .sizes import check_fits
 from .tasks import Task
 from .tasks.ar import rng_for
 from .tasks.batch import Batch
+from .validate import first_non_finite_tensor
 
 #: the files `train` writes into a run folder
 RUN_FILES = ("run.json", "model.safetensors", "resume.safetensors", "metrics.jsonl", "summary.json")
@@ -207,7 +208,7 @@ def _load_resume(path: Path, model: HookedLM, optimizer: torch.optim.Optimizer, 
     except Exception as error:
         raise HookmechError(f"{path}: unreadable resume state ({error}); delete it to restart the run") from None
     _check_resume_metadata(path, extra, total)
-    found = first_non_finite(tensors.items())
+    found = first_non_finite_tensor(tensors.items())
     if found is not None:
         raise HookmechError(
             f"{path}: the resume state holds non-finite values (NaN or inf) in {found[0]}, so the run "
@@ -479,7 +480,7 @@ def _train_loop(
         if evaluating or checkpointing:
             # a finite loss can still leave NaN weights (an inf gradient): only finite weights
             # are evaluated or written, so the folder's checkpoint is always one to resume from
-            bad = first_non_finite(_training_state(model, optimizer))
+            bad = first_non_finite_tensor(_training_state(model, optimizer))
             if bad is not None:
                 raise diverged(f"the weights became non-finite (NaN or inf in {bad[0]})", done)
         if evaluating:

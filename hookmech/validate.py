@@ -40,6 +40,15 @@ def value_at(values: Tensor | np.ndarray, index: tuple[int, ...]) -> str:
     return str(float(values[index]))
 
 
+def first_non_finite_tensor(tensors) -> tuple[str, Tensor] | None:
+    """Return ``(name, tensor)`` of the first floating-point tensor of `tensors` (pairs of name and
+    tensor) holding a NaN or an infinity, or None when every one is finite (`first_non_finite`)."""
+    for name, tensor in tensors:
+        if first_non_finite(tensor) is not None:
+            return name, tensor
+    return None
+
+
 def check_finite_parameters(model, source: str = "the model") -> None:
     """Raise a HookmechError naming the first parameter or buffer of `model` (a torch module)
     holding a NaN or an infinity, and where (`source` names the model: a checkpoint path).
