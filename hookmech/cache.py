@@ -440,6 +440,7 @@ class CacheFile:
         try:
             self._check_version()
             self._model_config = self._json_attribute("model_config", "the model's config")
+            self._hook_points: dict[str, Any] | None = None
             self._task = self._json_attribute("task", "the task's spec")
             self._check_layout()
         except HookmechError:
@@ -934,6 +935,7 @@ class CacheFile:
         """Return ``[N, ...]``: row i's activation of `site` at ``positions[i]`` (``[N]`` ints in
         0..T-1; another shape or a position outside is a UsageError), checked as `read_rows`."""
         data = self[site, which]
+        self._refuse_other_position_axis(data.name.rsplit("/", 1)[-1])
         positions = np.asarray(positions)
         if positions.shape != (data.shape[0],):
             raise UsageError(f"need one position per row ({data.shape[0]}), got shape {positions.shape}")
@@ -947,6 +949,26 @@ class CacheFile:
         hook = data.name.rsplit("/", 1)[-1]
         self._refuse_non_finite(hook, which, out, lambda index: [index[0], int(positions[index[0]]), *index[1:]])
         return torch.from_numpy(out)
+
+    def _refuse_other_position_axis(self, hook: str) -> None:
+        """Raise a UsageError when `hook` stores positions elsewhere than axis 1 (attention's
+        ``[N, head, q, k]`` scores and patterns): `gather` would read heads as positions."""
+        from .config import ModelConfig
+        from .hooks import axes_of, pos_axis_of
+        from .model import HookedLM
+
+        if self._hook_points is None:  # the model's hooks, shapes only (meta device), once
+            try:
+                with torch.device("meta"):
+                    self._hook_points = HookedLM(ModelConfig.from_json(json.dumps(self._model_config))).hook_dict
+            except (HookmechError, TypeError, ValueError, KeyError):  # a config no model builds from: layout unknown
+                self._hook_points = {}
+        point = self._hook_points.get(hook)
+        if point is not None and pos_axis_of(point) != 1:
+            raise UsageError(
+                f"{hook} is stored as [{axes_of(point).replace(' ', ', ')}]: one position per row reads axis 1, "
+                "which is not its position axis there; read the dataset itself (cache[site]) and index its axes"
+            )
 
     def close(self) -> None:
         self._h5.close()

@@ -155,10 +155,13 @@ def load(path: str | Path, config: ModelConfig | str | Path | None = None, devic
 
 
 def _build(config: ModelConfig, device: str, path: Path) -> HookedLM:
-    """Return a `HookedLM` of `config` once its size is known to fit `device` (the file's tensors
-    and the model: 2 copies), naming `path` otherwise."""
+    """Return a `HookedLM` of `config` once its size is known to fit: the file's tensors and the
+    model are built on the CPU (2 copies) and the model then moved to `device` (1 copy there);
+    naming `path` otherwise."""
     try:
-        check_fits(config, device, copies=2)
+        check_fits(config, "cpu", copies=2)
+        if torch.device(device).type != "cpu":
+            check_fits(config, device, copies=1)
     except HookmechError as error:
         raise HookmechError(f"{path}: {error}") from None
     return HookedLM(config)

@@ -126,7 +126,7 @@ def fit_probe(
 
     Features are standardised with the training rows' mean and standard deviation. A held-out
     token never seen in training counts as a miss. `weight_decay` must be a finite number >= 0,
-    `max_iter` >= 1 and `seed` in 0..2**63-1 (else a UsageError); non-finite activations are
+    `max_iter` >= 1 and `seed` in 0..2**64-1 (else a UsageError); non-finite activations are
     refused as the cache reads them.
     """
     if not (math.isfinite(weight_decay) and weight_decay >= 0):

@@ -9,10 +9,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import schema
 from .errors import HookmechError, UsageError
 
-#: the largest seed every random stream of hookmech takes (numpy's SeedSequence, torch's Generator)
-MAX_SEED = 2**63 - 1
+#: the largest seed every random stream of hookmech takes (numpy's SeedSequence, torch's Generator:
+#: unsigned 64-bit), one range for every command (`schema.SEED`)
+MAX_SEED = schema.MAX_SEED
 
 
 def first_non_finite(values: Tensor | np.ndarray, allow_minus_inf: bool = False) -> tuple[int, ...] | None:
@@ -65,5 +67,5 @@ def check_finite_parameters(model, source: str = "the model") -> None:
 def check_seed(seed: object, name: str = "seed") -> int:
     """Return `seed` if it is an integer in ``0..MAX_SEED``; else raise a UsageError naming `name`."""
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
-        raise UsageError(f"{name} must be an integer in 0..2**63-1, got {seed}")
+        raise UsageError(f"{name} must be {schema.SEED.describe()}, got {seed}")
     return int(seed)

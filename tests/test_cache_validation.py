@@ -114,6 +114,19 @@ def test_masked_attention_scores_keep_their_minus_inf(tmp_path, ar_model, ar_tas
         assert patch(ar_model, cache, ["L0.mixer.attn_scores"], ["key"])[0]["n"] == 6
 
 
+def test_one_position_per_row_is_refused_where_positions_are_not_axis_1(tmp_path, ar_model, ar_task):
+    """Attention's scores are [N, head, q, k]: `at`/`gather` (and probes) would read heads as
+    positions; they are refused naming the layout, and the dataset itself stays readable."""
+    hooks = ["blocks.0.mixer.hook_pattern", HOOK]
+    path = write_cache(ar_model, ar_task.sample(6, seed=0), tmp_path / "s.h5", hooks)
+    with CacheFile(path) as cache:
+        with pytest.raises(UsageError, match=r"stored as \[batch, head, query_pos, key_pos\].*not its position axis"):
+            cache.at("L0.mixer.pattern", "value")
+        with pytest.raises(UsageError, match="not its position axis"):
+            fit_probe(cache, "L0.mixer.pattern", "value")
+        assert cache.at(HOOK, "value").shape[0] == 6
+
+
 # -- writing: no cache of non-finite numbers ------------------------------------------------------
 def test_write_cache_refuses_a_model_whose_weights_hold_nan(tmp_path, ar_model, ar_task):
     with torch.no_grad():
@@ -246,8 +259,15 @@ def test_probe_refuses_all_nan_activations(cache_path):
 
 
 @pytest.mark.parametrize("seed", [-1, 2**64])
-def test_das_and_probe_refuse_seeds_outside_0_to_2_63(cache_path, ar_model, seed):
-    with pytest.raises(UsageError, match=rf"seed must be an integer in 0\.\.2\*\*63-1, got {seed}"):
+def test_das_and_probe_refuse_seeds_outside_0_to_2_64(cache_path, ar_model, seed):
+    # one range for every command's seed (the trainer's too): torch's and numpy's, unsigned 64-bit
+    with pytest.raises(UsageError, match=rf"seed must be an integer in 0\.\.{2**64 - 1}, got {seed}"):
         hookmech.das.train(ar_model, cache_path, "L1.block_in", "value", dims=[1], steps=1, seed=seed)
     with CacheFile(cache_path) as cache, pytest.raises(UsageError, match="seed must be an integer"):
         fit_probe(cache, "L1.block_in", "value", seed=seed)
+
+
+def test_the_largest_seed_is_taken_by_das_and_probe(cache_path, ar_model):
+    hookmech.das.train(ar_model, cache_path, "L1.block_in", "value", dims=[1], steps=1, seed=2**64 - 1)
+    with CacheFile(cache_path) as cache:
+        fit_probe(cache, "L1.block_in", "value", seed=2**64 - 1)

@@ -186,12 +186,12 @@ ROWS_UNEXPECTED = [
      "position 9999999999999999999999 is outside some rows"),
     ("probe-empty-site", "cache", ["probe", "{tmp}/c.h5", "--site", "", "--pos", "value"], 2,
      "c.h5: empty site name (cached: L1.block_in)"),
-    ("das-negative-seed", "cache", [*DAS, "--seed", "-1"], 2, "seed must be an integer in 0..2**63-1, got -1"),
+    ("das-negative-seed", "cache", [*DAS, "--seed", "-1"], 2, "seed must be an integer in 0..18446744073709551615, got -1"),
     ("das-seed-past-64-bits", "cache", [*DAS, "--seed", str(2**64)], 2,
-     f"seed must be an integer in 0..2**63-1, got {2**64}"),
-    ("probe-negative-seed", "cache", [*PROBE, "--seed", "-1"], 2, "seed must be an integer in 0..2**63-1, got -1"),
+     f"seed must be an integer in 0..18446744073709551615, got {2**64}"),
+    ("probe-negative-seed", "cache", [*PROBE, "--seed", "-1"], 2, "seed must be an integer in 0..18446744073709551615, got -1"),
     ("patch-negative-ablate-seed", "none", [*PATCH, "--n", "4", "--ablate", "resample", "--ablate-seed", "-1"], 2,
-     "ablate_seed must be an integer in 0..2**63-1, got -1"),
+     "ablate_seed must be an integer in 0..18446744073709551615, got -1"),
 ]
 
 #: zero or negative counts are usage errors
