@@ -29,7 +29,7 @@ import hookmech
 from hookmech.config import build_config
 from hookmech.mixers import REGISTRY
 from hookmech.patching import patch
-from hookmech.patching.plain_loop import plain_loop_patch
+from hookmech.oracles import plain_loop_patch
 
 ROLES = ["key", "value", "query", "divider"]
 FORWARD_TOL = 1e-4

@@ -8,7 +8,7 @@ query, divider x 320 AR examples, random-init models. Two scales:
 * `--paper-ar`: the paper's AR setting, vocab 8192, 16 pairs (35 positions), d_model 128,
   2 layers, the four roles.
 
-Same process, same model, same batch: `hookmech.patching.plain_loop.plain_loop_patch` (one full
+Same process, same model, same batch: `hookmech.oracles.plain_loop_patch` (one full
 corrupt forward per (site, position), frozen) against `hookmech.patching.patch` (the engine, from
 the batch, i.e. computing its clean and corrupt runs itself), interleaved, best of `--reps`.
 Prints both times, the ratio, and the largest |Δp| between them.
@@ -26,7 +26,7 @@ import torch
 import hookmech
 from hookmech.config import build_config
 from hookmech.patching import patch
-from hookmech.patching.plain_loop import plain_loop_patch
+from hookmech.oracles import plain_loop_patch
 
 ROLES = ["key", "value", "query", "divider"]
 ALL_MIXERS = "attention,mamba,mamba2,deltanet,rwkv,based,h3,hyena,baseconv"

@@ -4,7 +4,7 @@ The sweep (as in bench/patch_engine.py, 2-layer case): every block-level site (`
 positions key, value, query, divider x `--n` AR examples (vocab 64, 4 pairs, seed 1) on a
 random-init 2-layer model of d_model 64, per mixer. Same process, same model, same batch:
 
-* plain:  `hookmech.patching.plain_loop.plain_loop_patch` (one full corrupt forward per cell, the clean
+* plain:  `hookmech.oracles.plain_loop_patch` (one full corrupt forward per cell, the clean
   activations cached once);
 * pyvene: Stanford's pyvene, used as its users do: one `IntervenableModel` per site (a
   `VanillaIntervention` on the site's HookPoint output, ``unit="pos"``), one call per (site,
@@ -43,7 +43,7 @@ import hookmech
 from hookmech.cache import answer_probs
 from hookmech.config import build_config
 from hookmech.patching import parse_sites, patch
-from hookmech.patching.plain_loop import plain_loop_patch
+from hookmech.oracles import plain_loop_patch
 from hookmech.sites import row_positions
 
 ROLES = ["key", "value", "query", "divider"]

@@ -16,7 +16,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 def split_flag(values) -> list[str]:
     """Flatten repeated and comma-separated flag values."""
-    from hookmech.options import split_list
+    from hookmech.option_pairs import split_list
 
     return split_list(values)
 

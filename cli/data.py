@@ -30,7 +30,7 @@ def data(task_name, task_opt, n, seed, stats, as_json, out_path):
     from hookmech import tasks
     from hookmech.datasets import save_dataset, task_statistics
     from hookmech.errors import UsageError
-    from hookmech.options import parse_options
+    from hookmech.option_pairs import parse_options
 
     if stats == (out_path is not None):
         raise UsageError("give -o FILE to write a dataset, or --stats to print statistics (not both)")

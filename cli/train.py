@@ -118,7 +118,7 @@ def train(
     from hookmech import tasks
     from hookmech.config import build_config
     from hookmech.errors import UsageError
-    from hookmech.options import parse_options
+    from hookmech.option_pairs import parse_options
     from hookmech.training import RUN_FILES, TrainConfig
     from hookmech.training import train as run_training
 
@@ -209,8 +209,8 @@ def _check_options(options) -> None:
 def _mixers_and_options(mixer, preset, mixer_opt, n_layers):
     """Return (mixer per layer, options per layer): a preset's pattern, with --mixer-opt on top."""
     from hookmech.errors import UsageError
-    from hookmech.options import parse_layer_options
-    from hookmech.presets import expand_preset
+    from hookmech.model_presets import expand_preset
+    from hookmech.option_pairs import parse_layer_options
 
     user_options = parse_layer_options(mixer_opt, n_layers)
     if preset is None:

@@ -32,6 +32,7 @@ from torch import Tensor
 from . import __version__
 from .errors import HookmechError, UsageError, suggest, unknown
 from .fileio import atomic_h5, sha256_of
+from .hook_names import parse_hook
 from .identity import model_hash
 from .shapes import Acts, ActsAt, RowFloats
 from .sites import hook_to_site, resolve_sites, site_to_hook
@@ -68,7 +69,8 @@ VERIFY_ACTS_RTOL = {"float32": 1e-3, "float16": 4e-3}
 
 def allows_minus_inf(hook: str) -> bool:
     """Whether `hook`'s activations hold -inf by definition: masked attention scores (before the softmax)."""
-    return hook.endswith("hook_attn_scores")
+    name = parse_hook(hook)
+    return name is not None and (name.part if name.inside is None else name.inside) == "attn_scores"
 
 
 def default_chunk(n_rows: int, n_pos: int) -> int:

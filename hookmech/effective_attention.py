@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .errors import HookmechError, UsageError
+from .hook_names import block_hook
 from .model import check_tokens
 
 SUMMARIES = ("mean", None)
@@ -46,7 +47,7 @@ def attention_maps(model, tokens: Tensor, *, summary: str | None = "mean") -> di
     if summary not in SUMMARIES:
         raise UsageError(f"attention_maps: summary must be 'mean' or None, got {summary!r}")
     check_tokens(tokens, model.cfg, "attention_maps")
-    names = [f"blocks.{layer}.hook_mixer_in" for layer in range(len(model.blocks))]
+    names = [block_hook(layer, "mixer_in") for layer in range(len(model.blocks))]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=names, return_cache_object=False)
         return {

@@ -20,10 +20,20 @@ from transformer_lens.hook_points import HookPoint
 
 from .config import ModelConfig
 from .errors import HookmechError, UsageError, unknown
+from .hook_names import (
+    FINAL_NORM,
+    MIXER,
+    block_aliases,
+    block_hook,
+    block_path,
+    hook_attribute,
+    layer_of,
+    parse_hook,
+)
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
 from .mixers.base import Mixer, hook_in_use, kept, take_window
-from .paths import ActsReader, PathEnds, path_change, path_ends
+from .path_routes import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
     Context,
     Gradients,
@@ -270,8 +280,9 @@ class HookedLM(HookedRootModule):
         #: alias hook name -> the hook name it stands for (e.g. blocks.0.hook_attn_out -> blocks.0.hook_mixer_out)
         self.hook_aliases: dict[str, str] = {}
         for layer, block in enumerate(self.blocks):
-            for alias, hook in type(block.mixer).block_hook_aliases.items():
-                name, target = f"blocks.{layer}.{alias}", f"blocks.{layer}.{hook}"
+            declared = type(block.mixer).block_hook_aliases  # attribute names: hook_attn_out -> hook_mixer_out
+            named = block_aliases(layer, declared)  # the same as hook names, in the same order
+            for (alias, hook), (name, target) in zip(declared.items(), named.items(), strict=True):
                 if name in self.mod_dict or target not in self.hook_dict:
                     raise HookmechError(
                         f"{type(block.mixer).__name__} declares the hook alias {alias} for {hook}, "
@@ -312,7 +323,7 @@ class HookedLM(HookedRootModule):
 
     def _output_projection_names(self) -> set[str]:
         return {
-            f"blocks.{layer}.{name}"
+            block_path(layer, name)
             for layer, block in enumerate(self.blocks)
             for name in block.output_projection_weights()
         }
@@ -462,11 +473,11 @@ class HookedLM(HookedRootModule):
         mixer's `state_hooks`) from block l's recorded context: ``read(context, rows, positions)`` ->
         ``[B, ...]``, what the hook fired with at ``positions[i]`` of row ``rows[i]`` of the run the
         context was made from (`Mixer.state_from_context`); None for any other hook."""
-        parts = hook_name.split(".")
-        if len(parts) != 4 or parts[0] != "blocks" or parts[2] != "mixer" or not parts[3].startswith("hook_"):
+        parsed = parse_hook(hook_name)
+        if parsed is None or parsed.layer is None or parsed.part != MIXER or parsed.inside is None:
             return None
-        mixer = self.blocks[int(parts[1])].mixer
-        name = parts[3][len("hook_") :]
+        mixer = self.blocks[parsed.layer].mixer
+        name = parsed.inside
         if name not in type(mixer).state_hooks:
             return None
         return lambda context, rows, positions: mixer.state_from_context(name, context, rows, positions)
@@ -488,15 +499,15 @@ class HookedLM(HookedRootModule):
         read-out there needs); None for hooks that are not block-level (embeddings, inside a
         mixer, the final norm).
         """
-        parts = hook_name.split(".")
-        if len(parts) != 3 or parts[0] != "blocks" or not parts[2].startswith("hook_"):
+        parsed = parse_hook(hook_name)
+        if parsed is None or parsed.layer is None or parsed.inside is not None:
             return None
-        layer, name = int(parts[1]), parts[2]
+        layer, name = parsed.layer, parsed.part
         block = self.blocks[layer]
-        if name == "hook_resid_pre":
+        if name == "resid_pre":
             return layer, values, block.ln1(values)
-        if name == "hook_mixer_in":
-            return layer, base(f"blocks.{layer}.hook_resid_pre"), values
+        if name == "mixer_in":
+            return layer, base(block_hook(layer, "resid_pre")), values
         if at is not None and layer + 1 == self.cfg.n_layers:  # past the last mixer: at `at` alone
             values, base = take_window(values, at, 1), _at_positions(base, at)
         out = self._after_hook(layer, name, values, base)
@@ -505,20 +516,20 @@ class HookedLM(HookedRootModule):
         return layer + 1, out, self.blocks[layer + 1].ln1(out)
 
     def _after_hook(self, layer: int, name: str, values: Tensor, base: Callable[[str], Tensor]) -> Tensor:
-        """Return block `layer`'s output ``[N, W, d_model]`` when its hook `name` (after the mixer)
-        takes `values` ``[N, W, ...]`` and everything before that hook is the base run's (read with
-        `base`, ``[N, W, ...]``; W = T, or 1 at one position per row)."""
-        if name == "hook_resid_post":
+        """Return block `layer`'s output ``[N, W, d_model]`` when its hook `name` (a block part after
+        the mixer) takes `values` ``[N, W, ...]`` and everything before that hook is the base run's
+        (read with `base`, ``[N, W, ...]``; W = T, or 1 at one position per row)."""
+        if name == "resid_post":
             return values
-        if name == "hook_mlp_out":  # the residual before the MLP is the base run's
-            return base(f"blocks.{layer}.hook_resid_mid") + values
+        if name == "mlp_out":  # the residual before the MLP is the base run's
+            return base(block_hook(layer, "resid_mid")) + values
         block = self.blocks[layer]
-        resid = base(f"blocks.{layer}.hook_resid_pre")
-        if name == "hook_mixer_out":
+        resid = base(block_hook(layer, "resid_pre"))
+        if name == "mixer_out":
             return block._after_mixer(resid, values)
         # resid_mid, mlp_in: the rest of the block, with the hook replaced
-        with self.hooks(fwd_hooks=[(f"blocks.{layer}.{name}", lambda activation, hook=None: values)]):
-            return block._after_mixer(resid, base(f"blocks.{layer}.hook_mixer_out"))
+        with self.hooks(fwd_hooks=[(block_hook(layer, name), lambda activation, hook=None: values)]):
+            return block._after_mixer(resid, base(block_hook(layer, "mixer_out")))
 
     def mixer_patch_effects(
         self,
@@ -538,8 +549,8 @@ class HookedLM(HookedRootModule):
         (this method's and `mixer_patch_outputs`'), where each mixer keeps what they share."""
         if not self.mixer_patches_exactly(layer, hook_name):
             return None
-        local = None if hook_name is None else hook_name.removeprefix(f"blocks.{layer}.mixer.")
-        mixer_in = base(f"blocks.{layer}.hook_mixer_in")
+        local = None if hook_name is None else _mixer_attribute(layer, hook_name)
+        mixer_in = base(block_hook(layer, "mixer_in"))
         kept = None if shared is None else shared.setdefault(layer, {})
         return self.blocks[layer].mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local, kept)
 
@@ -548,10 +559,9 @@ class HookedLM(HookedRootModule):
         False where it gives None (`Mixer.patches_exactly`; a hook outside that mixer: False)."""
         local = None
         if hook_name is not None:
-            prefix = f"blocks.{layer}.mixer."
-            if not hook_name.startswith(prefix) or "." in hook_name[len(prefix) :]:
+            local = _mixer_attribute(layer, hook_name)
+            if local is None:
                 return False
-            local = hook_name[len(prefix) :]
         return self.blocks[layer].mixer.patches_exactly(local)
 
     def mixer_patch_outputs(
@@ -567,46 +577,45 @@ class HookedLM(HookedRootModule):
         input at position s alone becomes ``patched[n, s]``; None where the mixer has none (`shared`
         as in `mixer_patch_effects`)."""
         kept = None if shared is None else shared.setdefault(layer, {})
-        return self.blocks[layer].mixer.position_patch_outputs(base(f"blocks.{layer}.hook_mixer_in"), patched, at, kept)
+        return self.blocks[layer].mixer.position_patch_outputs(base(block_hook(layer, "mixer_in")), patched, at, kept)
 
     def resume_layer(self, hook_name: str) -> int | None:
         """Return the block whose resumed run fires `hook_name` (`resume`), `n_layers` for
         the final norm, None for hooks a resumed run does not fire (the embeddings)."""
-        if hook_name == "ln_final.hook_normalized":
+        if hook_name == FINAL_NORM:
             return self.cfg.n_layers
-        parts = hook_name.split(".")
-        if len(parts) == 3 and parts[0] == "blocks" and parts[2].startswith("hook_"):
-            return int(parts[1])
-        if len(parts) == 4 and parts[0] == "blocks" and parts[2] == "mixer" and parts[3].startswith("hook_"):
-            return int(parts[1])  # inside the mixer: Block.forward_from fires it
+        parsed = parse_hook(hook_name)
+        if parsed is None or parsed.layer is None:
+            return None
+        if parsed.inside is None or parsed.part == MIXER:  # inside the mixer: Block.forward_from fires it
+            return parsed.layer
         return None
 
     def equivalent_hook(self, hook_name: str) -> str:
         """Return the latest hook whose activation is the same tensor as `hook_name`'s and feeds
         the same computation: block l's output (``hook_resid_post``) is block l+1's input
         (``hook_resid_pre``); any other hook is its own."""
-        parts = hook_name.split(".")
-        if len(parts) == 3 and parts[0] == "blocks" and parts[2] == "hook_resid_post":
-            layer = int(parts[1])
-            if layer + 1 < self.cfg.n_layers:
-                return f"blocks.{layer + 1}.hook_resid_pre"
+        parsed = parse_hook(hook_name)
+        if parsed is not None and parsed.layer is not None and parsed.part == "resid_post" and parsed.inside is None:
+            if parsed.layer + 1 < self.cfg.n_layers:
+                return block_hook(parsed.layer + 1, "resid_pre")
         return hook_name
 
     def resid_hook(self, layer: int) -> str:
         """Return the hook holding the residual entering block `layer` (`n_layers`: the final norm's input)."""
         if layer == self.cfg.n_layers:
-            return f"blocks.{layer - 1}.hook_resid_post"
-        return f"blocks.{layer}.hook_resid_pre"
+            return block_hook(layer - 1, "resid_post")
+        return block_hook(layer, "resid_pre")
 
-    # -- path patching (the engine's `hookmech.patching.path_patch`; hookmech/paths.py) -------
+    # -- path patching (the engine's `hookmech.patching.path_patch`; hookmech/path_routes.py) ---
     def path_ends(self, via: str, sender: str, receiver: str) -> PathEnds:
-        """Return the checked path from hook `sender` to hook `receiver` along `via` (`paths.path_ends`):
+        """Return the checked path from hook `sender` to hook `receiver` along `via` (`path_routes.path_ends`):
         the hook it patches and the hooks it reads; a UsageError if the model has no such path."""
         return path_ends(self, via, sender, receiver)
 
     def path_change(self, ends: PathEnds, acts: ActsReader, senders: RunMask, head: int | None = None) -> RunActs:
         """Return the change ``[N, pos, ...]`` of `ends.patched` along the path `ends` with the sender
-        clean at the `senders` positions ``[N, pos]`` (its head `head` only, if given; `paths.path_change`)."""
+        clean at the `senders` positions ``[N, pos]`` (its head `head` only, if given; `path_routes.path_change`)."""
         return path_change(self, ends, acts, senders, head)
 
     def run_with_hooks(self, *model_args: Any, **kwargs: Any) -> Logits | QueryLogits | Resid:
@@ -656,9 +665,7 @@ class HookedLM(HookedRootModule):
 
     def layer_of_hook(self, hook_name: str) -> int | None:
         """Return l for a hook inside ``blocks.{l}``, None for hooks outside the blocks."""
-        if hook_name.startswith("blocks."):
-            return int(hook_name.split(".")[1])
-        return None
+        return layer_of(hook_name)
 
 
 #: the token dtypes the embedding takes
@@ -686,6 +693,15 @@ def check_tokens(tokens: Any, cfg: ModelConfig, caller: str) -> None:
         raise UsageError(
             f"{caller}: token id {bad} is outside the vocabulary 0..{cfg.d_vocab - 1} (d_vocab {cfg.d_vocab})"
         )
+
+
+def _mixer_attribute(layer: int, hook_name: str) -> str | None:
+    """Return the attribute of block `layer`'s mixer that hook `hook_name` is (``hook_k``, as
+    `Mixer.patches_exactly` names it), None where the hook is not inside that mixer."""
+    parsed = parse_hook(hook_name)
+    if parsed is None or parsed.layer != layer or parsed.part != MIXER or parsed.inside is None:
+        return None
+    return hook_attribute(parsed.inside)
 
 
 def _at_positions(base: Callable[[str], Tensor], at: RowInts) -> Callable[[str], Tensor]:

@@ -3,7 +3,8 @@
 Sites:  ``L1.block_in`` <-> ``blocks.1.hook_resid_pre``; ``L1.mixer.q`` <-> ``blocks.1.mixer.hook_q``;
 ``embed``, ``pos_embed``, ``final_norm``. Wildcards: ``L*.block_in``, ``L1.*``, ``all`` (block-level
 sites), ``L1.mixer.*`` / ``L*.mixer.state`` (inside hooks, named explicitly). Hook names are
-accepted as they are.
+accepted as they are. The hook names themselves are `hookmech.hook_names`' (the one module that
+builds and reads them); this module re-exports its API (`block_hook`, `mixer_hook`, `parse_hook`, ...).
 
 Positions (per row of a batch): a role (``key``, ``value``, ``query``, ``divider``), an integer
 (``5``; negative counts back from each row's last token, ``-1`` = the query in AR), ``all``
@@ -22,34 +23,87 @@ import torch
 from torch import Tensor
 
 from .errors import UsageError, suggest
+from .hook_names import (
+    BLOCK_PARTS,
+    EMBED,
+    FINAL_NORM,
+    MIXER,
+    POS_EMBED,
+    RESIDUAL_PARTS,
+    HookName,
+    block_aliases,
+    block_hook,
+    block_path,
+    hook_attribute,
+    inside_name,
+    is_hook_name,
+    layer_of,
+    mixer_hook,
+    parse_hook,
+    sublayer_of,
+)
 
-#: block-level site -> hook attribute inside ``blocks.{l}``, in forward order
-BLOCK_SITES = {
-    "block_in": "hook_resid_pre",
-    "mixer_in": "hook_mixer_in",
-    "mixer_out": "hook_mixer_out",
-    "resid_mid": "hook_resid_mid",
-    "mlp_in": "hook_mlp_in",
-    "mlp_out": "hook_mlp_out",
-    "block_out": "hook_resid_post",
+__all__ = [
+    "BLOCK_PARTS",
+    "BLOCK_SITES",
+    "EMBED",
+    "FINAL_NORM",
+    "GLOBAL_SITES",
+    "POS_EMBED",
+    "RESIDUAL_PARTS",
+    "HookName",
+    "PositionPatch",
+    "as_specs",
+    "block_aliases",
+    "block_hook",
+    "block_path",
+    "hook_attribute",
+    "hook_to_site",
+    "inside_name",
+    "is_hook_name",
+    "joint_parts",
+    "layer_of",
+    "list_sites",
+    "mixer_hook",
+    "parse_hook",
+    "position_patches",
+    "resolve_sites",
+    "row_positions",
+    "site_to_hook",
+    "sublayer_of",
+]
+
+#: block-level site -> the block part it names (`hookmech.hook_names.BLOCK_PARTS`), in forward order
+_SITE_PARTS = {
+    "block_in": "resid_pre",
+    "mixer_in": "mixer_in",
+    "mixer_out": "mixer_out",
+    "resid_mid": "resid_mid",
+    "mlp_in": "mlp_in",
+    "mlp_out": "mlp_out",
+    "block_out": "resid_post",
 }
-GLOBAL_SITES = {"embed": "hook_embed", "pos_embed": "hook_pos_embed", "final_norm": "ln_final.hook_normalized"}
-_HOOK_TO_BLOCK_SITE = {hook: site for site, hook in BLOCK_SITES.items()}
+#: block-level site -> hook attribute inside ``blocks.{l}``, in forward order
+BLOCK_SITES = {site: hook_attribute(part) for site, part in _SITE_PARTS.items()}
+GLOBAL_SITES = {"embed": EMBED, "pos_embed": POS_EMBED, "final_norm": FINAL_NORM}
+_PART_TO_BLOCK_SITE = {part: site for site, part in _SITE_PARTS.items()}
 _HOOK_TO_GLOBAL_SITE = {hook: site for site, hook in GLOBAL_SITES.items()}
-_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.(hook_\w+)$")
-_MIXER_HOOK = re.compile(r"^blocks\.(\d+)\.mixer\.hook_(\w+)$")
-_BLOCK_SITE = re.compile(r"^L(\d+)\.(\w+)$")
-_MIXER_SITE = re.compile(r"^L(\d+)\.mixer\.(\w+)$")
+#: a layer is written without leading zeros, as in hook names (``L01`` names no block)
+_BLOCK_SITE = re.compile(r"^L(0|[1-9]\d*)\.(\w+)$")
+_MIXER_SITE = re.compile(r"^L(0|[1-9]\d*)\.mixer\.(\w+)$")
 
 
 def hook_to_site(hook: str) -> str:
     """Return the short site name of a hook name (``blocks.1.hook_resid_pre`` -> ``L1.block_in``)."""
     if hook in _HOOK_TO_GLOBAL_SITE:
         return _HOOK_TO_GLOBAL_SITE[hook]
-    if match := _MIXER_HOOK.match(hook):
-        return f"L{match.group(1)}.mixer.{match.group(2)}"
-    if (match := _BLOCK_HOOK.match(hook)) and match.group(2) in _HOOK_TO_BLOCK_SITE:
-        return f"L{match.group(1)}.{_HOOK_TO_BLOCK_SITE[match.group(2)]}"
+    name = parse_hook(hook)
+    if name is None or name.layer is None:
+        return hook
+    if name.part == MIXER and name.inside is not None:
+        return f"L{name.layer}.mixer.{name.inside}"
+    if name.inside is None and name.part in _PART_TO_BLOCK_SITE:
+        return f"L{name.layer}.{_PART_TO_BLOCK_SITE[name.part]}"
     return hook
 
 
@@ -61,10 +115,10 @@ def site_to_hook(site: str) -> str:
     if site in GLOBAL_SITES:
         return GLOBAL_SITES[site]
     if match := _MIXER_SITE.match(site):
-        return f"blocks.{match.group(1)}.mixer.hook_{match.group(2)}"
-    if (match := _BLOCK_SITE.match(site)) and match.group(2) in BLOCK_SITES:
-        return f"blocks.{match.group(1)}.{BLOCK_SITES[match.group(2)]}"
-    if site.startswith(("blocks.", "hook_", "ln_final.")):
+        return mixer_hook(int(match.group(1)), match.group(2))
+    if (match := _BLOCK_SITE.match(site)) and match.group(2) in _SITE_PARTS:
+        return block_hook(int(match.group(1)), _SITE_PARTS[match.group(2)])
+    if is_hook_name(site):
         return site
     raise UsageError(f"malformed site {site!r}{suggest(site, [*BLOCK_SITES, *GLOBAL_SITES])}")
 

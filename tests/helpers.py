@@ -16,7 +16,7 @@ ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar_cpu.safetensors"
 # The documented numerical contracts (README, docs/guide.md §6). A test comparing two different
 # computations of the same numbers uses the contract it checks; only the same computation run
 # twice (determinism) compares exactly.
-#: the patching engine vs the plain `run_with_hooks` loop (hookmech.patching.plain_loop), in every p and
+#: the patching engine vs the plain `run_with_hooks` loop (hookmech.oracles.plain_loop), in every p and
 #: metric; also any two engine paths (batching, resumed or full runs, kept contexts or not)
 ENGINE_TOL = 1e-5
 #: patching from an fp32 activation cache vs patching from scratch, in every p

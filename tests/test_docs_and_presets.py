@@ -7,7 +7,7 @@ import pytest
 
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
-from hookmech.presets import MODEL_PRESETS, expand_preset
+from hookmech.model_presets import MODEL_PRESETS, expand_preset
 
 from helpers import REPO
 

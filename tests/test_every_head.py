@@ -6,7 +6,7 @@ import pytest
 
 from hookmech.mixers import REGISTRY
 from hookmech.patching import n_heads_of, patch
-from hookmech.patching.plain_loop import plain_loop_patch
+from hookmech.oracles import plain_loop_patch
 
 from helpers import ENGINE_TOL, make_model
 

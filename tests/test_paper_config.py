@@ -11,7 +11,7 @@ from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.model import HookedLM
-from hookmech.presets import MODEL_PRESETS, expand_preset
+from hookmech.model_presets import MODEL_PRESETS, expand_preset
 from hookmech.sweep import build_run, expand, load_preset
 
 from helpers import assert_same_init

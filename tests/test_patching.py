@@ -9,7 +9,7 @@ import torch
 
 from hookmech.errors import UsageError
 from hookmech.patching import attribution_score, patch
-from hookmech.patching.plain_loop import plain_loop_patch
+from hookmech.oracles import plain_loop_patch
 
 from helpers import ENGINE_TOL, FLOAT64_SUM_TOL, make_model, unit_variance
 

@@ -1,4 +1,4 @@
-"""The patching engine against the plain `run_with_hooks` loop (hookmech.patching.plain_loop) for every
+"""The patching engine against the plain `run_with_hooks` loop (hookmech.oracles.plain_loop) for every
 mixer of the registry, every site kind (block level, inside the mixers, recurrent states,
 heads, joint sites) and every option (metric, direction, ablation)."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.patching import attribution_score, corrupt_answers, parse_sites, patch, resample_order
-from hookmech.patching.plain_loop import plain_loop_patch
+from hookmech.oracles import plain_loop_patch
 
 from helpers import ENGINE_TOL, make_model, unit_variance
 
@@ -288,7 +288,7 @@ def test_contexts_over_the_memory_budget_fall_back_to_full_runs(ar_task, mixer, 
 def test_resumed_runs_equal_plain_loop_for_preset_models_on_mqar(preset):
     """Mixed-mixer presets on MQAR, whose queries sit at different positions in each row."""
     from hookmech.config import build_config
-    from hookmech.presets import expand_preset
+    from hookmech.model_presets import expand_preset
 
     task = hookmech.tasks.make("mqar", vocab_size=64, num_kv_pairs=4, seq_len=24)
     mixers, options = expand_preset(preset, 3)

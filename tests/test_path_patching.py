@@ -1,5 +1,5 @@
 """Path patching (`hookmech.patching.path_patch`): every route against the two-pass reference of
-hookmech/reference.py for every mixer where the route exists, the invariants that tie a path to
+hookmech/oracles/path_patching.py for every mixer where the route exists, the invariants that tie a path to
 node patching or to the clean run, and the errors for paths a model does not have."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from helpers import CACHE_TOL, ENGINE_TOL, make_model, unit_variance
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.patching import patch, path_patch
-from hookmech.reference import path_patch_reference
+from hookmech.oracles import path_patch_reference
 
 KEYS = ("p_clean", "p_corrupt", "p_patched", "metric_clean", "metric_corrupt", "metric_patched")
 

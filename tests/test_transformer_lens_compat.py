@@ -18,7 +18,7 @@ from hookmech.config import ModelConfig, NoModelError, build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.patching import patch
-from hookmech.presets import expand_preset
+from hookmech.model_presets import expand_preset
 from hookmech.sites import resolve_sites
 
 from helpers import ENGINE_TOL, REPO, make_model, unit_variance

@@ -19,9 +19,9 @@ flows through them:
 from __future__ import annotations
 
 from .basis import MAX_ROTATION, BoundlessIntervention, SubspaceIntervention, random_basis
-from .options import DasOptions
 from .records import BASES_FILE, RECORDS_FILE, DasResult
 from .search import train
+from .training_options import DasOptions
 
 __all__ = [
     "BASES_FILE",

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..cache import CacheFile, check_cache_fits
 from ..errors import UsageError
+from ..hook_names import block_hook
 from ..hooks import pos_axis_of
 from ..patching.protocol import PatchableModel
 from ..shapes import Context
@@ -131,7 +132,7 @@ class DasData:
         self.start_hook = None if first is None else model.resid_hook(first)
         resume_at = self.route.resume_at
         self.context_hooks = (
-            {} if resume_at is None else {b: f"blocks.{b}.hook_mixer_in" for b in range(resume_at, model.cfg.n_layers)}
+            {} if resume_at is None else {b: block_hook(b, "mixer_in") for b in range(resume_at, model.cfg.n_layers)}
         )
         read = [self.source_hook, *(hook for hook in self.base_hooks() if cache.has(hook, "corrupt"))]
         check_cache_fits(model, cache, batch, [self.source_hook, *self.base_hooks()])

@@ -1,34 +1,14 @@
-"""`DasOptions`: the training options of one distributed alignment search, checked once."""
+"""Deprecated name of `hookmech.das.training_options` (`DasOptions`, also `hookmech.das.DasOptions`),
+renamed so that the package has one module called options (`hookmech.patching.options`): a thin
+re-export kept because the API reference listed this module. This module goes at the next release
+that breaks imports."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import warnings
 
-from ..errors import UsageError
-from ..validate import check_seed
+from .training_options import DasOptions
 
+__all__ = ["DasOptions"]
 
-@dataclass(frozen=True)
-class DasOptions:
-    """The training options of one search (each checked on construction)."""
-
-    steps: int = 200
-    lr: float = 1e-2
-    batch_size: int = 64
-    seed: int = 0
-    dev_frac: float = 0.2
-    temperature: tuple[float, float] = (50.0, 0.1)
-    boundary_lr: float | None = None
-    boundary_penalty: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise UsageError(f"steps must be >= 1, got {self.steps}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise UsageError(f"learning rate must be a positive number, got {self.lr}")
-        if self.batch_size < 1:
-            raise UsageError(f"batch size must be >= 1, got {self.batch_size}")
-        check_seed(self.seed)
-        if not all(math.isfinite(t) and t > 0 for t in self.temperature):
-            raise UsageError(f"temperatures must be positive numbers, got {self.temperature}")
+warnings.warn("hookmech.das.options is now hookmech.das.training_options", DeprecationWarning, stacklevel=2)

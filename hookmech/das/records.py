@@ -29,7 +29,7 @@ from ..fileio import atomic_path, write_text_atomic
 
 if TYPE_CHECKING:
     from .data import DasData
-    from .options import DasOptions
+    from .training_options import DasOptions
 
 RECORDS_FILE = "records.json"
 BASES_FILE = "bases.safetensors"

@@ -33,9 +33,9 @@ from ..patching.runs import evaluating
 from ..patching.targets import parse_sites
 from .basis import BoundlessIntervention, SubspaceIntervention, derived_seed, random_basis
 from .data import DasData
-from .options import DasOptions
 from .patched import Intervene, SubspacePatch, patched_logits
 from .records import DasResult, Scores, das_record
+from .training_options import DasOptions
 
 #: random streams of one seed (`basis.derived_seed(seed, K, stream)`)
 _INITIAL, _COMPLETION, _CONTROL = 0, 1, 2

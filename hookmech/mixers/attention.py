@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
+from ..hook_names import hook_attribute
 from ..hooks import AxisHookPoint, declare_sizes
 from ..shapes import (
     Context,
@@ -238,7 +239,8 @@ class Attention(Mixer):
             parts = dict(zip("qkv", window.chunk(3, dim=-1), strict=True))
             full = dict(zip("qkv", context["qkv"].chunk(3, dim=-1), strict=True))
         hooked = {
-            c: getattr(self, f"hook_{c}")(parts[c].reshape(batch, width, self.n_heads, self.d_head)) for c in "qkv"
+            c: getattr(self, hook_attribute(c))(parts[c].reshape(batch, width, self.n_heads, self.d_head))
+            for c in "qkv"
         }
         # keys and values at every position: the context run's, with the window's spliced in
         k, v = (self._spliced(full[c], hooked[c], rows, start, bool(self.convs)) for c in "kv")

@@ -363,7 +363,7 @@ def mixer_options(cls: type[Mixer]) -> dict[str, Any]:
 
 def check_mixer_options(name: str, cls: type[Mixer], kwargs: dict[str, Any]) -> None:
     """Raise a UsageError naming the mixer if `kwargs` holds an option `cls` does not take."""
-    from ..options import check_option_types
+    from ..option_pairs import check_option_types
 
     known = mixer_options(cls)
     for key in kwargs:

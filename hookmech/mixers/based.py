@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
+from ..hook_names import hook_attribute, inside_name
 from ..hooks import AxisHookPoint, declare_sizes
 from ..shapes import (
     Context,
@@ -205,7 +206,7 @@ class Based(Mixer):
     # -- one position patched, through the normalised kernel exactly (AtP*, see `Mixer.position_patch_effects`)
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input, q, k and the features phi_q, phi_k, v (`position_patch_effects`)."""
-        return hook in (None, "hook_q", "hook_k", *(f"hook_{name}" for name in PATCH_FEATURES))
+        return hook in (None, "hook_q", "hook_k", *(hook_attribute(name) for name in PATCH_FEATURES))
 
     def exact_patch_effects(
         self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
@@ -234,9 +235,9 @@ class Based(Mixer):
         if hook is None:
             new = dict(zip(features, (t.double() for t in self._features(patched)), strict=True))
         elif hook in ("hook_q", "hook_k"):  # before the feature map
-            new[f"phi_{hook[-1]}"] = self.feature_map(patched.double())
+            new[f"phi_{inside_name(hook)}"] = self.feature_map(patched.double())
         else:
-            new[hook[len("hook_") :]] = patched.double()
+            new[inside_name(hook)] = patched.double()
         phi_q, phi_k, v = base["phi_q"], base["phi_k"], base["v"]
         # y_out = y Wᵀ (bias-free), so ∂m/∂y = ∂m/∂y_out · W, per head
         grad_y = (grad_out.double() @ self.out_proj.weight.double()).unflatten(-1, (self.num_heads, self.d_head))

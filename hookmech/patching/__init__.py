@@ -18,7 +18,8 @@ entry point. The package's files, in the order a patch flows through them
     paths.py         `path_patch`: a sender's effect on a receiver along one route (resid, head, state, conv)
     atp_star.py      AtP*: attribution patching with the saturation, state and GradDrop fixes
     records.py       the record of one (site, position), shared by both methods
-    plain_loop.py    the plain `run_with_hooks` loop the engine is tested and timed against
+    plain_loop.py    the deprecated name of `hookmech.oracles.plain_loop` (the plain loop the engine is
+                     tested against, no part of it), a thin re-export
 """
 
 from __future__ import annotations

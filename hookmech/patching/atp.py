@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..cache import CacheFile, answer_probs, run_chunks
 from ..errors import HookmechError, UsageError
+from ..hook_names import block_hook
 from ..hooks import pos_axis_of
 from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
 from ..tasks.batch import Batch
@@ -173,7 +174,7 @@ def attribution_patch(
         # from the file, and the forward resumes at the lowest patched block.
         if cache is None:
             start = None
-        resid = [] if start is None else [f"blocks.{start}.hook_resid_pre"]
+        resid = [] if start is None else [block_hook(start, "resid_pre")]
         runs = CleanCorruptRuns(
             model,
             batch,
@@ -215,7 +216,7 @@ def _estimates(
     batch, device = runs.batch, runs.device
     clean_all = {hook: runs.acts(hook, "clean") for hook in hooks}
     corrupt_input = (
-        batch.corrupt_tokens.to(device) if start is None else runs.acts(f"blocks.{start}.hook_resid_pre", "corrupt")
+        batch.corrupt_tokens.to(device) if start is None else runs.acts(block_hook(start, "resid_pre"), "corrupt")
     )
     estimates = {hook: torch.empty(masks.shape[0], len(batch), dtype=torch.float64) for hook in hooks}
     p_corrupt = torch.empty(len(batch))

@@ -56,6 +56,7 @@ from torch import Tensor
 
 from ..cache import CacheFile, answer_probs, run_chunks
 from ..errors import HookmechError
+from ..hook_names import block_hook, parse_hook
 from ..hooks import gradients_follow_edits, pos_axis_of
 from ..shapes import RowFloats, RowInts
 from ..sites import as_specs, position_patches
@@ -104,10 +105,8 @@ def atp_star_patch(
     blocks = range(first, model.cfg.n_layers)
     # what the estimates read of the corrupt run: each block's input, mixer input and output, and
     # the residual before its MLP where that MLP's output is patched
-    context = [
-        f"blocks.{layer}.{name}" for layer in blocks for name in ("hook_resid_pre", "hook_mixer_in", "hook_mixer_out")
-    ]
-    context += [f"blocks.{layer}.hook_resid_mid" for layer in blocks if f"blocks.{layer}.hook_mlp_out" in hooks]
+    context = [block_hook(layer, part) for layer in blocks for part in ("resid_pre", "mixer_in", "mixer_out")]
+    context += [block_hook(layer, "resid_mid") for layer in blocks if block_hook(layer, "mlp_out") in hooks]
     if any(model.resume_layer(hook) == model.cfg.n_layers for hook in hooks):  # the final norm is patched
         context.append(model.resid_hook(model.cfg.n_layers))  # its input
     with evaluating(model), open_source(source) as (batch, cache):
@@ -198,7 +197,7 @@ class _Estimator:
         self.contexts_refused = False  # once over `CONTEXT_MEMORY`, for every chunk
         #: what the mixers' patch computations share within a chunk (`mixer_patch_effects`)
         self.shared: dict[int, dict[str, Any]] = {}
-        self.gradient_hooks = [f"blocks.{layer}.hook_mixer_out" for layer in blocks]
+        self.gradient_hooks = [block_hook(layer, "mixer_out") for layer in blocks]
         #: the hooks whose patches `_exact_terms` computes (no gradient at the hook needed), and the
         #: hooks the backward passes reach: each mixer's output, the linearly estimated hooks
         self.exact_hooks = [hook for hook in hooks if self._computed_exactly(hook)]
@@ -211,9 +210,9 @@ class _Estimator:
         self.variants: list[int | None] = [None, *self.dropped]
         #: the hooks whose outputs GradDrop's passes start from (`GradientPasses`)
         self.seeds = [
-            f"blocks.{index}.{name}"
+            block_hook(index, part)
             for layer in self.dropped
-            for index, name in ((layer, "hook_resid_pre"), (layer, "hook_mixer_out"), (layer + 1, "hook_resid_pre"))
+            for index, part in ((layer, "resid_pre"), (layer, "mixer_out"), (layer + 1, "resid_pre"))
             if index < model.cfg.n_layers
         ]
 
@@ -223,10 +222,10 @@ class _Estimator:
         model, n_layers = self.model, self.model.cfg.n_layers
         if model.resume_layer(hook) == n_layers:  # the final norm
             return True
-        parts = hook.split(".")
-        if len(parts) == 3 and parts[0] == "blocks" and parts[2].startswith("hook_"):  # `patch_to_next_mixer`
-            layer = int(parts[1])
-            following = layer if parts[2] in ("hook_resid_pre", "hook_mixer_in") else layer + 1
+        parsed = parse_hook(hook)
+        if parsed is not None and parsed.layer is not None and parsed.inside is None:  # `patch_to_next_mixer`
+            layer = parsed.layer
+            following = layer if parsed.part in ("resid_pre", "mixer_in") else layer + 1
             return following == n_layers or model.mixer_patches_exactly(following)
         inside = model.layer_of_hook(hook)
         return inside is not None and inside in self.blocks and model.mixer_patches_exactly(inside, hook)
@@ -250,7 +249,7 @@ class _Estimator:
         corrupt_input = (
             batch.corrupt_tokens[rows].to(runs.device)
             if self.start is None
-            else base(f"blocks.{self.start}.hook_resid_pre")
+            else base(block_hook(self.start, "resid_pre"))
         )
         self.chunk_contexts, self.shared = {}, {}
         query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
@@ -350,7 +349,7 @@ class _Estimator:
         """Return ∂λ/∂(the residual entering the final norm at the query) ``[n, 1, d_model]``, from
         the corrupt run's last block read with `base` and a backward of the final norm alone."""
         last = self.model.cfg.n_layers - 1
-        hook = f"blocks.{last}.hook_mixer_out"
+        hook = block_hook(last, "mixer_out")
         route = self.model.patch_to_next_mixer(hook, base(hook), base, at=query)
         assert route is not None  # a block-level hook
         final = route[1].detach().requires_grad_(True)
@@ -400,7 +399,7 @@ class _Estimator:
                 terms[hook] = (n_layers, effect, torch.zeros_like(effect))
             elif route is not None and route[2] is not None:  # a block-level patch: exact through the next mixer
                 layer, resid, mixer_in = route[0], route[1], route[2]
-                gradient = stacked[f"blocks.{layer}.hook_mixer_out"]
+                gradient = stacked[block_hook(layer, "mixer_out")]
                 entry = next((d for d in done if d[0] == layer and torch.equal(d[1], mixer_in)), None)
                 if entry is None:
                     mixer_effect = self._along_kept(layer, gradient, mixer_in, base)
@@ -413,7 +412,7 @@ class _Estimator:
                     entry = (layer, mixer_in, mixer_effect, at_query)
                     done.append(entry)
                 found, moved = entry[2], entry[3]
-                skip = torch.einsum("vntd,ntd->vnt", gradient, resid - base(f"blocks.{layer}.hook_resid_pre"))
+                skip = torch.einsum("vntd,ntd->vnt", gradient, resid - base(block_hook(layer, "resid_pre")))
                 if moved is not None:
                     correction = self._query_exact(
                         layer, resid, moved, base, gradient[0], rows, query, answers, log_odds
@@ -424,7 +423,7 @@ class _Estimator:
             else:  # a mixer's q / k ...
                 inside = model.layer_of_hook(hook)
                 assert inside is not None  # `_computed_exactly`
-                gradient = stacked[f"blocks.{inside}.hook_mixer_out"]
+                gradient = stacked[block_hook(inside, "mixer_out")]
                 inside_effect = self._along_kept(inside, gradient, clean, base, hook)
                 terms[hook] = (inside, inside_effect, torch.zeros_like(inside_effect))
         return terms
@@ -482,20 +481,20 @@ class _Estimator:
         n, n_pos, _ = moved.shape
         at_query = torch.arange(n, device=query.device), query
         own = torch.arange(n_pos, device=query.device)[None, :] == query[:, None]  # [n, s]: s is the query
-        resid_change = (resid - base(f"blocks.{layer}.hook_resid_pre"))[at_query]  # [n, d_model]
+        resid_change = (resid - base(block_hook(layer, "resid_pre")))[at_query]  # [n, d_model]
         # only pairs the patch changes at the query resume (a patch after the query changes nothing)
         pair_row, pair_pos = ((moved != 0).any(-1) | own & (resid_change != 0).any(-1)[:, None]).nonzero(as_tuple=True)
         correction = torch.zeros(n, n_pos, dtype=torch.float64, device=query.device)
         if len(pair_row) == 0:
             return correction
         own_change = own[pair_row, pair_pos, None] * resid_change[pair_row]  # [P, d_model]
-        before = base(f"blocks.{layer}.hook_resid_pre")[at_query][pair_row] + own_change
-        mixed = base(f"blocks.{layer}.hook_mixer_out")[at_query][pair_row] + moved[pair_row, pair_pos]
-        window = {f"blocks.{layer}.hook_resid_pre": before[:, None]}
-        route = model.patch_to_next_mixer(f"blocks.{layer}.hook_mixer_out", mixed[:, None], lambda hook: window[hook])
+        before = base(block_hook(layer, "resid_pre"))[at_query][pair_row] + own_change
+        mixed = base(block_hook(layer, "mixer_out"))[at_query][pair_row] + moved[pair_row, pair_pos]
+        window = {block_hook(layer, "resid_pre"): before[:, None]}
+        route = model.patch_to_next_mixer(block_hook(layer, "mixer_out"), mixed[:, None], lambda hook: window[hook])
         assert route is not None  # a block-level hook
         pair_query = query[pair_row]
-        entering = f"blocks.{layer + 1}.hook_resid_pre"
+        entering = block_hook(layer + 1, "resid_pre")
         # resume takes the base run's residual; the pairs' own enters through the block's input hook
         with model.hooks(fwd_hooks=[(entering, lambda activation, hook=None: route[1])]):
             logits = model.resume(route[1], layer + 1, contexts, rows[pair_row], pair_query, pair_query)
@@ -516,7 +515,7 @@ class _Estimator:
             return None
         for index in range(layer, self.model.cfg.n_layers):
             if index not in self.chunk_contexts:
-                mixer_in = base(f"blocks.{index}.hook_mixer_in")
+                mixer_in = base(block_hook(index, "mixer_in"))
                 self.chunk_contexts[index] = self.model.prefix_context(index, mixer_in, self.shared)
         contexts = {index: self.chunk_contexts[index] for index in range(layer, self.model.cfg.n_layers)}
         size = sum(t.numel() * t.element_size() for context in contexts.values() for t in context.values())

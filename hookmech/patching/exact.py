@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..cache import CacheFile, answer_probs
+from ..hook_names import block_hook
 from ..sites import PositionPatch, as_specs, position_patches
 from ..tasks.batch import Batch
 from .forwards import full_pairs, hooks_to_start, resume_layer, resumed_pairs, start_layer
@@ -151,7 +152,7 @@ def patched_rows(
     probs = runs.p_answer[base].repeat(len(patches), 1)
     values = runs.unpatched_metric(metric, base).repeat(len(patches), 1)
     start = start_layer(model, site)
-    resid = None if start is None else runs.acts(f"blocks.{start}.hook_resid_pre", base)
+    resid = None if start is None else runs.acts(block_hook(start, "resid_pre"), base)
     tokens = batch.tokens if base == "clean" else batch.corrupt_tokens
     if changed.any():
         changed &= reaches_query(model, runs, plans, masks, start, tokens, resid, options.max_batch)

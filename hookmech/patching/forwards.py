@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..cache import run_chunks
+from ..hook_names import block_hook
 from ..mixers.base import take_window, window_index
 from .plans import TargetPlan, patch_mask, replace_hook
 from .protocol import PatchableModel
@@ -43,11 +44,11 @@ def hooks_to_start(model: PatchableModel, patch_sites: list[PatchSite]) -> list[
         resume_at = resume_layer(model, site)
         if resume_at is not None:
             hooks.append(model.resid_hook(resume_at))
-            hooks.extend(f"blocks.{layer}.hook_mixer_in" for layer in range(resume_at, model.cfg.n_layers))
+            hooks.extend(block_hook(layer, "mixer_in") for layer in range(resume_at, model.cfg.n_layers))
             continue
         start = start_layer(model, site)
         if start is not None:
-            hooks.append(f"blocks.{start}.hook_resid_pre")
+            hooks.append(block_hook(start, "resid_pre"))
     return list(dict.fromkeys(hooks))
 
 

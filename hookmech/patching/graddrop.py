@@ -28,13 +28,13 @@ import torch
 from torch import Tensor
 
 from ..errors import HookmechError
+from ..hook_names import MIXER as MIXER_SUBLAYER
+from ..hook_names import MLP as MLP_SUBLAYER
+from ..hook_names import RESIDUAL_PARTS, block_hook, parse_hook, sublayer_of
 from .protocol import PatchableModel
 
 #: where a hook lies relative to a GradDrop layer, as its gradient is found (module docstring)
 FULL, SKIP, MIXER, BELOW = "full", "skip", "mixer", "below"
-SKIP_NAMES = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_mixer_out")
-MIXER_NAMES = ("hook_mixer_in", "mixer")
-MLP_NAMES = ("hook_mlp_in", "hook_mlp_out", "mlp")
 
 
 def relative_place(model: PatchableModel, hook: str, layer: int) -> str:
@@ -45,11 +45,26 @@ def relative_place(model: PatchableModel, hook: str, layer: int) -> str:
         return FULL if model.resume_layer(hook) == model.cfg.n_layers else BELOW
     if inside != layer:
         return FULL if inside > layer else BELOW
-    name = hook.split(".")[2]
-    for place, names in ((SKIP, SKIP_NAMES), (MIXER, MIXER_NAMES), (FULL, MLP_NAMES)):
-        if name in names:
-            return place
+    parsed = parse_hook(hook)
+    place = None if parsed is None else _place_in_block(parsed.part)
+    if place is not None:
+        return place
     raise HookmechError(f"GradDrop cannot place hook {hook!r} in block {layer}")
+
+
+def _place_in_block(part: str) -> str | None:
+    """Where the hooks of block part `part` (`hookmech.hook_names.BLOCK_PARTS`, or a sublayer for
+    the hooks inside it) lie relative to their own block's GradDrop pass: the residual stream and
+    the mixer's output take the skip connection's gradient (SKIP); the mixer's input and inside
+    the mixer lie below the mixer's output (MIXER); the MLP is downstream of the dropped path (FULL)."""
+    if part in RESIDUAL_PARTS or part == "mixer_out":
+        return SKIP
+    sublayer = sublayer_of(part)
+    if sublayer == MIXER_SUBLAYER:
+        return MIXER
+    if sublayer == MLP_SUBLAYER:
+        return FULL
+    return None
 
 
 class GradientPasses:
@@ -81,7 +96,7 @@ class GradientPasses:
         hook's activation, zeros where the objective does not depend on it), variant None the
         full pass and ℓ GradDrop's pass of layer ℓ. Keeps the forward's graph for later calls."""
         n_layers = self.model.cfg.n_layers
-        entering = [f"blocks.{layer + 1}.hook_resid_pre" for layer in self.dropped if layer + 1 < n_layers]
+        entering = [block_hook(layer + 1, "resid_pre") for layer in self.dropped if layer + 1 < n_layers]
         found = self._backward(
             self.objective, None, [self.leaves[hook] for hook in hooks] + [self.outputs[name] for name in entering]
         )
@@ -89,7 +104,7 @@ class GradientPasses:
         after = dict(zip(entering, found[len(hooks) :], strict=True))
         grads: dict[int | None, dict[str, Tensor]] = {None: full}
         for layer in self.dropped:
-            g_star = self.final_gradient() if layer + 1 == n_layers else after[f"blocks.{layer + 1}.hook_resid_pre"]
+            g_star = self.final_gradient() if layer + 1 == n_layers else after[block_hook(layer + 1, "resid_pre")]
             grads[layer] = self._dropped(layer, g_star, hooks, full)
         return grads
 
@@ -99,10 +114,10 @@ class GradientPasses:
         places = {hook: relative_place(self.model, hook, layer) for hook in hooks}
         grads = {hook: full[hook] for hook in hooks if places[hook] == FULL}
         grads.update({hook: self._spread(g_star, self.leaves[hook]) for hook in hooks if places[hook] == SKIP})
-        for place, start in ((MIXER, "hook_mixer_out"), (BELOW, "hook_resid_pre")):
+        for place, start in ((MIXER, "mixer_out"), (BELOW, "resid_pre")):
             asked = [hook for hook in hooks if places[hook] == place]
             if asked:
-                output = self.outputs[f"blocks.{layer}.{start}"]
+                output = self.outputs[block_hook(layer, start)]
                 found = self._backward(output, self._spread(g_star, output), [self.leaves[hook] for hook in asked])
                 grads.update(zip(asked, found, strict=True))
         return {hook: grads[hook] for hook in hooks}

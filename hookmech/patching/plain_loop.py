@@ -1,124 +1,14 @@
-"""The plain TransformerLens patching loop: one full forward per (site, position), written the
-way a TransformerLens user would. It is the independent reference the engine is tested and
-benchmarked against, not a code path of the engine (no engine module imports it). It
-shares only the definitions of the options with the engine (site grammar, which row a resample
-takes, the corrupted answer). Frozen: bench/patch_engine.py times the engine against it.
-"""
+"""Deprecated name of `hookmech.oracles.plain_loop` (the plain loop the engine is tested and timed
+against, which is no part of the engine): a thin re-export kept because the API reference listed
+this module. Import from `hookmech.oracles` instead; this module goes at the next release that
+breaks imports."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import warnings
 
-import torch
+from ..oracles.plain_loop import plain_loop_patch
 
-from ..cache import answer_probs
-from ..sites import position_patches
-from ..tasks.batch import Batch
-from .metrics import corrupt_answers
-from .plans import resample_order
-from .targets import parse_sites
+__all__ = ["plain_loop_patch"]
 
-
-def _metric(name: str, logits, answers, other_answers, clean_logits):
-    """Per-row metric of query logits, written out plainly."""
-    rows = torch.arange(len(answers))
-    log_probs = torch.log_softmax(logits.float(), dim=-1)
-    if name == "p_answer":
-        return log_probs[rows, answers].exp()
-    if name == "log_p":
-        return log_probs[rows, answers]
-    if name == "logit_diff":
-        return logits[rows, answers] - logits[rows, other_answers]
-    clean = torch.log_softmax(clean_logits.float(), dim=-1)
-    return (clean.exp() * (clean - log_probs)).sum(-1)
-
-
-@torch.no_grad()
-def plain_loop_patch(
-    model,
-    batch: Batch,
-    sites: Iterable[str],
-    positions: Iterable[str],
-    metric: str = "p_answer",
-    direction: str = "denoise",
-    ablate: str | None = None,
-    ablate_seed: int = 0,
-) -> dict[tuple[str, str], dict]:
-    """Return ``{(hook label, pos label): {"p_clean", "p_corrupt", "p_patched", "metric_clean",
-    "metric_corrupt", "metric_patched"}}`` (means over rows), patching with `run_with_hooks` on
-    the full input of the base run (corrupt for "denoise", clean for "noise" and ablations)."""
-    patch_sites = parse_sites(list(sites), model)
-    patches = position_patches(list(positions), batch.roles, batch.lengths, batch.tokens.shape[1])
-    rows = torch.arange(len(batch))
-    query = batch.query_pos
-    cached_hooks = sorted({target.hook for site in patch_sites for target in site.targets})
-    clean_logits, clean_cache = model.run_with_cache(batch.tokens, names_filter=cached_hooks)
-    corrupt_logits, corrupt_cache = model.run_with_cache(batch.corrupt_tokens, names_filter=cached_hooks)
-    clean_q, corrupt_q = clean_logits[rows, query], corrupt_logits[rows, query]
-    other = corrupt_answers(batch, corrupt_q)
-
-    def score(query_logits):
-        return (
-            answer_probs(query_logits, batch.answers).double().mean().item(),
-            _metric(metric, query_logits, batch.answers, other, clean_q).double().mean().item(),
-        )
-
-    p_clean, m_clean = score(clean_q)
-    p_corrupt, m_corrupt = score(corrupt_q)
-    noising = ablate is not None or direction == "noise"
-    base_tokens = batch.tokens if noising else batch.corrupt_tokens
-    source_cache = corrupt_cache if direction == "noise" else clean_cache
-    resample = resample_order(len(batch), ablate_seed)
-    results = {}
-    for site in patch_sites:
-        for patch_spec in patches:
-            hooks: list[tuple[str, Any]] = []
-            for target in site.targets:
-                point = model.hook_dict[target.hook]
-                pos_axis = point.pos_axis
-                head_axis = point.axes.split().index("head") if target.head is not None else None
-
-                def patch_hook(
-                    activation,
-                    hook,
-                    mask=patch_spec.mask,
-                    name=target.hook,
-                    pos_axis=pos_axis,
-                    head_axis=head_axis,
-                    head=target.head,
-                ):
-                    activation = activation.clone()
-                    clean = clean_cache[name]
-                    for row, position in mask.nonzero().tolist():
-                        index: Any = [slice(None)] * activation.dim()  # a list, then the tuple that indexes
-                        index[0], index[pos_axis] = row, position
-                        if head is not None:
-                            index[head_axis] = head
-                        index = tuple(index)
-                        if ablate is None:
-                            activation[index] = source_cache[name][index]
-                        elif ablate == "zero":
-                            activation[index] = 0.0
-                        elif ablate == "resample":
-                            donor = list(index)
-                            donor[0] = int(resample[row])
-                            activation[index] = clean[tuple(donor)]
-                        else:  # mean over the rows that have this position
-                            have = [r for r in range(len(batch)) if position < int(batch.lengths[r])]
-                            total = sum(clean[(r, *index[1:])] for r in have)
-                            activation[index] = total / len(have)
-                    return activation
-
-                hooks.append((target.hook, patch_hook))
-            logits = model.run_with_hooks(base_tokens, fwd_hooks=hooks)
-            p_patched, m_patched = score(logits[rows, query])
-            results[site.hook, patch_spec.label] = {
-                "p_clean": p_clean,
-                "p_corrupt": p_corrupt,
-                "p_patched": p_patched,
-                "metric_clean": m_clean,
-                "metric_corrupt": m_corrupt,
-                "metric_patched": m_patched,
-            }
-    return results
+warnings.warn("hookmech.patching.plain_loop is now hookmech.oracles.plain_loop", DeprecationWarning, stacklevel=2)

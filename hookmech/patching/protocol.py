@@ -194,7 +194,7 @@ class PatchableModel(Protocol):
 @runtime_checkable
 class PathPatchableModel(PatchableModel, Protocol):
     """A `PatchableModel` that can also say what travels along a path (`hookmech.patching.path_patch`,
-    docs/guide.md §10): `HookedLM` does, through `hookmech/paths.py`. Node patching does not need it."""
+    docs/guide.md §10): `HookedLM` does, through `hookmech/path_routes.py`. Node patching does not need it."""
 
     def path_ends(self, via: str, sender: str, receiver: str) -> Any:
         """Return the checked path from hook `sender` to hook `receiver` along route `via`: an object

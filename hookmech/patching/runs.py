@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ..cache import CacheFile, answer_probs, check_batch_fits, check_cache_fits, run_chunks
 from ..errors import HookmechError
+from ..hook_names import block_hook
 from ..hooks import pos_axis_of
 from ..tasks.batch import Batch
 from ..validate import check_finite_parameters
@@ -203,7 +204,7 @@ class CleanCorruptRuns:
         return None if self.contexts_refused else {i: self.contexts[i, which] for i in range(layer, n_layers)}
 
     def _make_context(self, layer: int, which: str, max_batch: int) -> None:
-        mixer_in = self.acts(f"blocks.{layer}.hook_mixer_in", which)
+        mixer_in = self.acts(block_hook(layer, "mixer_in"), which)
         parts: list[dict[str, Tensor]] = []
         for rows in run_chunks(len(mixer_in), max_batch):
             parts.append(self.model.prefix_context(layer, mixer_in[rows]))

@@ -99,7 +99,7 @@ def build_run(run: dict[str, Any]):
     """Return ``(task, model_config, train_config)`` of a run dict (validates everything)."""
     from .. import tasks
     from ..config import build_config
-    from ..options import parse_layer_options, split_list
+    from ..option_pairs import parse_layer_options, split_list
     from ..training import TrainConfig
 
     task = tasks.from_spec(run["task"])
@@ -107,7 +107,7 @@ def build_run(run: dict[str, Any]):
     n_layers = model["n_layers"]
     preset_options: list[dict[str, Any]] = [{} for _ in range(n_layers)]
     if model.get("arch") is not None:
-        from ..presets import expand_preset
+        from ..model_presets import expand_preset
 
         if model.get("mixer") is not None:
             raise UsageError(f"give arch or mixer, not both (arch {model['arch']!r}, mixer {model['mixer']!r})")

@@ -35,7 +35,7 @@ from __future__ import annotations
 from ..errors import unknown
 from .spec import Sweep, parse_sweep
 
-#: paper 000's six architectures as model presets (`hookmech.presets`): "based" alternates BaseConv
+#: paper 000's six architectures as model presets (`hookmech.model_presets`): "based" alternates BaseConv
 #: and Based layers, "baseconv" a short and an implicit long convolution (appendix B)
 _PAPER_ARCHS = '["attention", "based", "mamba", "h3", "hyena", "baseconv"]'
 _D_MODELS = "[16, 32, 64, 128, 256]"

@@ -5,7 +5,7 @@ A sweep file has
     name = "ar-cpu"                 # optional
     [task]    name = "ar", task options …
     [train]   trainer options (`TrainConfig` fields: steps, epochs, n_train, warmup_frac, …)
-    [model]   fixed model options (arch — a model preset of `hookmech.presets`, e.g. "based"
+    [model]   fixed model options (arch — a model preset of `hookmech.model_presets`, e.g. "based"
               = BaseConv and Based layers alternating —, mixer, d_model, n_layers, n_heads, mlp, tie_embeddings,
               pos_emb, mlp_hidden_mult, init) and mixer options (`K` for every layer, `L0.K` for one)
     [mixer_options.<mixer>]   options for the layers whose mixer is <mixer> (e.g. attention)

@@ -22,7 +22,7 @@ from .batch import Batch
 from .draws import check_split, held_out, split_allows
 
 #: rows drawn per chunk when sampling without replacement (bounds memory for big vocabularies)
-_CHUNK_ELEMENTS = 1 << 22
+CHUNK_ELEMENTS = 1 << 22
 
 
 def rng_for(seed: int | Sequence[int]) -> np.random.Generator:
@@ -56,7 +56,7 @@ def _distinct_by_rejection(rng: np.random.Generator, n_rows: int, k: int, popula
 def _distinct_by_ranking(rng: np.random.Generator, n_rows: int, k: int, population: int) -> np.ndarray:
     # Dense case: the k smallest of i.i.d. uniform scores, in the order of their scores.
     out = np.empty((n_rows, k), dtype=np.int64)
-    chunk = max(1, _CHUNK_ELEMENTS // population)
+    chunk = max(1, CHUNK_ELEMENTS // population)
     for start in range(0, n_rows, chunk):
         scores = rng.random((min(chunk, n_rows - start), population))
         picked = np.argpartition(scores, k - 1, axis=1)[:, :k] if k < population else np.argsort(scores, axis=1)

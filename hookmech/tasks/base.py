@@ -44,7 +44,7 @@ class Task(abc.ABC):
 
 def check_task_options(cls: type[Task], options: dict[str, Any]) -> None:
     """Raise a UsageError naming the task if `options` holds a key `cls` does not take."""
-    from ..options import check_option_types
+    from ..option_pairs import check_option_types
 
     known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     for key in options:

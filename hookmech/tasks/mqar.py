@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
-from .ar import _CHUNK_ELEMENTS, distinct_draws, rng_for
+from .ar import CHUNK_ELEMENTS, distinct_draws, rng_for
 from .base import Task
 from .batch import Batch
 from .draws import absent_tokens
@@ -48,7 +48,7 @@ def power_law_gaps(rng: np.random.Generator, n_docs: int, k: int, space: int, po
     p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
     p /= p.sum()
     out = np.empty((n_docs, k), dtype=np.int64)
-    chunk = max(1, _CHUNK_ELEMENTS // space)
+    chunk = max(1, CHUNK_ELEMENTS // space)
     for start in range(0, n_docs, chunk):
         race = rng.standard_exponential((min(chunk, n_docs - start), space)) / p
         picked = np.argpartition(race, k - 1, axis=1)[:, :k] if k < space else np.argsort(race, axis=1)
