@@ -228,3 +228,21 @@ def assert_same_init(state: dict[str, torch.Tensor], key: str) -> None:
     for name, values in expected.items():
         for a, b in zip(got[name], values, strict=True):
             assert math.isclose(a, b, rel_tol=INIT_TOL, abs_tol=1e-8), f"{key}: {name} {a} != {b}"
+
+
+#: the smallest sweep file the CLI tests use: two 4-step runs of a d_model-8 attention model
+SWEEP_SMALL = """
+[task]
+name = "ar"
+vocab_size = 16
+num_kv_pairs = 3
+[train]
+steps = 4
+n_train = 0
+n_dev = 8
+batch_size = 8
+eval_every = 2
+[grid]
+d_model = [8]
+seed = [0, 1]
+"""

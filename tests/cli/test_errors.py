@@ -11,9 +11,8 @@ import errno
 from pathlib import Path
 
 import pytest
-
-from helpers import ATTENTION_FIXTURE as FIXTURE, fail_cache_write_on_call, run_cli
-
+from helpers import ATTENTION_FIXTURE as FIXTURE
+from helpers import SWEEP_SMALL, fail_cache_write_on_call, run_cli
 
 TRAIN_SMALL = ["train", "--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3",
                "--n-train", "0", "--steps", "4", "--d-model", "16", "--n-dev", "8", "--eval-every", "4"]
@@ -90,21 +89,6 @@ SETUPS = {
 #: processes started by setups (holding folder locks); stopped after each test
 _HOLDERS: list = []
 
-SWEEP_SMALL = """
-[task]
-name = "ar"
-vocab_size = 16
-num_kv_pairs = 3
-[train]
-steps = 4
-n_train = 0
-n_dev = 8
-batch_size = 8
-eval_every = 2
-[grid]
-d_model = [8]
-seed = [0, 1]
-"""
 
 
 @pytest.fixture(autouse=True)

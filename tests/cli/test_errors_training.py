@@ -17,31 +17,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import ATTENTION_FIXTURE as FIXTURE
+from helpers import SWEEP_SMALL, run_cli
 from safetensors import safe_open
 from safetensors.torch import save_file
-
-from helpers import ATTENTION_FIXTURE as FIXTURE, run_cli
 
 TASK = ["--task", "ar", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3"]
 #: a tiny run; each row adds its length (--steps or --epochs) and its bad option
 TRAIN = ["train", *TASK, "--d-model", "16", "--n-dev", "8", "--eval-every", "4"]
 TRAIN_SMALL = [*TRAIN, "--n-train", "0", "--steps", "4"]
 
-SWEEP_SMALL = """
-[task]
-name = "ar"
-vocab_size = 16
-num_kv_pairs = 3
-[train]
-steps = 4
-n_train = 0
-n_dev = 8
-batch_size = 8
-eval_every = 2
-[grid]
-d_model = [8]
-seed = [0, 1]
-"""
 
 
 def _nothing(tmp: Path) -> None:
