@@ -624,3 +624,25 @@ def test_a_mixer_that_claims_an_exact_patch_it_does_not_compute_is_named(ar_task
     monkeypatch.setattr(RWKV6, "patches_exactly", lambda self, hook=None: hook is None)
     with pytest.raises(HookmechError, match="mixer RWKV6 computes no patch exactly"):
         atp_star_patch(model, ar_task.sample(4, seed=0), ["L0.block_in"], ["key"])
+
+
+def test_context_memory_reaches_atp_star_and_changes_no_estimate(monkeypatch, ar_model, ar_task):
+    """`patch(method="atp-star", context_memory=...)` bounds the resume contexts of AtP*'s corrupt
+    run (it used a constant instead); 0 keeps none, which changes the path, not the numbers."""
+    import hookmech.patching.atp_star as atp_star
+
+    budgets = []
+    original = atp_star.CleanCorruptRuns
+
+    def spy(*args, **kwargs):
+        budgets.append(kwargs["context_memory"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(atp_star, "CleanCorruptRuns", spy)
+    batch = ar_task.sample(12, seed=3)
+    roomy = patch(ar_model, batch, ["all"], ["key", "value"], method="atp-star")
+    tight = patch(ar_model, batch, ["all"], ["key", "value"], method="atp-star", context_memory=0)
+    assert budgets[-1] == 0 and budgets[-2] > 0
+    for a, b in zip(roomy, tight, strict=True):
+        # two paths of the last block's exact query step (kept contexts, or every position): ENGINE_TOL
+        assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)

@@ -88,11 +88,14 @@ def atp_star_patch(
     max_batch: int = 256,
     per_example: bool = False,
     graddrop: bool = True,
+    context_memory: int = CONTEXT_MEMORY,
 ) -> list[dict[str, Any]]:
     """Estimate every (site, position) interchange intervention with AtP* (module docstring).
 
     Arguments as `attribution_patch` (plain sites; position specs). With `graddrop` (default)
-    one more backward pass per layer gives each record its ``graddrop`` score.
+    one more backward pass per layer gives each record its ``graddrop`` score. `context_memory`
+    (bytes) bounds the corrupt run's resume contexts the last block's exact query step keeps, as
+    in `hookmech.patching.patch`: beyond it the step runs on every position (slower, same numbers).
     Returns one record per (site, position) with patch's fields (``method="atp-star"``,
     metric p_answer, direction denoise), ``p_patched`` the estimate (always within [0, 1]),
     plus ``graddrop`` (mean over layers of |estimated change of mean p| with that layer's
@@ -124,7 +127,7 @@ def atp_star_patch(
             max_batch=max_batch,
             # the last block may resume at the query from the corrupt run's context (`_query_exact`),
             # made from its mixer input when first asked for
-            context_memory=CONTEXT_MEMORY,
+            context_memory=context_memory,
             only=("clean",) if capture else ("clean", "corrupt"),
         )
         patches = position_patches(as_specs(positions, "position"), batch.roles, batch.lengths, batch.tokens.shape[1])
@@ -194,7 +197,7 @@ class _Estimator:
         self.capture = capture
         self.p_corrupt = torch.empty(len(runs.batch), dtype=torch.float64)
         self.chunk_contexts: dict[int, dict[str, Tensor]] = {}
-        self.contexts_refused = False  # once over `CONTEXT_MEMORY`, for every chunk
+        self.contexts_refused = False  # once over the runs' `context_memory`, for every chunk
         #: what the mixers' patch computations share within a chunk (`mixer_patch_effects`)
         self.shared: dict[int, dict[str, Any]] = {}
         self.gradient_hooks = [block_hook(layer, "mixer_out") for layer in blocks]

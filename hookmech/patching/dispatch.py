@@ -92,6 +92,7 @@ def patch(
             max_batch=max_batch,
             per_example=per_example,
             graddrop=graddrop,
+            context_memory=context_memory,
         )
     return run_exact(model, source, sites, positions, options)
 
