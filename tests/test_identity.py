@@ -80,7 +80,7 @@ def test_model_hash_is_what_the_formats_doc_defines(ar_model):
     assert model_hash(ar_model) == digest.hexdigest()
 
 
-@pytest.mark.parametrize("name", ["attention_ar_cpu", "mamba_ar_cpu", "attention_ar_paper"])
+@pytest.mark.parametrize("name", ["attention_ar_cpu", "mamba_ar_cpu", "attention_ar_paper", "mamba_ar_paper"])
 def test_fixtures_record_their_model_hash_and_the_readme_lists_it(name):
     path = REPO / "fixtures" / f"{name}.safetensors"
     recorded = read_metadata(path)["model_hash"]
