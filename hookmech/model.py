@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -132,6 +132,10 @@ MIXER_OUTPUT = "mixer_out"
 
 class Block(nn.Module):
     """One pre-norm residual block with hooks at every sublayer boundary (docs/sites.md)."""
+
+    #: the block's hook_resid_post is the one residual stream the next block (or the final norm)
+    #: reads: what TransformerLens's logit lens asks of a block before it reads one
+    hook_out_is_single_residual_stream: ClassVar[bool] = True
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -317,6 +321,21 @@ class FinalNorm(nn.Module):
         return self.hook_normalized(self.norm(resid))
 
 
+class TiedUnembed(nn.Module):
+    """The LM head of a model whose head is tied to its token embedding: ``resid @ W_E.T``, with
+    no parameter of its own (`HookedLM.unembed` of such a model, as TransformerLens calls it)."""
+
+    embed: nn.Embedding
+
+    def __init__(self, embed: nn.Embedding):
+        super().__init__()
+        # a plain attribute, not a submodule: the weight is saved once, as the embedding's
+        object.__setattr__(self, "embed", embed)
+
+    def forward(self, resid: Tensor) -> Tensor:
+        return resid @ self.embed.weight.T
+
+
 class AliasedActivationCache(ActivationCache):
     """TransformerLens's `ActivationCache`, whose keys are the model's hook names, that also
     answers to TransformerLens's names for the rest of what its methods look up (by full name or
@@ -405,8 +424,10 @@ class HookedLM(HookedRootModule):
             self.hook_pos_embed = AxisHookPoint()
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.ln_final = FinalNorm(cfg.final_norm, cfg.d_model)
-        if not cfg.tie_embeddings:
-            self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        #: the LM head, ``ln_final(resid) -> logits`` (`W_U`): a tied head has no weight of its own
+        self.unembed: nn.Linear | TiedUnembed = (
+            TiedUnembed(self.embed) if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        )
         self._initialise()
         self.setup()
 
@@ -841,7 +862,7 @@ class HookedLM(HookedRootModule):
     def W_U(self) -> Tensor:
         """The unembedding ``[d_model, d_vocab]``: logits = ``ln_final(resid) @ W_U + b_U`` (the
         embedding's transpose when the head is tied, else the LM head's weight transposed)."""
-        return self.embed.weight.T if self.cfg.tie_embeddings else self.unembed.weight.T
+        return self.embed.weight.T if isinstance(self.unembed, TiedUnembed) else self.unembed.weight.T
 
     @property
     def b_U(self) -> Tensor:

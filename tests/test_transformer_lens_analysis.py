@@ -114,9 +114,14 @@ def test_logit_lens_of_the_final_accumulated_residual_is_the_models_logits(run):
     stack, labels = run.cache.accumulated_resid(apply_ln=True, return_labels=True)
     assert labels == [f"{layer}_pre" for layer in range(run.n)] + ["final_post"]
     close(stack[-1] @ run.model.W_U + run.model.b_U, run.logits)
+    close(run.model.unembed(stack[-1]), run.logits)
     close(stack[-1], run.cache["ln_final.hook_normalized"])
     for layer in range(run.n):  # every earlier residual through the final norm, as a logit lens reads it
         close(stack[layer], run.model.ln_final.norm(run.cache[f"blocks.{layer}.hook_resid_pre"]))
+    # TransformerLens's own logit lens: the same stack through the unembedding
+    lens = run.cache.logit_lens(positions=None, return_type="logits")
+    assert lens.labels == labels
+    close(lens.readout.values, stack @ run.model.W_U + run.model.b_U)
 
 
 def test_decompose_resid_stacks_the_sublayer_outputs_that_sum_to_the_residual(run):
