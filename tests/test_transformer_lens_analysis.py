@@ -344,9 +344,9 @@ def test_tl_pattern_patching_is_attentions_pattern(ar_task):
     model, batch = patching_model(ar_task, "attention"), ar_task.sample(8, seed=7)
     n_pos = batch.tokens.shape[1]
     found = engine(model, batch, ["L*.mixer.pattern[*]"], "all")
-    assert_matches(tl_sweep(tl_patching.get_act_patch_attn_head_pattern_by_pos, model, batch),  # [layer, head, pos]
-                   [[[found[(f"L{layer}.mixer.pattern[{h}]", str(p))] for p in range(n_pos)] for h in range(2)]
-                    for layer in range(2)])
+    by_pos = tl_sweep(tl_patching.get_act_patch_attn_head_by_pos_every, model, batch)  # out, q, k, v, pattern
+    assert by_pos.shape == (5, 2, n_pos, 2)
+    assert_matches(by_pos[4], head_grid(found, "pattern", n_pos, 2))  # [layer, pos (the query), head]
     whole = engine(model, batch, ["L*.mixer.pattern[*]"], "whole")
     every = tl_sweep(tl_patching.get_act_patch_attn_head_all_pos_every, model, batch)  # out, q, k, v, pattern
     assert every.shape == (5, 2, 2)
@@ -394,8 +394,9 @@ def test_tl_mlp_sweeps_are_refused_in_one_line_on_blocks_without_an_mlp(ar_task,
     *[(mixer, tl_patching.get_act_patch_attn_head_out_by_pos, "attn.hook_z")
       for mixer in sorted(set(REGISTRY) - set(HEAD_OUTPUT))],
     *[(mixer, tl_patching.get_act_patch_attn_head_q_all_pos, "attn.hook_q")
-      for mixer in ("baseconv", "hyena", "mamba", "mamba2")],
-    ("based", tl_patching.get_act_patch_attn_head_pattern_all_pos, "attn.hook_pattern"),
+      for mixer in sorted(set(REGISTRY) - set(QKV))],
+    *[(mixer, tl_patching.get_act_patch_attn_head_pattern_all_pos, "attn.hook_pattern")
+      for mixer in sorted(set(REGISTRY) - {"attention"})],
 ])
 def test_tl_head_sweeps_are_refused_in_one_line_where_the_mixer_has_no_such_hook(ar_task, mixer, sweep, hook):
     model, batch = patching_model(ar_task, mixer), ar_task.sample(4, seed=1)
