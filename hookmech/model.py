@@ -411,7 +411,10 @@ class HookedLM(HookedRootModule):
 
     `run_with_hooks`, `run_with_cache` and `hooks()` are TransformerLens's own, and so is
     ``cfg`` as far as TransformerLens's generic code reads it (``transformer_lens.patching``
-    runs on any HookedLM: see `ModelConfig` for `n_heads`, `d_head` and `device`).
+    runs on any HookedLM: see `ModelConfig` for `n_heads`, `d_head` and `device`). So is what
+    its ActivationCache reads of a model: `W_E`, `W_U`, `W_pos`, `b_U`, ``unembed``,
+    `tokens_to_residual_directions`, `accumulated_bias`, and TransformerLens's names of what no
+    hook holds (`derived_activation`); docs/guide.md §6 says which of its tools run on which mixer.
     """
 
     def __init__(self, cfg: ModelConfig):
