@@ -87,10 +87,11 @@ class ModelConfig:
     Per-layer fields (`mixers`, `mixer_kwargs`, `mlp`, `norms`) have `n_layers` entries.
 
     Besides its fields it answers what TransformerLens's generic code reads of a ``cfg``
-    (``transformer_lens.patching``: `n_layers`, `n_heads`, `device`), as derived, read-only
-    values that are never serialised (`to_json`), compared (``==``) or hashed: `n_heads` and
-    `d_head` (layer 0's mixer's, `head_shape`) and, for the config a model holds
-    (``model.cfg``), `device`.
+    (``transformer_lens.patching``: `n_layers`, `n_heads`, `device`; its ``ActivationCache``:
+    `normalization_type`, `final_rms`, `attn_only`, `d_mlp`, `n_key_value_heads`), as derived,
+    read-only values that are never serialised (`to_json`), compared (``==``) or hashed: `n_heads`
+    and `d_head` (layer 0's mixer's, `head_shape`), the others from the fields and, for the
+    config a model holds (``model.cfg``), `device`.
     """
 
     d_vocab: int
@@ -143,6 +144,36 @@ class ModelConfig:
     def d_head(self) -> int:
         """Width of one head of layer 0's mixer (`head_shape`)."""
         return self.head_shape(0)[1]
+
+    @property
+    def normalization_type(self) -> str:
+        """TransformerLens's name of the final norm, "LN" (layernorm) or "RMS" (rmsnorm): the norm
+        its ``apply_ln_to_stack`` applies (at a block, only a block norm of the same kind: a
+        Mamba block's RMSNorm under a final LayerNorm is refused, `HookedLM.derived_activation`)."""
+        return "LN" if self.final_norm == "layernorm" else "RMS"
+
+    @property
+    def final_rms(self) -> bool:
+        """Whether the final norm is an RMSNorm (TransformerLens's flag)."""
+        return self.final_norm == "rmsnorm"
+
+    @property
+    def attn_only(self) -> bool:
+        """True when no block has an MLP (Mamba, Mamba-2): TransformerLens's decompositions then
+        stack the mixers' outputs only."""
+        return not any(self.mlp)
+
+    @property
+    def d_mlp(self) -> int:
+        """The width of an MLP's hidden layer, mlp_hidden_mult * d_model; also where the blocks
+        have none (`attn_only`), so that TransformerLens's neuron functions reach a block and are
+        refused there, in one line, rather than by an assertion on d_mlp."""
+        return self.mlp_hidden_mult * self.d_model
+
+    @property
+    def n_key_value_heads(self) -> None:
+        """None: keys and values have as many heads as queries (TransformerLens's convention)."""
+        return None
 
     @property
     def device(self):

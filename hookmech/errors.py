@@ -19,6 +19,12 @@ class UsageError(HookmechError):
     exit_code = 2
 
 
+class NoComponentError(HookmechError):
+    """A part this model does not have, asked for by TransformerLens's name (a block's MLP, a
+    position embedding, a head hook of a mixer without one): one line saying what is missing.
+    Not a KeyError, which TransformerLens's code catches and replaces by a message of its own."""
+
+
 def suggest(name: str, candidates: Iterable[str], n: int = 3) -> str:
     """Return ' (did you mean: a, b?)' for the closest candidates to `name`, or ''."""
     matches = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.5)

@@ -8,7 +8,11 @@ Every activation of a `HookedLM` passes a TransformerLens hook point named by it
                                       `mixer_hook`)
     ln_final.hook_normalized          the final norm's output (`FINAL_NORM`)
     blocks.{l}.hook_{alias}           a name a mixer declares for one of its block's hooks, such as
-                                      TransformerLens's ``attn_out`` for ``mixer_out`` (`block_aliases`)
+    blocks.{l}.attn.hook_{alias}      TransformerLens's ``attn_out`` for ``mixer_out``, or ``attn.hook_z``
+                                      for attention's ``mixer.hook_z`` (`block_aliases`)
+    blocks.{l}.ln1.hook_scale, ...    TransformerLens's names of what hookmech computes from a cache
+                                      rather than hooks (`TL_DERIVED`): norm scales, head results,
+                                      MLP neurons (`HookedLM.derived_activation`)
 
 `parse_hook` reads a name back as a `HookName` (layer, part, inside name); `layer_of` gives the
 block of any name inside ``blocks.{l}``. The block's layout, which hooks lie on the residual
@@ -46,6 +50,23 @@ MIXER = "mixer"
 MLP = "mlp"
 #: block part -> the sublayer it is the input or the output of (a sublayer is its own)
 _SUBLAYER = {"mixer_in": MIXER, "mixer_out": MIXER, MIXER: MIXER, "mlp_in": MLP, "mlp_out": MLP, MLP: MLP}
+#: the block parts only a block with an MLP has
+MLP_PARTS = ("resid_mid", "mlp_in", "mlp_out")
+
+# -- TransformerLens's names for what it looks up (its ActivationCache, transformer_lens.patching) --
+#: TransformerLens's attention sublayer: hookmech's sequence mixer, whatever it is (`HookName.part`)
+TL_ATTN = "attn"
+#: TransformerLens's block norms: before the mixer (``ln1``) and before the MLP (``ln2``)
+TL_NORMS = ("ln1", "ln2")
+#: the final norm's module (``ln_final.hook_normalized`` is `FINAL_NORM`)
+FINAL_NORM_MODULE = "ln_final"
+#: TransformerLens's names of what hookmech computes from a cache (no hook holds them), as
+#: ``(module, inside name)``: a norm's divisor (``blocks.{l}.ln1.hook_scale``, ``ln2``,
+#: ``ln_final.hook_scale``), each head's share of the mixer output (``blocks.{l}.attn.hook_result``)
+#: and the MLP's hidden activation (``blocks.{l}.mlp.hook_post``)
+TL_SCALE = "scale"
+TL_RESULT = "result"
+TL_POST = "post"
 
 #: how an attribute holding a hook point starts (``hook_q``)
 _ATTRIBUTE_PREFIX = "hook_"
@@ -82,7 +103,18 @@ def block_hook(layer: int, part: str) -> str:
 def mixer_hook(layer: int, inside: str) -> str:
     """Return the name of the hook `inside` inside block `layer`'s mixer (``mixer_hook(1, "q")`` ->
     ``blocks.1.mixer.hook_q``)."""
-    return block_path(layer, f"{MIXER}.{hook_attribute(inside)}")
+    return sublayer_hook(layer, MIXER, inside)
+
+
+def sublayer_hook(layer: int, sublayer: str, inside: str) -> str:
+    """Return the name of the hook `inside` of module `sublayer` of block `layer`
+    (``sublayer_hook(0, "attn", "z")`` -> ``blocks.0.attn.hook_z``, TransformerLens's name)."""
+    return block_path(layer, f"{sublayer}.{hook_attribute(inside)}")
+
+
+def final_norm_hook(inside: str) -> str:
+    """Return the name of the final norm's hook `inside` (``scale`` -> ``ln_final.hook_scale``)."""
+    return f"{FINAL_NORM_MODULE}.{hook_attribute(inside)}"
 
 
 def block_path(layer: int, path: str) -> str:
@@ -103,8 +135,9 @@ def inside_name(attribute: str) -> str:
 
 def block_aliases(layer: int, aliases: dict[str, str]) -> dict[str, str]:
     """Return ``{alias hook name: hook name}`` in block `layer` for the `aliases` a mixer declares
-    (``{"hook_attn_out": "hook_mixer_out"}``, attribute names: `Mixer.block_hook_aliases`):
-    ``{"blocks.0.hook_attn_out": "blocks.0.hook_mixer_out"}``, TransformerLens's names."""
+    (`Mixer.block_hook_aliases`: paths inside the block, ``{"hook_attn_out": "hook_mixer_out",
+    "attn.hook_z": "mixer.hook_z"}``): ``{"blocks.0.hook_attn_out": "blocks.0.hook_mixer_out",
+    "blocks.0.attn.hook_z": "blocks.0.mixer.hook_z"}``, TransformerLens's names."""
     return {block_path(layer, alias): block_path(layer, attribute) for alias, attribute in aliases.items()}
 
 
@@ -134,6 +167,12 @@ def is_hook_name(name: str) -> bool:
     """Return True where `name` is spelt as the scheme's names are (``blocks.…``, ``hook_…``,
     ``ln_final.…``) rather than as a site; whether the model has such a hook is the model's to say."""
     return name.startswith(_NAME_STARTS)
+
+
+def needs_mlp(name: HookName) -> bool:
+    """Return True where hook `name` exists only in a block with an MLP: `MLP_PARTS`, a hook
+    inside the MLP (TransformerLens's ``mlp.hook_post``) or of its norm (``ln2.hook_scale``)."""
+    return name.layer is not None and (name.part in MLP_PARTS or name.part in (MLP, TL_NORMS[1]))
 
 
 def sublayer_of(part: str) -> str | None:

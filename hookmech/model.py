@@ -10,33 +10,46 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
+from transformer_lens.utilities import get_act_name
 
 from .config import ModelConfig
-from .errors import HookmechError, UsageError, unknown
+from .errors import HookmechError, NoComponentError, UsageError, unknown
 from .hook_names import (
     FINAL_NORM,
+    FINAL_NORM_MODULE,
     MIXER,
+    MLP_PARTS,
+    TL_ATTN,
+    TL_NORMS,
+    TL_POST,
+    TL_RESULT,
+    TL_SCALE,
     block_aliases,
     block_hook,
     block_path,
     hook_attribute,
     layer_of,
+    needs_mlp,
     parse_hook,
+    sublayer_hook,
 )
+from .hook_names import MLP as MLP_SUBLAYER
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
 from .mixers.base import Mixer, hook_in_use, kept, take_window
 from .path_routes import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
+    Acts,
     Context,
     Gradients,
+    HeadResults,
     KeptWindow,
     Logits,
     PositionEffects,
@@ -63,9 +76,23 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def make_norm(kind: str, d_model: int) -> nn.Module:
+def make_norm(kind: str, d_model: int) -> nn.LayerNorm | RMSNorm:
     """Return a LayerNorm or RMSNorm over the last axis."""
     return nn.LayerNorm(d_model) if kind == "layernorm" else RMSNorm(d_model)
+
+
+def norm_scale(norm: nn.LayerNorm | RMSNorm, x: Acts) -> Acts:
+    """Return what `norm` divides `x` ``[batch, pos, d_model]`` by, ``[batch, pos, 1]``:
+    sqrt(variance + eps) for a LayerNorm (after centring), sqrt(mean square + eps) for an
+    RMSNorm (TransformerLens's ``hook_scale``)."""
+    if isinstance(norm, nn.LayerNorm):
+        x = x - x.mean(-1, keepdim=True)
+    return (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+
+
+def norm_kind(norm: nn.LayerNorm | RMSNorm) -> str:
+    """Return TransformerLens's name of `norm`'s kind (`ModelConfig.normalization_type`): "LN" or "RMS"."""
+    return "LN" if isinstance(norm, nn.LayerNorm) else "RMS"
 
 
 class MLP(nn.Module):
@@ -80,7 +107,21 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(hidden_mult * d_model, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(self.neurons(x))
+
+    def neurons(self, x: Acts) -> Acts:
+        """Return the hidden activation ``[..., d_mlp]`` of input `x` (TransformerLens's ``mlp.hook_post``)."""
+        return F.gelu(self.fc1(x))
+
+    @property
+    def W_out(self) -> Tensor:
+        """fc2's weight as TransformerLens lays it out, ``[d_mlp, d_model]``: neuron i writes row i."""
+        return self.fc2.weight.T
+
+    @property
+    def b_out(self) -> Tensor:
+        """fc2's bias ``[d_model]`` (TransformerLens's name)."""
+        return self.fc2.bias
 
 
 #: the key under which a block's context keeps its mixer's input (`Block.mixer_context`)
@@ -92,6 +133,10 @@ MIXER_OUTPUT = "mixer_out"
 class Block(nn.Module):
     """One pre-norm residual block with hooks at every sublayer boundary (docs/sites.md)."""
 
+    #: the block's hook_resid_post is the one residual stream the next block (or the final norm)
+    #: reads: what TransformerLens's logit lens asks of a block before it reads one
+    hook_out_is_single_residual_stream: ClassVar[bool] = True
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.ln1 = make_norm(cfg.norms[layer], cfg.d_model)
@@ -101,6 +146,8 @@ class Block(nn.Module):
         self.hook_mixer_out = AxisHookPoint()
         self.hook_resid_post = AxisHookPoint()
         self.has_mlp = cfg.mlp[layer]
+        #: (n_heads, d_head) of the mixer (`ModelConfig.head_shape`), for its head results
+        self.head_shape = cfg.head_shape(layer)
         self.contexts: list[Context] | None = None  # see HookedLM.collecting_contexts
         if self.has_mlp:
             self.ln2 = make_norm(cfg.norms[layer], cfg.d_model)
@@ -197,6 +244,63 @@ class Block(nn.Module):
         points = (self.hook_resid_pre, self.hook_mixer_in)
         return any(point.fwd_hooks for point in points) or self.mixer.inside_hooks_in_use()
 
+    # -- each head's share of the mixer's output (TransformerLens's attn.hook_result) ------------
+    def head_results(self, mixer_in: Resid, mixer_out: Resid) -> HeadResults:
+        """Return ``[batch, pos, head, d_model]``: what each head of the mixer writes into the
+        residual stream in the run whose mixer input and output were `mixer_in` and `mixer_out`:
+        the output projection applied to the head's part of its input (`Mixer.output_head_axes`),
+        without the projection's bias (`head_result_bias`), so that the heads sum to the output
+        less that bias. Whatever the mixer computes across heads before the projection (Mamba-2's
+        gated RMSNorm) is the run's own: the frozen-scale convention of TransformerLens's
+        decompositions. A mixer without heads is one head: its output, bias included.
+
+        The projection's input is no hook's, so the mixer runs again on `mixer_in` (hooks inside
+        it fire)."""
+        axes = type(self.mixer).output_head_axes
+        if not axes:
+            return mixer_out[:, :, None, :]
+        projection = self._head_projection()
+        captured: list[Tensor] = []
+        handle = projection.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+        try:
+            self.mixer(mixer_in)
+        finally:
+            handle.remove()
+        if len(captured) != 1:
+            raise HookmechError(
+                f"{type(self.mixer).__name__} called its output projection {len(captured)} times, not once"
+            )
+        inputs, weight = self._by_head(captured[0], axes), self._by_head(projection.weight, axes)
+        return torch.einsum("bphd,mhd->bphm", inputs, weight)
+
+    def head_result_bias(self) -> Tensor:
+        """Return what the mixer adds to its heads' `head_results` ``[d_model]``: its output
+        projection's bias (zeros without one, or without heads). TransformerLens's b_O."""
+        bias = self._head_projection().bias if type(self.mixer).output_head_axes else None
+        return torch.zeros_like(self.ln1.weight) if bias is None else bias
+
+    def _head_projection(self) -> nn.Linear:
+        """The mixer's one output projection (`Mixer.output_projections`)."""
+        names = type(self.mixer).output_projections
+        projection = getattr(self.mixer, names[0]) if len(names) == 1 else None
+        if not isinstance(projection, nn.Linear):
+            raise HookmechError(
+                f"{type(self.mixer).__name__} declares heads but not one nn.Linear output projection: {names}"
+            )
+        return projection
+
+    def _by_head(self, flat: Tensor, axes: str) -> Tensor:
+        """Return `flat` ``[..., n_heads * d_head]`` as ``[..., head, d_head]``, its last axis laid
+        out as `axes` says (`Mixer.output_head_axes`)."""
+        n_heads, d_head = self.head_shape
+        if axes == "head d_head":
+            return flat.unflatten(-1, (n_heads, d_head))
+        if axes == "d_head head":
+            return flat.unflatten(-1, (d_head, n_heads)).transpose(-1, -2)
+        raise HookmechError(
+            f"{type(self.mixer).__name__}.output_head_axes = {axes!r}: expected 'head d_head' or 'd_head head'"
+        )
+
     def _after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
         if not self.has_mlp:
             return self.hook_resid_post(resid + mixer_out)
@@ -217,18 +321,89 @@ class FinalNorm(nn.Module):
         return self.hook_normalized(self.norm(resid))
 
 
+class TiedUnembed(nn.Module):
+    """The LM head of a model whose head is tied to its token embedding: ``resid @ W_E.T``, with
+    no parameter of its own (`HookedLM.unembed` of such a model, as TransformerLens calls it)."""
+
+    embed: nn.Embedding
+
+    def __init__(self, embed: nn.Embedding):
+        super().__init__()
+        # a plain attribute, not a submodule: the weight is saved once, as the embedding's
+        object.__setattr__(self, "embed", embed)
+
+    def forward(self, resid: Tensor) -> Tensor:
+        return resid @ self.embed.weight.T
+
+
 class AliasedActivationCache(ActivationCache):
     """TransformerLens's `ActivationCache`, whose keys are the model's hook names, that also
-    answers to the model's hook aliases (`HookedLM.hook_aliases`): ``cache["blocks.0.hook_attn_out"]``
-    is ``cache["blocks.0.hook_mixer_out"]``. Keys, length and iteration are the hooks' own."""
+    answers to TransformerLens's names for the rest of what its methods look up (by full name or
+    TransformerLens's shorthand, ``cache["attn_out", 0]``):
+
+    - the model's hook aliases (`HookedLM.hook_aliases`): ``cache["blocks.0.hook_attn_out"]`` is
+      ``cache["blocks.0.hook_mixer_out"]``;
+    - what no hook holds, computed from the cached hooks on each read
+      (`HookedLM.derived_activation`): norm scales, head results, MLP neurons;
+    - a part the model does not have (a Mamba block's MLP, a head hook of a mixer without
+      heads): a `NoComponentError` saying so in one line.
+
+    Keys, length and iteration are the hooks' own."""
 
     def __getitem__(self, key):
-        if isinstance(key, str) and key not in self.cache_dict:
-            key = getattr(self.model, "hook_aliases", {}).get(key, key)
+        if isinstance(key, str) and key in self.cache_dict:
+            return self.cache_dict[key]
+        model = getattr(self, "model", None)
+        if model is None or not hasattr(model, "hook_aliases"):
+            return super().__getitem__(key)
+        name = self._full_name(key)
+        if name in self.cache_dict:
+            return self.cache_dict[name]
+        if name in model.hook_aliases:
+            return self.cache_dict[model.hook_aliases[name]]
+        derived = model.derived_activation(name, self._read)
+        if derived is not None:
+            return derived if self.has_batch_dim else derived[0]
+        missing = model.missing_component(name)
+        if missing is not None:
+            raise missing
         return super().__getitem__(key)
 
     def __contains__(self, key) -> bool:
         return key in self.cache_dict or getattr(self.model, "hook_aliases", {}).get(key) in self.cache_dict
+
+    def _full_name(self, key) -> str:
+        """Return the hook name `key` means: itself, or TransformerLens's name for its shorthand
+        (``"attn_out"``, ``("resid_pre", -1)``: a negative layer counts from the last, as TL does)."""
+        if isinstance(key, str):
+            return get_act_name(key)
+        if len(key) > 1 and key[1] is not None and key[1] < 0:
+            key = (key[0], self.model.cfg.n_layers + key[1], *key[2:])
+        return get_act_name(*key)
+
+    def _read(self, hook: str) -> Tensor:
+        """Return the cached activation of `hook` with its batch axis (added back where the
+        cache's was removed), for `HookedLM.derived_activation`."""
+        if hook not in self.cache_dict:
+            raise KeyError(
+                f"{hook} is not in this cache (a names_filter left it out), and what was asked is computed from it"
+            )
+        activation = self.cache_dict[hook]
+        return activation if self.has_batch_dim else activation[None]
+
+    def _ensure_head_results(self) -> bool:
+        # TransformerLens computes head results from attn.hook_z and blocks[l].attn.W_O, which
+        # only attention has; here they are computed on each read (`Block.head_results`)
+        return True
+
+    def compute_head_results(self) -> None:
+        """Do nothing: head results (``blocks.{l}.attn.hook_result``) are computed on each read,
+        from the cached mixer input (`Block.head_results`), and never stored in the cache."""
+
+    def apply_slice_to_batch_dim(self, batch_slice):
+        """TransformerLens's `apply_slice_to_batch_dim`, returning an `AliasedActivationCache`."""
+        sliced = super().apply_slice_to_batch_dim(batch_slice)
+        return AliasedActivationCache(sliced.cache_dict, self.model, has_batch_dim=sliced.has_batch_dim)
 
 
 class HookedLM(HookedRootModule):
@@ -236,7 +411,10 @@ class HookedLM(HookedRootModule):
 
     `run_with_hooks`, `run_with_cache` and `hooks()` are TransformerLens's own, and so is
     ``cfg`` as far as TransformerLens's generic code reads it (``transformer_lens.patching``
-    runs on any HookedLM: see `ModelConfig` for `n_heads`, `d_head` and `device`).
+    runs on any HookedLM: see `ModelConfig` for `n_heads`, `d_head` and `device`). So is what
+    its ActivationCache reads of a model: `W_E`, `W_U`, `W_pos`, `b_U`, ``unembed``,
+    `tokens_to_residual_directions`, `accumulated_bias`, and TransformerLens's names of what no
+    hook holds (`derived_activation`); docs/guide.md §6 says which of its tools run on which mixer.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -249,8 +427,10 @@ class HookedLM(HookedRootModule):
             self.hook_pos_embed = AxisHookPoint()
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
         self.ln_final = FinalNorm(cfg.final_norm, cfg.d_model)
-        if not cfg.tie_embeddings:
-            self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        #: the LM head, ``ln_final(resid) -> logits`` (`W_U`): a tied head has no weight of its own
+        self.unembed: nn.Linear | TiedUnembed = (
+            TiedUnembed(self.embed) if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        )
         self._initialise()
         self.setup()
 
@@ -667,6 +847,135 @@ class HookedLM(HookedRootModule):
         """Return l for a hook inside ``blocks.{l}``, None for hooks outside the blocks."""
         return layer_of(hook_name)
 
+    # -- what TransformerLens's ActivationCache reads of a model (docs/guide.md §6) ---------
+    @property
+    def W_E(self) -> Tensor:
+        """The token embedding ``[d_vocab, d_model]`` (the parameter itself)."""
+        return self.embed.weight
+
+    @property
+    def W_pos(self) -> Tensor:
+        """The learned position embedding ``[n_ctx, d_model]``; a `NoComponentError` for a model
+        without one (``pos_emb = "none"``)."""
+        if self.cfg.pos_emb != "learned":
+            raise NoComponentError(f"W_pos: this model has no position embedding (pos_emb {self.cfg.pos_emb!r})")
+        return self.pos_embed.weight
+
+    @property
+    def W_U(self) -> Tensor:
+        """The unembedding ``[d_model, d_vocab]``: logits = ``ln_final(resid) @ W_U + b_U`` (the
+        embedding's transpose when the head is tied, else the LM head's weight transposed)."""
+        return self.embed.weight.T if isinstance(self.unembed, TiedUnembed) else self.unembed.weight.T
+
+    @property
+    def b_U(self) -> Tensor:
+        """The unembedding's bias ``[d_vocab]``: zeros (the LM head has none)."""
+        return torch.zeros(self.cfg.d_vocab, dtype=self.W_E.dtype, device=self.W_E.device)
+
+    def tokens_to_residual_directions(self, tokens: int | str | Tensor) -> Tensor:
+        """Return the direction in the residual stream whose dot product with the final norm's
+        normalised input (centred and divided by the norm's scale, before its weight) is each
+        token's logit, less a constant per token: the final norm's weight times the token's
+        column of `W_U`, ``[..., d_model]`` for token ids of any shape, ``[d_model]`` for one
+        (TransformerLens's shapes). This is what TransformerLens's own models give once the final
+        norm is folded into W_U (its default), and what its ``logit_attrs`` needs: for components
+        summing to the residual stream, with the run's scale (``ln_final.hook_scale``),
+        Σ logit_attrs + ln_final bias · W_U[:, t] + b_U[t] is the logit of t.
+        Token ids only (a UsageError for a string: these models have no tokenizer)."""
+        if isinstance(tokens, str):
+            raise UsageError(
+                f"tokens_to_residual_directions: give token ids, not {tokens!r} (hookmech models have no tokenizer)"
+            )
+        ids = torch.as_tensor(tokens, device=self.W_E.device)
+        check_tokens(ids.reshape(1, -1), self.cfg, "tokens_to_residual_directions")
+        if ids.numel() == 1:
+            ids = ids.reshape(())
+        return self.W_U.T[ids] * self.ln_final.norm.weight
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
+        """Return ``[d_model]``: the biases the sublayers before block `layer` add to the residual
+        stream apart from their head results and neurons (TransformerLens's `accumulated_bias`,
+        the ``bias`` row of ``get_full_resid_decomposition``): each mixer's `Block.head_result_bias`
+        and, with `include_mlp_biases`, each MLP's output bias; with `mlp_input` block `layer`'s
+        mixer's too."""
+        if not 0 <= layer <= self.cfg.n_layers or (mlp_input and layer == self.cfg.n_layers):
+            raise UsageError(f"accumulated_bias: layer must be in 0..{self.cfg.n_layers - int(mlp_input)}, got {layer}")
+        total = torch.zeros(self.cfg.d_model, dtype=self.W_E.dtype, device=self.W_E.device)
+        for block in self.blocks[:layer]:
+            total = total + block.head_result_bias()
+            if include_mlp_biases and block.has_mlp:
+                total = total + block.mlp.b_out
+        if mlp_input:
+            total = total + self.blocks[layer].head_result_bias()
+        return total
+
+    def derived_activation(self, name: str, read: Callable[[str], Tensor]) -> Tensor | None:
+        """Return TransformerLens's activation `name` that no hook holds, computed from the
+        activations of a run (``read(hook)`` -> ``[batch, pos, ...]``), or None for any other name
+        (and for a part the block lacks: `missing_component` says so):
+
+        - ``ln_final.hook_scale``, ``blocks.{l}.ln1.hook_scale``, ``ln2.hook_scale``: the norm's
+          divisor on its input ``[batch, pos, 1]`` (`norm_scale`). TransformerLens applies every norm
+          as `ModelConfig.normalization_type` (the final norm's kind) says: a block norm of the other
+          kind (Mamba's RMSNorm under a final LayerNorm) is a `NoComponentError`;
+        - ``blocks.{l}.attn.hook_result``: each head's share of the mixer output ``[batch, pos,
+          head, d_model]`` (`Block.head_results`);
+        - ``blocks.{l}.mlp.hook_post``: the MLP's hidden activation ``[batch, pos, d_mlp]``.
+        """
+        parsed = parse_hook(name)
+        if parsed is None or parsed.inside not in (TL_SCALE, TL_RESULT, TL_POST):
+            return None
+        if parsed.layer is None:
+            if (parsed.part, parsed.inside) != (FINAL_NORM_MODULE, TL_SCALE):
+                return None
+            return norm_scale(self.ln_final.norm, read(self.resid_hook(self.cfg.n_layers)))
+        layer = parsed.layer
+        if layer >= self.cfg.n_layers or (needs_mlp(parsed) and not self.blocks[layer].has_mlp):
+            return None
+        block, part = self.blocks[layer], (parsed.part, parsed.inside)
+        if part == (TL_NORMS[0], TL_SCALE):
+            return self._block_norm_scale(name, block.ln1, read(block_hook(layer, "resid_pre")))
+        if part == (TL_NORMS[1], TL_SCALE):
+            return self._block_norm_scale(name, block.ln2, read(block_hook(layer, "resid_mid")))
+        if part == (TL_ATTN, TL_RESULT):
+            return block.head_results(read(block_hook(layer, "mixer_in")), read(block_hook(layer, "mixer_out")))
+        if part == (MLP_SUBLAYER, TL_POST):
+            return block.mlp.neurons(read(block_hook(layer, "mlp_in")))
+        return None
+
+    def _block_norm_scale(self, name: str, norm: nn.LayerNorm | RMSNorm, resid: Resid) -> Tensor:
+        """`norm_scale` of a block norm, refused where TransformerLens would apply it as the other kind."""
+        if norm_kind(norm) != self.cfg.normalization_type:
+            raise NoComponentError(
+                f"{name}: this block's norm is {type(norm).__name__}, but TransformerLens's apply_ln applies "
+                f"every norm as the final one (cfg.normalization_type {self.cfg.normalization_type!r}): "
+                "apply the final norm instead (layer None or n_layers)"
+            )
+        return norm_scale(norm, resid)
+
+    def missing_component(self, name: str) -> NoComponentError | None:
+        """Return the error for TransformerLens's name `name` of a part of block l that it lacks,
+        one line saying what is missing: the MLP's hooks (`MLP_PARTS`, ``mlp.*``, ``ln2.*``) of a
+        block without one (Mamba's), an ``attn.*`` name the block's mixer does not answer to (the
+        head output ``attn.hook_z`` of a mixer without heads); None for any other name."""
+        parsed = parse_hook(name)
+        if parsed is None or parsed.layer is None or parsed.layer >= self.cfg.n_layers:
+            return None
+        layer, mixer = parsed.layer, self.cfg.mixers[parsed.layer]
+        if needs_mlp(parsed) and not self.blocks[layer].has_mlp:
+            return NoComponentError(
+                f"{name}: block {layer} ({mixer}) has no MLP, so it has no {', '.join(MLP_PARTS)} "
+                "or MLP norm; TransformerLens's MLP sweeps and names do not apply to it"
+            )
+        if parsed.part == TL_ATTN:
+            known = [alias for alias in self.hook_aliases if _in_sublayer(alias, layer, TL_ATTN)]
+            known.append(sublayer_hook(layer, TL_ATTN, TL_RESULT))
+            return NoComponentError(
+                f"{name}: block {layer}'s mixer ({mixer}) has no such hook; of TransformerLens's attn names "
+                f"it answers to {', '.join(known)}"
+            )
+        return None
+
 
 #: the token dtypes the embedding takes
 TOKEN_DTYPES = (torch.int64, torch.int32)
@@ -702,6 +1011,12 @@ def _mixer_attribute(layer: int, hook_name: str) -> str | None:
     if parsed is None or parsed.layer != layer or parsed.part != MIXER or parsed.inside is None:
         return None
     return hook_attribute(parsed.inside)
+
+
+def _in_sublayer(hook_name: str, layer: int, sublayer: str) -> bool:
+    """Return True where `hook_name` is a hook of module `sublayer` of block `layer`."""
+    parsed = parse_hook(hook_name)
+    return parsed is not None and parsed.layer == layer and parsed.part == sublayer and parsed.inside is not None
 
 
 def _at_positions(base: Callable[[str], Tensor], at: RowInts) -> Callable[[str], Tensor]:

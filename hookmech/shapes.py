@@ -64,6 +64,10 @@ Acts = Float[Tensor, "batch pos ..."]
 #: cached activations of a hook at one position per row ``[batch, ...]`` (`CacheFile.at`, `CacheFile.gather`)
 ActsAt = Float[Tensor, "batch ..."]
 
+#: what each head of a mixer writes into the residual stream ``[batch, pos, head, d_model]``
+#: (`Block.head_results`, TransformerLens's ``attn.hook_result``)
+HeadResults = Float[Tensor, "batch pos head d_model"]
+
 #: activations at one position per row, flattened ``[batch, d]`` (`hookmech.das`)
 Flat = Float[Tensor, "batch d"]
 #: an orthonormal basis of a subspace of flattened activations ``[d, k]`` (`hookmech.das`)
@@ -77,6 +81,7 @@ __all__ = [
     "EffectiveAttention",
     "Flat",
     "Gradients",
+    "HeadResults",
     "KeptWindow",
     "Logits",
     "PositionEffects",

@@ -72,9 +72,34 @@ MEANINGS = {
     },
     "rwkv": {
         "r": "receptance", "k": "key", "v": "value", "decay": "raw data-dependent decay w_t (factor exp(−exp(w)))",
-        "gate": "output gate g (before SiLU)", "state": "wkv state S_t = diag(decay) S_{t-1} + k_tᵀ v_t; patching propagates",
+        "gate": "output gate g, after its SiLU", "state": "wkv state S_t = diag(decay) S_{t-1} + k_tᵀ v_t; patching propagates",
         "output": "r·(S_{t-1} + diag(u) kᵀv) per head, before group norm",
     },
+}
+
+
+#: TransformerLens's SSM names, per mixer: which hookmech hook means the same (aliased) and which not
+TL_SSM_NOTES = {
+    "mamba": (
+        "TransformerLens's Mamba bridge: its `mixer.hook_ssm_out` is the block's `hook_mixer_out` (an alias above). "
+        "Its `mixer.hook_ssm_state` shares this mixer's name, not its axes or its patch: TransformerLens's is "
+        "[batch, d_inner, pos, d_state] (position axis 2), fires only on its eager-scan path, and a patch there "
+        "changes that position's read-out only; hookmech's propagates through the recurrence. Its `hook_ssm_dt` "
+        "(dt_proj's output, before the softplus of `delta`), `hook_in_proj`, `hook_conv` (channel-first, "
+        "untruncated), `hook_x_proj` and `hook_ssm_write` (Δ·B·x) mean nothing a hookmech hook holds: no alias."
+    ),
+    "mamba2": (
+        "TransformerLens's Mamba-2 bridge: its `mixer.hook_ssm_out` is the block's `hook_mixer_out` (an alias "
+        "above); its `mixer.hook_ssm_state` is this mixer's, with the same axes [batch, pos, head, headdim, "
+        "d_state] (TransformerLens fires it only on its eager-scan path, where a patch changes that position's "
+        "read-out only; hookmech's propagates). Its `hook_in_proj`, `hook_conv` (over x, B, C, channel-first), "
+        "`hook_inner_norm` (the gated norm's output) and `hook_ssm_write` have no hookmech hook: no alias."
+    ),
+    "deltanet": (
+        "TransformerLens's GatedDeltaNet bridge names q, k and β `hook_ssm_C`, `hook_ssm_B` and `hook_ssm_write`, "
+        "on a gated variant at `blocks.{l}.linear_attn`, whose `hook_ssm_state` is [batch, pos, head, d_head_k, "
+        "d_head_v] (this mixer's `state` transposed): not aliased."
+    ),
 }
 
 
@@ -112,6 +137,17 @@ def render() -> str:
     rows = [r for r in list_sites(model) if ".mixer." not in r["site"]]
     out += _table(rows, BLOCK_MEANINGS, "")
     out += ["", "Blocks without an MLP (mamba, mamba2) have no `resid_mid`, `mlp_in`, `mlp_out`.", ""]
+    out += [
+        "**TransformerLens's names.** Every block also answers to TransformerLens's `blocks.{l}.hook_attn_out`",
+        "(its `hook_mixer_out`: TransformerLens's attention sublayer is the block's mixer, whatever it is); each",
+        "mixer below lists its other TransformerLens names. They are aliases: `run_with_hooks`, `hooks` and caches",
+        "take them, but they are no hooks of their own (not in `model.hook_dict`, site lists or cache files). What",
+        "TransformerLens's ActivationCache reads but no hook holds is computed from the cached hooks on each read",
+        "(`HookedLM.derived_activation`): `ln_final.hook_scale` and `blocks.{l}.ln1.hook_scale`, `ln2.hook_scale`",
+        "(the norm's divisor), `blocks.{l}.attn.hook_result` (each head's write into the residual stream) and",
+        "`blocks.{l}.mlp.hook_post` (the MLP's neurons).",
+        "",
+    ]
     for name in sorted(REGISTRY):
         cls = REGISTRY[name]
         model = HookedLM(build_config(d_vocab=20, n_ctx=N_CTX, mixers=name, d_model=D_MODEL, n_layers=1))
@@ -119,6 +155,10 @@ def render() -> str:
         summary = (cls.__doc__ or "").strip().splitlines()[0]
         out += [f"## `{name}` — {cls.__module__}.{cls.__name__}", "", summary, ""]
         out += _table(rows, MEANINGS.get(name, {}), "L0.mixer.")
+        aliases = ", ".join(f"`{alias}` = `{hook}`" for alias, hook in model.hook_aliases.items())
+        out += ["", f"TransformerLens's names: {aliases}."]
+        if name in TL_SSM_NOTES:
+            out += ["", TL_SSM_NOTES[name]]
         out.append("")
     return "\n".join(out)
 

@@ -22,12 +22,15 @@ from hookmech.hook_names import (
     block_aliases,
     block_hook,
     block_path,
+    final_norm_hook,
     hook_attribute,
     inside_name,
     is_hook_name,
     layer_of,
     mixer_hook,
+    needs_mlp,
     parse_hook,
+    sublayer_hook,
     sublayer_of,
 )
 from hookmech.mixers import REGISTRY
@@ -64,6 +67,11 @@ def test_builders_write_transformer_lens_names():
     assert block_path(0, "mixer.out_proj.weight") == "blocks.0.mixer.out_proj.weight"
     assert (hook_attribute("q"), inside_name("hook_q")) == ("hook_q", "q")
     assert block_aliases(2, {"hook_attn_out": "hook_mixer_out"}) == {"blocks.2.hook_attn_out": "blocks.2.hook_mixer_out"}
+    assert block_aliases(0, {"attn.hook_z": "mixer.hook_y"}) == {"blocks.0.attn.hook_z": "blocks.0.mixer.hook_y"}
+    assert sublayer_hook(1, "attn", "result") == "blocks.1.attn.hook_result"
+    assert final_norm_hook("scale") == "ln_final.hook_scale" and final_norm_hook("normalized") == FINAL_NORM
+    assert [needs_mlp(parse_hook(name)) for name in ("blocks.0.hook_resid_mid", "blocks.0.mlp.hook_post",
+                                                   "blocks.0.ln2.hook_scale", "blocks.0.ln1.hook_scale")] == [True] * 3 + [False]
     assert layer_of("blocks.3.mixer.out_proj.weight") == 3 and layer_of(FINAL_NORM) is None
     assert is_hook_name("blocks.1.hook_q") and is_hook_name(EMBED) and not is_hook_name("L1.block_in")
     assert [sublayer_of(part) for part in BLOCK_PARTS] == [None, "mixer", "mixer", None, "mlp", "mlp", None]
@@ -82,7 +90,8 @@ def test_every_hook_of_every_mixer_round_trips(ar_task, mixer):
         if parsed.layer is None:
             continue
         rebuilt = block_hook(parsed.layer, parsed.part) if parsed.inside is None else (
-            mixer_hook(parsed.layer, parsed.inside) if parsed.part == MIXER else None)
+            mixer_hook(parsed.layer, parsed.inside) if parsed.part == MIXER else
+            sublayer_hook(parsed.layer, parsed.part, parsed.inside))  # TransformerLens's attn.hook_z
         assert rebuilt == name
         assert model.layer_of_hook(name) == parsed.layer
     for name in model.hook_dict:

@@ -173,7 +173,9 @@ def test_initialisation_follows_zoology(ar_task):
 def test_tied_and_untied_heads(ar_task):
     tied = make_model(ar_task)
     untied = make_model(ar_task, tie_embeddings=False)
-    assert not hasattr(tied, "unembed") and hasattr(untied, "unembed")
+    # a tied head has no weight of its own: its unembed reads the embedding (saved once, as embed.weight)
+    assert not list(tied.unembed.parameters()) and "unembed.weight" in untied.state_dict()
+    assert not any(name.startswith("unembed") for name in tied.state_dict())
     x = torch.randn(2, 32)
     torch.testing.assert_close(tied.unembed_resid(x), x @ tied.embed.weight.T, rtol=0, atol=0)  # the same product
 

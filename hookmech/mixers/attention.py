@@ -47,7 +47,17 @@ class Attention(Mixer):
     """
 
     default_pos_emb = "learned"
-    block_hook_aliases = {"hook_attn_out": "hook_mixer_out"}  # TransformerLens's name
+    #: TransformerLens's names (`Mixer.block_hook_aliases`): its attention hooks are these
+    block_hook_aliases = {
+        **Mixer.block_hook_aliases,
+        "attn.hook_q": "mixer.hook_q",
+        "attn.hook_k": "mixer.hook_k",
+        "attn.hook_v": "mixer.hook_v",
+        "attn.hook_attn_scores": "mixer.hook_attn_scores",
+        "attn.hook_pattern": "mixer.hook_pattern",
+        "attn.hook_z": "mixer.hook_z",
+    }
+    output_head_axes = "head d_head"
 
     @classmethod
     def head_shape(cls, d_model: int, **options) -> tuple[int, int]:

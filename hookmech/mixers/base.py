@@ -42,10 +42,19 @@ class Mixer(nn.Module):
     #: the weight init its reference code gives a model of this mixer (`hookmech.config.INITS`):
     #: what ``init = "zoology"`` picks (zoology draws mamba-ssm's scheme for Mamba blocks only)
     reference_init: ClassVar[str] = "normal"
-    #: other names of the block's hooks around this mixer, ``{alias: hook}`` (e.g. attention's
-    #: TransformerLens name ``hook_attn_out`` for ``hook_mixer_out``): `HookedLM` resolves them
-    #: in `run_with_hooks`/`hooks` and in its caches, and never lists them as hooks of its own
-    block_hook_aliases: ClassVar[dict[str, str]] = {}
+    #: other names of the hooks of the block around this mixer, ``{alias: hook}`` as paths inside
+    #: the block: TransformerLens's, which its ActivationCache and ``transformer_lens.patching`` look
+    #: up. Every mixer is TransformerLens's attention sublayer (``hook_attn_out`` is
+    #: ``hook_mixer_out``); a mixer adds the ``attn.hook_*`` names its inside hooks answer to (q, k,
+    #: v, and ``z``, the per-head output before its output projection) and TransformerLens's SSM
+    #: names. `HookedLM` resolves them in `run_with_hooks`/`hooks` and in its caches, and never
+    #: lists them as hooks of its own
+    block_hook_aliases: ClassVar[dict[str, str]] = {"hook_attn_out": "hook_mixer_out"}
+    #: how the input of the mixer's output projection (its one `output_projections` entry) splits
+    #: into its `head_shape` heads: "head d_head" (head by head, attention's z flattened), "d_head
+    #: head" (channel-major), or "" (no heads: the mixer's output is one head). TransformerLens's head
+    #: results (``blocks.{l}.attn.hook_result``) are that projection applied head by head
+    output_head_axes: ClassVar[str] = ""
 
     @classmethod
     def head_shape(cls, d_model: int, **options: Any) -> tuple[int, int]:

@@ -93,6 +93,15 @@ class Based(Mixer):
         return n_heads, d_model // n_heads  # the value heads (q and k have feature_dim)
 
     output_projections = ("out_proj",)
+    #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections, and y for its z
+    block_hook_aliases = {
+        **Mixer.block_hook_aliases,
+        "attn.hook_q": "mixer.hook_q",
+        "attn.hook_k": "mixer.hook_k",
+        "attn.hook_v": "mixer.hook_v",
+        "attn.hook_z": "mixer.hook_y",
+    }
+    output_head_axes = "head d_head"
 
     def __init__(
         self,

@@ -66,6 +66,15 @@ class DeltaNet(Mixer):
         return n_heads, d_model // n_heads
 
     output_projections = ("out_proj",)
+    #: TransformerLens's names (`Mixer.block_hook_aliases`): q, k, v, and y for its z
+    block_hook_aliases = {
+        **Mixer.block_hook_aliases,
+        "attn.hook_q": "mixer.hook_q",
+        "attn.hook_k": "mixer.hook_k",
+        "attn.hook_v": "mixer.hook_v",
+        "attn.hook_z": "mixer.hook_y",
+    }
+    output_head_axes = "head d_head"
 
     def __init__(
         self,

@@ -135,6 +135,15 @@ class H3(Mixer):
         return d_model // head_dim, head_dim
 
     output_projections = ("out_proj",)
+    #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections (no per-head output
+    #: is hooked: out_proj's input, q·ssm, has no hook)
+    block_hook_aliases = {
+        **Mixer.block_hook_aliases,
+        "attn.hook_q": "mixer.hook_q",
+        "attn.hook_k": "mixer.hook_k",
+        "attn.hook_v": "mixer.hook_v",
+    }
+    output_head_axes = "d_head head"  # zoology orders out_proj's input (d_v, head)
 
     def __init__(
         self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2, bias: bool = True

@@ -98,6 +98,8 @@ class Mamba(Mixer):
     block_norm = "rmsnorm"
     block_mlp = False
     output_projections = ("out_proj",)
+    #: TransformerLens's names (`Mixer.block_hook_aliases`): its Mamba bridge's ``mixer.hook_ssm_out``
+    block_hook_aliases = {**Mixer.block_hook_aliases, "mixer.hook_ssm_out": "hook_mixer_out"}
     reference_init = "mamba"  # mamba-ssm's _init_weights, which zoology applies to Mamba blocks
 
     def __init__(

@@ -248,6 +248,14 @@ class Mamba2(Mixer):
     block_norm = "rmsnorm"
     block_mlp = False
     output_projections = ("out_proj",)
+    #: TransformerLens's names (`Mixer.block_hook_aliases`): y for its z, and its Mamba-2 bridge's
+    #: ``mixer.hook_ssm_out`` (its ``hook_ssm_state`` is already this mixer's, same axes)
+    block_hook_aliases = {
+        **Mixer.block_hook_aliases,
+        "attn.hook_z": "mixer.hook_y",
+        "mixer.hook_ssm_out": "hook_mixer_out",
+    }
+    output_head_axes = "head d_head"
 
     @classmethod
     def head_shape(cls, d_model: int, **options) -> tuple[int, int]:

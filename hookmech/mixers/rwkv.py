@@ -207,6 +207,16 @@ class RWKV6(Mixer):
     block_norm = "layernorm"
     block_mlp = True
     output_projections = ("out_proj",)
+    #: TransformerLens's names (`Mixer.block_hook_aliases`): the receptance reads the state as a
+    #: query does; the output before the group norm is its z
+    block_hook_aliases = {
+        **Mixer.block_hook_aliases,
+        "attn.hook_q": "mixer.hook_r",
+        "attn.hook_k": "mixer.hook_k",
+        "attn.hook_v": "mixer.hook_v",
+        "attn.hook_z": "mixer.hook_output",
+    }
+    output_head_axes = "head d_head"
 
     @classmethod
     def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
