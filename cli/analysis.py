@@ -11,6 +11,7 @@ from .common import (
     device_option,
     load_model_and_task,
     max_batch_option,
+    notes_of,
     progress,
     refuse_overwriting_inputs,
     set_threads,
@@ -221,8 +222,8 @@ def patch(
     from hookmech.cache import CacheFile
     from hookmech.errors import UsageError
     from hookmech.fileio import write_text_atomic
+    from hookmech.patching import PathSkippedWarning, path_patch
     from hookmech.patching import patch as run_patch
-    from hookmech.patching import path_patch
     from hookmech.tables import format_records
     from hookmech.validate import check_finite_parameters
 
@@ -258,18 +259,19 @@ def patch(
             # the one identity check; the checkpoint file checks an older cache without model_hash
             source.check_model(model, checkpoint=ckpt, hooks=())
         if via is not None:
-            records = path_patch(
-                model,
-                source,
-                split_flag(senders),
-                split_flag(receivers),
-                via,
-                threshold=threshold,
-                max_batch=max_batch,
-                per_example=per_example is not None,
-                metric=metric,
-                context_memory=context_memory << 20,
-            )
+            with notes_of(PathSkippedWarning):
+                records = path_patch(
+                    model,
+                    source,
+                    split_flag(senders),
+                    split_flag(receivers),
+                    via,
+                    threshold=threshold,
+                    max_batch=max_batch,
+                    per_example=per_example is not None,
+                    metric=metric,
+                    context_memory=context_memory << 20,
+                )
         else:
             records = run_patch(
                 model,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 import click
@@ -123,6 +126,25 @@ def load_model_and_task(ckpt: str, device: str):
     from hookmech.tasks import from_checkpoint
 
     return load(ckpt, device=check_device(device)), from_checkpoint(ckpt)
+
+
+@contextlib.contextmanager
+def notes_of(*categories: type[Warning]) -> Iterator[None]:
+    """Within the block, print each warning of `categories` the library gives as one line
+    ``hookmech: note: MESSAGE`` on stderr (not Python's two-line warning with a source line);
+    other warnings are shown as usual."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            for category in categories:
+                warnings.simplefilter("always", category)
+            yield
+    finally:
+        for warning in caught:
+            if issubclass(warning.category, categories):
+                click.echo(f"hookmech: note: {warning.message}", err=True)
+            else:
+                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 class progress:

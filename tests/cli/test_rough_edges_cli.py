@@ -1,0 +1,64 @@
+"""The command line's side of the rough edges a new user hit (issue 29, section 2); the library's
+side is in tests/test_rough_edges.py.
+
+Bad input has the shape of tests/cli/test_errors.py: rows of (id, setup, argv, exit code, a
+substring of the one-line message), `{tmp}` the test's temporary folder and `{ckpt}` the bundled
+attention fixture. What the commands print and write otherwise is checked by the functions below.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import ATTENTION_FIXTURE as FIXTURE
+from helpers import run_cli
+
+PATCH = ["patch", "--ckpt", "{ckpt}", "--n", "8"]
+
+
+def _nothing(tmp: Path) -> None:
+    """No setup."""
+
+
+#: setups by name: each prepares files under the test's temporary folder
+SETUPS = {"none": _nothing}
+
+ROWS = [
+    ("path-resid-single-pair-never-meets", "none",
+     [*PATCH, "--sender", "L0.block_out@key", "--receiver", "L1.block_in@value", "--via", "resid"], 2,
+     "a resid path carries a position's value to the same position only"),
+]  # fmt: skip
+
+
+def _expand(argv: list[str], tmp: Path) -> list[str]:
+    return [arg.replace("{tmp}", str(tmp)).replace("{ckpt}", str(FIXTURE)) for arg in argv]
+
+
+@pytest.mark.parametrize(("setup", "argv", "code", "message"), [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
+def test_bad_input_is_one_line_and_an_exit_code(setup, argv, code, message, tmp_path, capsys):
+    SETUPS[setup](tmp_path)
+    got_code, _, err = run_cli(_expand(argv, tmp_path), capsys)
+    lines = err.strip().splitlines()
+    assert got_code == code, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("hookmech: error: "), err
+    assert message in lines[0], err
+    assert "Traceback" not in err and "unexpected" not in err, err
+
+
+def test_every_row_has_a_unique_id():
+    ids = [row[0] for row in ROWS]
+    assert ids and len(ids) == len(set(ids))
+
+
+# -- path patching: pairs left out are a note, not a row of zeros ---------------------------------
+def test_a_resid_cross_product_prints_the_pairs_that_meet_and_one_note(capsys):
+    argv = [*PATCH, "--sender", "L0.block_out@key", "--receiver", "L1.block_in@key,L1.block_in@value", "--via", "resid"]
+    code, out, err = run_cli(_expand(argv, Path(".")), capsys)
+    assert code == 0, err
+    assert "L1.block_in@key" in out and "L1.block_in@value" not in out
+    assert err.splitlines() == [
+        "hookmech: note: 1 of 2 resid pairs left out: a resid path carries a position's value to the same "
+        "position only, and their positions never coincide (e.g. L0.block_out@key -> L1.block_in@value)"
+    ]
