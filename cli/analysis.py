@@ -8,6 +8,7 @@ import click
 
 from .common import (
     CONTEXT,
+    EXAMPLES_SEED,
     device_option,
     load_model_and_task,
     max_batch_option,
@@ -56,7 +57,7 @@ def sites(ckpt, as_json):
 @click.command(context_settings=CONTEXT)
 @click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
 @click.option("--n", type=int, default=320, show_default=True, help="number of examples")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples")
+@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
 @click.option("--sites", "site_specs", multiple=True, help="sites to store (default: all block-level sites)")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
 @click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True)
@@ -120,7 +121,9 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     help="examples from a dataset file (hookmech data ... -o FILE) instead of --n/--seed",
 )
 @click.option("--n", type=int, default=320, show_default=True, help="examples, without --cache")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples, without --cache")
+@click.option(
+    "--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples, without --cache"
+)
 @click.option(
     "--method",
     type=click.Choice(["exact", "atp", "atp-star"]),

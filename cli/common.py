@@ -11,10 +11,14 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
+from hookmech import seeds
+
 if TYPE_CHECKING:  # tqdm is imported when a bar is drawn
     from tqdm import tqdm
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+#: the default ``--seed`` of the commands that draw examples
+EXAMPLES_SEED = seeds.EXAMPLES_SEED
 
 
 def split_flag(values) -> list[str]:

@@ -6,6 +6,7 @@ import click
 
 from .common import (
     CONTEXT,
+    EXAMPLES_SEED,
     device_option,
     load_model_and_task,
     max_batch_option,
@@ -43,7 +44,7 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 @click.option(
     "--n", type=int, default=320, show_default=True, help="examples (checkpoint: patched; sweep: per heatmap)"
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples")
+@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
 @threshold_option
 @max_batch_option
 @click.option(

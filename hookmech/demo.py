@@ -13,6 +13,7 @@ from .checkpoint import load
 from .errors import HookmechError
 from .fileio import sha256_of
 from .patching import patch
+from .seeds import EXAMPLES_SEED
 from .sites import resolve_sites
 from .tables import format_records
 from .tasks import from_checkpoint
@@ -108,7 +109,7 @@ def contrast(results: list[tuple[str, list[dict[str, Any]]]], site: str = DEMO_S
 def run_demo(
     fixtures: str | Path | None = None,
     n: int = 320,
-    seed: int = 1,
+    seed: int = EXAMPLES_SEED,
     out: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Cache, patch and explain each fixture checkpoint; print as it goes; return all records."""

@@ -40,6 +40,7 @@ import numpy as np
 
 from .errors import HookmechError, UsageError, unknown
 from .fileio import TEMP_NAME, atomic_path, read_json, sha256_of, temp_owner_gone, temp_prefix, write_text_atomic
+from .seeds import EXAMPLES_SEED
 
 SWEPT = ("d_model", "lr", "seed")
 POSITIONS = ("key", "value", "query")
@@ -653,7 +654,7 @@ def build_report(
     *,
     runs: Sequence[str] | None = None,
     n: int = 320,
-    seed: int = 0,
+    seed: int = EXAMPLES_SEED,
     heatmaps: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> Path:

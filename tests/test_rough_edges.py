@@ -43,3 +43,17 @@ def test_other_routes_keep_every_pair_without_a_note(ar_task):
         warnings.simplefilter("error", PathSkippedWarning)
         records = path_patch(model, batch, "L0.mixer.z[0]@key", ["L1.mixer.k@key", "L1.mixer.k@value"], "head")
     assert len(records) == 2
+
+
+# -- one default seed of the examples -------------------------------------------------------------
+def test_the_examples_seed_has_one_default_everywhere():
+    import inspect
+
+    import hookmech.tasks
+    from hookmech.demo import run_demo
+    from hookmech.report import build_report
+    from hookmech.view import sweep_page_data
+
+    assert hookmech.tasks.EXAMPLES_SEED == 1  # the seed of every published number (docs/guide.md, "Seeds")
+    for function in (run_demo, build_report, sweep_page_data):
+        assert inspect.signature(function).parameters["seed"].default == hookmech.tasks.EXAMPLES_SEED, function

@@ -62,3 +62,21 @@ def test_a_resid_cross_product_prints_the_pairs_that_meet_and_one_note(capsys):
         "hookmech: note: 1 of 2 resid pairs left out: a resid path carries a position's value to the same "
         "position only, and their positions never coincide (e.g. L0.block_out@key -> L1.block_in@value)"
     ]
+
+
+# -- one default seed of the examples -------------------------------------------------------------
+@pytest.mark.parametrize("command", ["cache", "patch", "view", "report", "data"])
+def test_commands_drawing_examples_default_to_the_one_examples_seed(command):
+    from hookmech.cli.main import cli
+
+    (seed,) = [param for param in cli.commands[command].params if param.name == "seed"]
+    assert seed.default == 1, command  # hookmech.tasks.EXAMPLES_SEED, the demo's and the docs' seed
+
+
+def test_patch_without_a_seed_is_patch_with_seed_1(capsys):
+    argv = _expand([*PATCH, "--site", "L1.block_in", "--pos", "key,value", "--json"], Path("."))
+    code, default, err = run_cli(argv, capsys)
+    assert code == 0, err
+    code, seed_1, err = run_cli([*argv, "--seed", "1"], capsys)
+    assert code == 0, err
+    assert default == seed_1
