@@ -67,6 +67,10 @@ def read_sweep_results(runs_dir: str | Path) -> list[dict[str, Any]]:
     text, a cell
     of a number column (`NUMBER_COLUMNS`, ``attr:*``) that is not a finite number, an accuracy
     or probability outside [0, 1], a finished run without dev_acc, or no runs at all.
+
+    results.csv has a d_model column only when the grid varies it; without one, each row gets
+    its run's d_model from ``runs_dir/<run_id>/run.json`` (`runs_d_model`), so that a sweep of
+    one width reports it.
     """
     from .sweep import read_results
 
@@ -78,7 +82,32 @@ def read_sweep_results(runs_dir: str | Path) -> list[dict[str, Any]]:
     for line, row, run_id in zip(lines, rows, run_ids, strict=True):
         row["run_id"] = run_id
         _check_row(path, line, row)
+    if "d_model" not in rows[0]:
+        for row, d_model in zip(rows, runs_d_model(runs_dir, run_ids), strict=True):
+            row["d_model"] = d_model
     return rows
+
+
+def runs_d_model(runs_dir: str | Path, run_ids: Sequence[str]) -> list[int | None]:
+    """Return the d_model of each run, ``model_config.d_model`` of ``runs_dir/<run_id>/run.json``,
+    None for a run without a run.json (not started); a HookmechError naming a run.json that is
+    not JSON or whose d_model is not a positive integer."""
+    found: list[int | None] = []
+    for run_id in run_ids:
+        path = Path(runs_dir) / run_id / "run.json"
+        if not path.is_file():
+            found.append(None)
+            continue
+        run = read_json(path)
+        config = run.get("model_config") if isinstance(run, dict) else None
+        d_model = config.get("d_model") if isinstance(config, dict) else None
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+            raise HookmechError(
+                f"{path}: model_config.d_model {d_model!r} is not a positive integer; is it a run.json "
+                "written by `hookmech train`?"
+            )
+        found.append(d_model)
+    return found
 
 
 def _csv_table(path: Path) -> list[tuple[int, list[str]]]:
@@ -847,7 +876,7 @@ class _Report:
             plot_accuracy(summary, self.out_dir / "accuracy_vs_d_model.png", self.title)
             figures += [_md_image("accuracy vs d_model", "accuracy_vs_d_model.png"), ""]
         else:
-            figures += ["No accuracy-vs-d_model figure: results.csv has no d_model.", ""]
+            figures += ["No accuracy-vs-d_model figure: neither results.csv nor the runs' run.json give a d_model.", ""]
         if lr_curves(rows, keys):
             plot_lr_sensitivity(rows, keys, self.out_dir / "lr_sensitivity.png", self.title)
             figures += [_md_image("learning-rate sensitivity", "lr_sensitivity.png"), ""]

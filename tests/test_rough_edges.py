@@ -9,14 +9,15 @@ import pytest
 from helpers import ENGINE_TOL, make_model, unit_variance
 
 from hookmech.errors import UsageError
-from hookmech.patching import PathSkippedWarning, path_patch
+from hookmech import patching
+from hookmech.patching import path_patch
 
 
 # -- path patching: a resid pair whose positions never meet ---------------------------------------
 def test_a_resid_pair_that_never_meets_is_left_out_of_a_cross_product_with_a_note(ar_task):
     model = unit_variance(make_model(ar_task, mixers="attention", d_model=16))
     batch = ar_task.sample(6, seed=4)
-    with pytest.warns(PathSkippedWarning, match=r"1 of 2 resid pairs left out.*L0.block_in@key -> L1.block_in@value"):
+    with pytest.warns(patching.PathSkippedWarning, match=r"1 of 2 resid pairs left out.*L0.block_in@key -> L1.block_in@value"):
         records = path_patch(model, batch, "L0.block_in@key", ["L1.block_in@key", "L1.block_in@value"], "resid")
     assert [(r["sender"], r["receiver"]) for r in records] == [("L0.block_in@key", "L1.block_in@key")]
     assert abs(records[0]["p_patched"] - records[0]["p_corrupt"]) > 2 * ENGINE_TOL
@@ -29,7 +30,7 @@ def test_resid_paths_at_all_positions_keep_the_diagonal_only(ar_task):
     model = unit_variance(make_model(ar_task, mixers="attention", d_model=16))
     batch = ar_task.sample(4, seed=2)
     n_pos = batch.tokens.shape[1]
-    with pytest.warns(PathSkippedWarning, match=f"{n_pos * n_pos - n_pos} of {n_pos * n_pos} resid pairs"):
+    with pytest.warns(patching.PathSkippedWarning, match=f"{n_pos * n_pos - n_pos} of {n_pos * n_pos} resid pairs"):
         records = path_patch(model, batch, "L0.block_out@all", "L1.block_in@all", "resid")
     assert [(r["sender"], r["receiver"]) for r in records] == [
         (f"L0.block_out@{p}", f"L1.block_in@{p}") for p in range(n_pos)
@@ -40,7 +41,7 @@ def test_other_routes_keep_every_pair_without_a_note(ar_task):
     model = unit_variance(make_model(ar_task, mixers="attention", d_model=16, layer_options=[{"n_heads": 2}] * 2))
     batch = ar_task.sample(4, seed=2)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", PathSkippedWarning)
+        warnings.simplefilter("error", patching.PathSkippedWarning)
         records = path_patch(model, batch, "L0.mixer.z[0]@key", ["L1.mixer.k@key", "L1.mixer.k@value"], "head")
     assert len(records) == 2
 
@@ -57,3 +58,61 @@ def test_the_examples_seed_has_one_default_everywhere():
     assert hookmech.tasks.EXAMPLES_SEED == 1  # the seed of every published number (docs/guide.md, "Seeds")
     for function in (run_demo, build_report, sweep_page_data):
         assert inspect.signature(function).parameters["seed"].default == hookmech.tasks.EXAMPLES_SEED, function
+
+
+# -- report: a sweep with one d_model -------------------------------------------------------------
+def _one_d_model_sweep(tmp_path):
+    """A sweep folder whose grid varies arch and seed only: results.csv has no d_model column;
+    each run's run.json says d_model 64."""
+    import json
+
+    from hookmech.sweep import write_results
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    rows = []
+    for arch, acc in (("attention", 1.0), ("mamba", 0.5)):
+        for seed in (0, 1):
+            run_id = f"{arch}_s{seed}"
+            (runs / run_id).mkdir()
+            (runs / run_id / "run.json").write_text(json.dumps({"model_config": {"d_model": 64, "mixers": [arch]}}))
+            rows.append({"run_id": run_id, "arch": arch, "seed": seed, "status": "finished", "dev_acc": acc - 0.1 * seed,
+                         "dev_p_answer": 0.5, "steps": 4, "seconds": 1.0})
+    write_results(rows, runs / "results.csv")
+    (runs / "sweep.json").write_text(json.dumps({"name": "one-d", "grid": {"arch": ["attention", "mamba"], "seed": [0, 1]}}))
+    return runs
+
+
+def test_a_report_of_one_d_model_reads_it_from_run_json_and_draws_it(tmp_path):
+    from hookmech.report import build_report, read_sweep_results
+
+    runs = _one_d_model_sweep(tmp_path)
+    assert [row["d_model"] for row in read_sweep_results(runs)] == [64, 64, 64, 64]
+    report = build_report(runs, tmp_path / "report", heatmaps=False).read_text()
+    assert "| attention | 64 |" in report and "| mamba | 64 |" in report
+    assert "![accuracy vs d_model](accuracy_vs_d_model.png)" in report
+    assert (tmp_path / "report" / "accuracy_vs_d_model.png").stat().st_size > 0
+
+
+def test_the_sweep_page_has_the_d_model_of_run_json(tmp_path):
+    from hookmech.view import sweep_page_data
+
+    data = sweep_page_data(_one_d_model_sweep(tmp_path), heatmaps=False)
+    assert {entry["d_model"] for entry in data["summary"]} == {64}
+
+
+def test_a_run_json_with_a_bad_d_model_is_one_error_naming_it(tmp_path):
+    import json
+
+    from hookmech.errors import HookmechError
+    from hookmech.report import read_sweep_results
+
+    runs = _one_d_model_sweep(tmp_path)
+    (runs / "mamba_s1" / "run.json").write_text(json.dumps({"model_config": {"d_model": "wide"}}))
+    with pytest.raises(HookmechError, match=r"mamba_s1/run.json: model_config.d_model 'wide' is not"):
+        read_sweep_results(runs)
+    (runs / "mamba_s1" / "run.json").write_text("{")
+    with pytest.raises(HookmechError, match=r"mamba_s1/run.json: not valid JSON"):
+        read_sweep_results(runs)
+    (runs / "mamba_s1" / "run.json").unlink()  # a run never started: no d_model, the others keep theirs
+    assert [row["d_model"] for row in read_sweep_results(runs)] == [64, 64, 64, None]
