@@ -116,3 +116,25 @@ def test_a_run_json_with_a_bad_d_model_is_one_error_naming_it(tmp_path):
         read_sweep_results(runs)
     (runs / "mamba_s1" / "run.json").unlink()  # a run never started: no d_model, the others keep theirs
     assert [row["d_model"] for row in read_sweep_results(runs)] == [64, 64, 64, None]
+
+
+# -- DAS: the same numbers at any thread count ----------------------------------------------------
+def test_das_gives_the_same_bases_and_records_with_one_or_two_threads(trained_attention, tmp_path):
+    """The first gradient of the orthogonal parametrisation differs in its last bits between 1 and 2
+    threads (reduction order), and training amplified it (K = 1, 200 steps: attribution 0.089 vs
+    0.142); DAS now computes on one thread whatever torch's setting, and leaves the setting as it was."""
+    import torch
+
+    import hookmech
+    from hookmech.cache import write_cache
+
+    _, model, task = trained_attention
+    cache = write_cache(model, task.sample(200, seed=1), tmp_path / "c.h5", ["blocks.1.hook_resid_pre"])
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        results.append(hookmech.das.train(model, cache, "L1.block_in", "value", dims=[1], steps=40, seed=0))
+        assert torch.get_num_threads() == threads
+    one, two = results
+    assert one.records == two.records
+    assert torch.equal(one.bases["dim1"], two.bases["dim1"])
