@@ -85,7 +85,7 @@ def test_cli_path_patch_calls_path_patch_and_prints_the_route(capsys):
     assert code == 0, err
     records = json.loads(out)
     task = hookmech.tasks.from_checkpoint(mamba)
-    expected = path_patch(hookmech.load(mamba), task.sample(12, seed=0), "L0.mixer.in_x@key",
+    expected = path_patch(hookmech.load(mamba), task.sample(12, seed=1), "L0.mixer.in_x@key",
                           ["L0.mixer.conv@value", "L0.mixer.conv@whole"], "conv", metric="log_p")
     assert [(r["sender"], r["receiver"], r["via"]) for r in records] == [
         ("L0.mixer.in_x@key", "L0.mixer.conv@value", "conv"), ("L0.mixer.in_x@key", "L0.mixer.conv@whole", "conv")]
