@@ -13,6 +13,8 @@ from .common import (
     load_model_and_task,
     max_batch_option,
     notes_of,
+    patch_count,
+    path_count,
     progress,
     refuse_overwriting_inputs,
     set_threads,
@@ -261,8 +263,10 @@ def patch(
         if cache_path is not None:
             # the one identity check; the checkpoint file checks an older cache without model_hash
             source.check_model(model, checkpoint=ckpt, hooks=())
+        batch = source.batch() if isinstance(source, CacheFile) else source
         if via is not None:
-            with notes_of(PathSkippedWarning):
+            total = path_count(model, batch, split_flag(senders), split_flag(receivers))
+            with notes_of(PathSkippedWarning), progress(total, "patching", unit="patch") as advance:
                 records = path_patch(
                     model,
                     source,
@@ -274,24 +278,28 @@ def patch(
                     per_example=per_example is not None,
                     metric=metric,
                     context_memory=context_memory << 20,
+                    progress=advance,
                 )
         else:
-            records = run_patch(
-                model,
-                source,
-                split_flag(site_specs),
-                split_flag(pos_specs),
-                method=method,
-                threshold=threshold,
-                max_batch=max_batch,
-                per_example=per_example is not None,
-                metric=metric,
-                direction=direction,
-                ablate=ablate,
-                ablate_seed=ablate_seed,
-                context_memory=context_memory << 20,
-                graddrop=graddrop,
-            )
+            total = patch_count(model, batch, split_flag(site_specs), split_flag(pos_specs))
+            with progress(total, "patching", unit="patch") as advance:
+                records = run_patch(
+                    model,
+                    source,
+                    split_flag(site_specs),
+                    split_flag(pos_specs),
+                    method=method,
+                    threshold=threshold,
+                    max_batch=max_batch,
+                    per_example=per_example is not None,
+                    metric=metric,
+                    direction=direction,
+                    ablate=ablate,
+                    ablate_seed=ablate_seed,
+                    context_memory=context_memory << 20,
+                    graddrop=graddrop,
+                    progress=advance,
+                )
         if verify_top:
             from hookmech.patching import verify_top as verify
 

@@ -100,7 +100,7 @@ def das(
         # the one identity check; the checkpoint file checks an older cache without model_hash
         cache.check_model(model, checkpoint=ckpt, hooks=())
         total = steps * (1 if boundless else len(dims or []))
-        with progress(total, "das") as advance:
+        with progress(total, "das", unit="step") as advance:
             result = train(
                 model,
                 cache,

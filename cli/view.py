@@ -10,6 +10,8 @@ from .common import (
     device_option,
     load_model_and_task,
     max_batch_option,
+    patch_count,
+    progress,
     refuse_overwriting_inputs,
     set_threads,
     split_flag,
@@ -151,7 +153,7 @@ def _checkpoint_data(ckpt, cache_path, site_specs, pos_specs, n, seed, threshold
     from pathlib import Path
 
     from hookmech.cache import CacheFile, UnverifiedCacheWarning
-    from hookmech.view import checkpoint_page_data
+    from hookmech.view import checkpoint_page_data, default_positions
 
     model, task = load_model_and_task(ckpt, device)
     about = {"source": ckpt if cache_path is None else f"{ckpt} with the cache {cache_path}"}
@@ -160,20 +162,27 @@ def _checkpoint_data(ckpt, cache_path, site_specs, pos_specs, n, seed, threshold
     try:
         if cache_path is not None:
             source.check_model(model, checkpoint=ckpt, hooks=())
-        with warnings.catch_warnings():
+        batch = source.batch() if isinstance(source, CacheFile) else source
+        sites = split_flag(site_specs) or ["all"]
+        positions = split_flag(pos_specs) or default_positions(task, batch)
+        with (
+            warnings.catch_warnings(),
+            progress(patch_count(model, batch, sites, positions), "patching", "patch") as advance,
+        ):
             # an older cache without a model_hash was checked above, by the checkpoint file's hash
             warnings.simplefilter("ignore", UnverifiedCacheWarning)
             data = checkpoint_page_data(
                 model,
                 task,
                 source,
-                sites=split_flag(site_specs) or ["all"],
-                positions=split_flag(pos_specs) or None,
+                sites=sites,
+                positions=positions,
                 threshold=threshold,
                 max_batch=max_batch,
                 map_examples=maps,
                 map_budget=int(maps_mib * 2**20),
                 about=about,
+                progress=advance,
             )
     finally:
         if cache_path is not None:

@@ -138,3 +138,28 @@ def test_das_gives_the_same_bases_and_records_with_one_or_two_threads(trained_at
     one, two = results
     assert one.records == two.records
     assert torch.equal(one.bases["dim1"], two.bases["dim1"])
+
+
+# -- progress of patch and path_patch -------------------------------------------------------------
+@pytest.mark.parametrize("method", ["exact", "atp", "atp-star"])
+def test_patch_reports_progress_in_records(trained_attention, method):
+    from hookmech.patching import patch
+
+    _, model, task = trained_attention
+    done: list[int] = []
+    records = patch(model, task.sample(8, seed=1), ["all"], ["key", "value", "all"], method=method,
+                    progress=done.append)
+    assert sum(done) == len(records) == 14 * (2 + 11)
+    if method == "exact":
+        assert done == [13] * 14  # one call per site, as it finishes
+
+
+def test_path_patch_reports_progress_in_pairs_skipped_ones_included(ar_task):
+    model = unit_variance(make_model(ar_task, mixers="attention", d_model=16))
+    done: list[int] = []
+    with pytest.warns(patching.PathSkippedWarning):
+        records = path_patch(model, ar_task.sample(4, seed=2), "L0.block_out@all", "L1.block_in@all", "resid",
+                             progress=done.append)
+    n_pos = 9  # BOS k v k v k v DIV q
+    assert done == [n_pos] * n_pos  # each sender position with every receiver position, left-out ones too
+    assert len(records) == n_pos  # each position to itself

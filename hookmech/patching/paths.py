@@ -91,7 +91,8 @@ def path_patch(
     receiver position) pair that coincides in no row is left out, with one `PathSkippedWarning`
     naming how many were and one of them; when no pair is left, a UsageError (a single such
     pair is refused the same way). `progress(k)` is called after each sender position of each
-    (sender site, receiver site) pair with its k receiver positions (the records it made).
+    (sender site, receiver site) pair with its k receiver positions, left-out pairs included (the
+    calls add up to the number of (sender, receiver) pairs of sites and positions).
     """
     check_patchable(model, paths=True)
     if via not in VIA:
@@ -152,12 +153,14 @@ def path_patch(
             for s_patch in s_patches:
                 met = r_patches if via != "resid" else [r for r in r_patches if _same_position(s_patch, r)]
                 if not met:
+                    if progress is not None:
+                        progress(len(r_patches))
                     continue
                 change = model.path_change(ends, runs.acts, s_patch.mask.to(runs.device), s_target.head)
                 plan = TargetPlan(target, pos_axis, head_axis, base + change, base)
                 probs, values = patched_rows(model, runs, site, met, scorer, options, plans=[plan])
                 if progress is not None:
-                    progress(len(met))
+                    progress(len(r_patches))
                 for r_patch, row_probs, row_values in zip(met, probs, values, strict=True):
                     record = {
                         "sender": f"{s_target.site_label}@{s_patch.label}",

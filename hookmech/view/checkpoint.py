@@ -20,7 +20,7 @@ Rendering is `hookmech.view.page`'s; nothing here writes HTML.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,7 @@ def checkpoint_page_data(
     map_budget: int = MAP_BUDGET,
     top_k: int = TOP_K,
     about: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Return the page data of `model` on `source` (a `Batch`, or an activation cache of this
     model: path or open `CacheFile`): ``{"kind": "checkpoint", "about", "model", "records",
@@ -80,6 +81,7 @@ def checkpoint_page_data(
     role of the task, `default_positions`) with `threshold` and `max_batch`, without their
     per-row lists; ``cells[i]`` holds record i's per-row ``p_patched`` and the `top_k` rows of
     largest and smallest effect. `about` (JSON-able) is shown as the page's description.
+    `progress` is `patch`'s (called as records are done).
     """
     from ..patching import patch
 
@@ -89,7 +91,14 @@ def checkpoint_page_data(
         batch = source.batch() if isinstance(source, CacheFile) else source
         positions = list(positions) if positions is not None else default_positions(task, batch)
         records = patch(
-            model, source, list(sites), positions, threshold=threshold, max_batch=max_batch, per_example=True
+            model,
+            source,
+            list(sites),
+            positions,
+            threshold=threshold,
+            max_batch=max_batch,
+            per_example=True,
+            progress=progress,
         )
     p_clean_rows, p_corrupt_rows = records[0]["p_clean_rows"], records[0]["p_corrupt_rows"]
     cells = []

@@ -80,3 +80,56 @@ def test_patch_without_a_seed_is_patch_with_seed_1(capsys):
     code, seed_1, err = run_cli([*argv, "--seed", "1"], capsys)
     assert code == 0, err
     assert default == seed_1
+
+
+# -- progress bars on a terminal ------------------------------------------------------------------
+def _terminal(monkeypatch):
+    """Make the captured stderr say it is a terminal (the bars are drawn only then)."""
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+
+
+def test_patch_draws_a_bar_of_patches_on_a_terminal_only(capsys, monkeypatch):
+    import re
+
+    argv = _expand([*PATCH, "--site", "all", "--pos", "key,value"], Path("."))
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0 and err == "", err
+    _terminal(monkeypatch)
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert re.search(r"patching: 100%.* 28/28 \[.*patch", err), err
+
+
+def test_a_path_patch_draws_a_bar_of_pairs(capsys, monkeypatch):
+    import re
+
+    _terminal(monkeypatch)
+    argv = [*PATCH, "--sender", "L0.block_out@all", "--receiver", "L1.block_in@key,L1.block_in@value", "--via", "resid"]
+    code, _, err = run_cli(_expand(argv, Path(".")), capsys)
+    assert code == 0, err
+    assert re.search(r"patching: 100%.* 22/22 \[.*patch", err), err  # 11 sender positions x 2 receivers
+
+
+def test_view_draws_a_bar_of_patches(tmp_path, capsys, monkeypatch):
+    import re
+
+    _terminal(monkeypatch)
+    code, _, err = run_cli(["view", "--ckpt", FIXTURE, "--n", "8", "--site", "L*.block_in", "-o", tmp_path / "p.html"],
+                           capsys)
+    assert code == 0, err
+    assert re.search(r"patching: 100%.* 8/8 \[.*patch", err), err  # 2 sites x the 4 roles
+
+
+def test_das_counts_steps_not_examples(tmp_path, capsys, monkeypatch):
+    import re
+
+    code, _, err = run_cli(["cache", "--ckpt", FIXTURE, "--n", "40", "--sites", "L1.block_in", "-o", tmp_path / "c.h5"],
+                           capsys)
+    assert code == 0, err
+    _terminal(monkeypatch)
+    code, _, err = run_cli(["das", "--ckpt", FIXTURE, "--cache", tmp_path / "c.h5", "--site", "L1.block_in", "--pos",
+                            "value", "--dim", "1,2", "--steps", "3", "-o", tmp_path / "das"], capsys)
+    assert code == 0, err
+    assert re.search(r"das: 100%.* 6/6 \[.*step", err) and "ex/s" not in err and "s/ex" not in err, err
