@@ -509,15 +509,19 @@ def plot_attribution_summary(
     _save(fig, path)
 
 
-def plot_heatmap(records: Sequence[dict[str, Any]], path: Path, title: str) -> None:
-    """Site (rows) × position (columns) attribution heatmap, values written in the cells."""
+def plot_heatmap(
+    records: Sequence[dict[str, Any]], path: str | Path, title: str, *, rows: str = "site", columns: str = "pos"
+) -> None:
+    """Site (rows) × position (columns) attribution heatmap, values written in the cells, as a
+    PNG at `path`. `rows` and `columns` name the record fields laid out (a path patch's
+    ``"sender"`` and ``"receiver"``); an empty cell is a pair without a record or attribution."""
     plt = _pyplot()
-    sites = list(dict.fromkeys(r["site"] for r in records))
-    positions = list(dict.fromkeys(r["pos"] for r in records))
+    sites = list(dict.fromkeys(r[rows] for r in records))
+    positions = list(dict.fromkeys(r[columns] for r in records))
     grid = np.full((len(sites), len(positions)), np.nan)
     for record in records:
         if record["attribution"] is not None:
-            grid[sites.index(record["site"]), positions.index(record["pos"])] = record["attribution"]
+            grid[sites.index(record[rows]), positions.index(record[columns])] = record["attribution"]
     fig, ax = plt.subplots(figsize=(1.2 * len(positions) + 2.5, 0.4 * len(sites) + 1.5))
     image = ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
     for (i, j), value in np.ndenumerate(grid):
@@ -531,14 +535,14 @@ def plot_heatmap(records: Sequence[dict[str, Any]], path: Path, title: str) -> N
                 fontsize=7,
                 color="white" if abs(value) > 0.6 else "black",
             )
-    ax.set_xticks(range(len(positions)), positions)
+    ax.set_xticks(range(len(positions)), positions, rotation=90 if columns != "pos" else 0)
     ax.set_yticks(range(len(sites)), sites)
-    ax.set_xlabel("patched position")
-    ax.set_ylabel("patched site")
+    ax.set_xlabel("patched position" if columns == "pos" else columns)
+    ax.set_ylabel("patched site" if rows == "site" else rows)
     ax.grid(False)
     fig.colorbar(image, ax=ax, label="attribution")
     ax.set_title(title, fontsize=9)
-    _save(fig, path)
+    _save(fig, Path(path))
 
 
 def plot_dynamics(metrics: Sequence[dict[str, Any]], path: Path, title: str) -> bool:

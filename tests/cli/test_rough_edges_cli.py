@@ -24,15 +24,27 @@ def _nothing(tmp: Path) -> None:
 #: setups by name: each prepares files under the test's temporary folder
 SETUPS = {"none": _nothing}
 
+def _folder(tmp: Path) -> None:
+    (tmp / "plots").mkdir()
+
+
+SETUPS["folder"] = _folder
+NODES = [*PATCH, "--site", "L1.block_in", "--pos", "key,value"]
+
 ROWS = [
     ("path-resid-single-pair-never-meets", "none",
      [*PATCH, "--sender", "L0.block_out@key", "--receiver", "L1.block_in@value", "--via", "resid"], 2,
      "a resid path carries a position's value to the same position only"),
+    ("patch-csv-and-json", "none", [*NODES, "--csv", "--json"], 2, "--csv or --json, not both"),
+    ("patch-out-not-png", "none", [*NODES, "-o", "{tmp}/heatmap.csv"], 2,
+     "-o writes the heatmap as PNG: give a file name ending in .png"),
+    ("patch-out-a-folder", "folder", [*NODES, "-o", "{tmp}/plots"], 2, "plots is a folder; give the heatmap's file name"),
+    ("patch-out-onto-the-checkpoint", "none", [*NODES, "-o", "{ckpt}"], 2, "-o writes the heatmap as PNG"),
 ]  # fmt: skip
 
 
 def _expand(argv: list[str], tmp: Path) -> list[str]:
-    return [arg.replace("{tmp}", str(tmp)).replace("{ckpt}", str(FIXTURE)) for arg in argv]
+    return [str(arg).replace("{tmp}", str(tmp)).replace("{ckpt}", str(FIXTURE)) for arg in argv]
 
 
 @pytest.mark.parametrize(("setup", "argv", "code", "message"), [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
@@ -133,3 +145,53 @@ def test_das_counts_steps_not_examples(tmp_path, capsys, monkeypatch):
                             "value", "--dim", "1,2", "--steps", "3", "-o", tmp_path / "das"], capsys)
     assert code == 0, err
     assert re.search(r"das: 100%.* 6/6 \[.*step", err) and "ex/s" not in err and "s/ex" not in err, err
+
+
+# -- patch --csv and -o heatmap.png ---------------------------------------------------------------
+def test_patch_csv_has_the_numbers_of_patch_json(capsys):
+    import csv
+    import io
+    import json
+
+    argv = _expand([*PATCH, "--site", "L*.block_in", "--pos", "key,value"], Path("."))
+    code, out, err = run_cli([*argv, "--json"], capsys)
+    assert code == 0, err
+    records = json.loads(out)
+    code, out, err = run_cli([*argv, "--csv"], capsys)
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert list(rows[0]) == list(records[0])  # the records' fields, in their order
+    assert len(rows) == len(records) == 4
+    for row, record in zip(rows, records, strict=True):
+        for field, value in record.items():
+            if isinstance(value, bool):
+                assert row[field] == str(value).lower()
+            elif isinstance(value, float):
+                assert float(row[field]) == value, field  # every digit
+            else:
+                assert row[field] == str(value), field
+
+
+@pytest.mark.parametrize(("extra", "rows", "columns"), [
+    (["--site", "L*.block_in", "--pos", "key,value,query"], ["L0.block_in", "L1.block_in"], ["key", "value", "query"]),
+    (["--sender", "L0.block_out@key,L0.block_out@value", "--receiver", "L1.block_in@key", "--via", "resid"],
+     ["L0.block_out@key"], ["L1.block_in@key"]),
+], ids=["nodes", "path"])
+def test_patch_out_draws_the_reports_heatmap_of_the_records(extra, rows, columns, tmp_path, capsys, monkeypatch):
+    import json
+
+    import hookmech.report
+
+    drawn = []
+    original = hookmech.report.plot_heatmap
+    monkeypatch.setattr(hookmech.report, "plot_heatmap", lambda *args, **kwargs: drawn.append((args, kwargs))
+                        or original(*args, **kwargs))
+    out = tmp_path / "heatmap.png"
+    code, printed, err = run_cli(_expand([*PATCH, *extra, "--json", "-o", out], tmp_path), capsys)
+    assert code == 0, err
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ((records, path, title), options), = drawn
+    assert records == json.loads(printed) and Path(path) == out and "attention_ar_cpu.safetensors" in title
+    assert list(dict.fromkeys(r[options.get("rows", "site")] for r in records)) == rows
+    assert list(dict.fromkeys(r[options.get("columns", "pos")] for r in records)) == columns
+    assert f"wrote {out}" in err
