@@ -29,6 +29,7 @@ CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
     ("--max-batch", "max_batch"),
     ("--threshold", "threshold"),
     ("--device", "device"),
+    ("--random-repeat-induction", "random_repeat_induction"),
 )
 SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 
@@ -63,6 +64,12 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
     "--run", "run_ids", multiple=True, help="sweep: runs for heatmaps and dynamics (default: best per series)"
 )
 @click.option("--no-heatmaps", is_flag=True, help="sweep: skip the heatmaps (they patch each selected run)")
+@click.option(
+    "--random-repeat-induction",
+    is_flag=True,
+    help="checkpoint: also show Olsson et al.'s prefix matching on random repeated tokens (out of the task's "
+    "distribution) beside the induction scores on the examples",
+)
 @device_option
 @threads_option
 @click.option("-o", "--out", "out_path", required=True, type=click.Path(), help="the HTML file to write")
@@ -83,13 +90,15 @@ def view(
     device,
     threads,
     out_path,
+    random_repeat_induction=False,
 ):
     """Write one HTML page (no network needed to open it) of a checkpoint or a sweep folder.
 
     With --ckpt (and --cache): the site x position attribution heatmap (hookmech patch's
     numbers); click a cell for its per-example p_clean / p_corrupt / p_patched and the examples
     of largest and smallest effect; per layer the effective attention of an example; the
-    induction scores. With RUNS_DIR: the interactive twin of every hookmech report figure.
+    induction scores on the examples (query -> value, value -> key). With RUNS_DIR: the
+    interactive twin of every hookmech report figure.
     """
     from pathlib import Path
 
@@ -129,7 +138,18 @@ def view(
         title = f"{data['title']}: sweep"
     else:
         data, title = _checkpoint_data(
-            ckpt, cache_path, site_specs, pos_specs, n, seed, threshold, max_batch, maps, maps_mib, device
+            ckpt,
+            cache_path,
+            site_specs,
+            pos_specs,
+            n,
+            seed,
+            threshold,
+            max_batch,
+            maps,
+            maps_mib,
+            device,
+            random_repeat_induction,
         )
     path = write_page(data, out_path, title)
     click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
@@ -147,7 +167,9 @@ def _given_options() -> set[str]:
     }
 
 
-def _checkpoint_data(ckpt, cache_path, site_specs, pos_specs, n, seed, threshold, max_batch, maps, maps_mib, device):
+def _checkpoint_data(
+    ckpt, cache_path, site_specs, pos_specs, n, seed, threshold, max_batch, maps, maps_mib, device, random_repeat
+):
     """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`) or the cache's rows."""
     import warnings
     from pathlib import Path
@@ -183,6 +205,7 @@ def _checkpoint_data(ckpt, cache_path, site_specs, pos_specs, n, seed, threshold
                 map_budget=int(maps_mib * 2**20),
                 about=about,
                 progress=advance,
+                random_repeat_induction=random_repeat,
             )
     finally:
         if cache_path is not None:

@@ -460,15 +460,29 @@
     page.append(induction);
     if (D.induction.error) induction.append(el("p", { class: "error", text: D.induction.error }));
     else {
-      induction.append(el("p", { class: "note", text: `Prefix matching (Olsson et al. 2022): on ${D.induction.batch} random sequences of ${D.induction.seq_len} distinct tokens repeated twice, the mean weight of M from each token of the second half to the token after its previous occurrence. 1: a perfect induction head.` }));
-      const table = el("table", {}, el("tr", {}, el("th", { text: "layer" }), el("th", { text: "mixer" }), el("th", { text: "head / channel mean" }), el("th", { text: "score" })));
-      for (const layer of D.induction.layers) {
-        layer.scores.forEach((score, h) => table.append(el("tr", {},
-          el("td", { text: String(layer.layer) }), el("td", { text: layer.mixer }),
-          el("td", { text: layer.per_channel ? "channel mean" : `head ${h}` }),
-          el("td", { class: "num" }, el("span", { class: "bar" + (score < 0 ? " neg" : ""), style: `width:${Math.round(Math.min(1, Math.abs(score)) * 160)}px` }), " ", fmt(score, 4)))));
+      const I = D.induction, U = I.uniform;
+      const scoreCell = (score) => el("td", { class: "num" }, el("span", { class: "bar" + (score < 0 ? " neg" : ""), style: `width:${Math.round(Math.min(1, Math.abs(score)) * 120)}px` }), " ", fmt(score, 4));
+      const head = (layer, h) => (layer.per_channel ? "channel mean" : `head ${h}`);
+      induction.append(el("p", { class: "note", text: `On the first ${I.n} examples, the mean weight of each layer's M (the effective attention) from the query on the value of its pair (query \u2192 value: an induction head reads the answer where its key was stored) and from the value on its key (value \u2192 key: the previous-token step that stores the key at the value; where the value comes first, the key on its value). Induction is value \u2192 key high in an earlier layer and query \u2192 value high in a later one. Uniform causal attention would score ${fmt(U["query->value"], 3)} and ${fmt(U["value->key"], 3)} on these rows (uniform over a window of w tokens: 1/w). Per-channel mixers: the channel mean of M, which can be negative.` }));
+      const table = el("table", { id: "induction" }, el("tr", {}, el("th", { text: "layer" }), el("th", { text: "mixer" }), el("th", { text: "head / channel mean" }),
+        ...I.names.map((name) => el("th", { text: name.replace("->", " \u2192 ") }))));
+      for (const layer of I.layers) {
+        layer.scores[I.names[0]].forEach((_, h) => table.append(el("tr", {},
+          el("td", { text: String(layer.layer) }), el("td", { text: layer.mixer }), el("td", { text: head(layer, h) }),
+          ...I.names.map((name) => scoreCell(layer.scores[name][h])))));
       }
       induction.append(table);
+      if (I.random_repeat) {
+        const R = I.random_repeat;
+        induction.append(el("h3", { text: "Prefix matching on random repeated tokens (out of the task's distribution)" }),
+          el("p", { class: "note", text: `Olsson et al. (2022): on ${R.rows} random sequences of ${R.seq_len} distinct tokens repeated twice, the mean weight of M from each token of the second half to the token after its previous occurrence; 1: a perfect induction head. A model trained on a task never saw such sequences: a low score here does not contradict induction on the task's documents above.` }));
+        const random = el("table", { id: "induction-random-repeat" }, el("tr", {}, el("th", { text: "layer" }), el("th", { text: "mixer" }), el("th", { text: "head / channel mean" }), el("th", { text: "prefix matching" })));
+        for (const layer of R.layers) {
+          layer.scores.forEach((score, h) => random.append(el("tr", {},
+            el("td", { text: String(layer.layer) }), el("td", { text: layer.mixer }), el("td", { text: head(layer, h) }), scoreCell(score))));
+        }
+        induction.append(random);
+      }
     }
 
     // start with the strongest cell that passes the filter

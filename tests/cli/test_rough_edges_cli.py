@@ -40,6 +40,8 @@ ROWS = [
      "-o writes the heatmap as PNG: give a file name ending in .png"),
     ("patch-out-a-folder", "folder", [*NODES, "-o", "{tmp}/plots"], 2, "plots is a folder; give the heatmap's file name"),
     ("patch-out-onto-the-checkpoint", "none", [*NODES, "-o", "{ckpt}"], 2, "-o writes the heatmap as PNG"),
+    ("view-random-repeat-of-a-sweep", "folder", ["view", "{tmp}/plots", "--random-repeat-induction", "-o",
+                                                 "{tmp}/p.html"], 2, "--random-repeat-induction belongs to checkpoint"),
 ]  # fmt: skip
 
 
@@ -195,3 +197,21 @@ def test_patch_out_draws_the_reports_heatmap_of_the_records(extra, rows, columns
     assert list(dict.fromkeys(r[options.get("rows", "site")] for r in records)) == rows
     assert list(dict.fromkeys(r[options.get("columns", "pos")] for r in records)) == columns
     assert f"wrote {out}" in err
+
+
+# -- the page's induction scores ------------------------------------------------------------------
+def test_view_shows_prefix_matching_on_random_repeats_only_when_asked(tmp_path, capsys):
+    import hookmech
+    from hookmech.view import read_page_data
+
+    page = tmp_path / "p.html"
+    code, _, err = run_cli(["view", "--ckpt", FIXTURE, "--n", "8", "--site", "L1.block_in", "--random-repeat-induction",
+                            "-o", page], capsys)
+    assert code == 0, err
+    data = read_page_data(page)["induction"]
+    assert data["names"] == ["query->value", "value->key"] and data["n"] == 8
+    repeated = hookmech.induction_scores(hookmech.load(FIXTURE), random_repeat=True)
+    assert [entry["scores"] for entry in data["random_repeat"]["layers"]] == [
+        by_name["prefix_matching"].tolist() for by_name in repeated.values()
+    ]
+    assert data["random_repeat"]["rows"] == 16 and data["random_repeat"]["seq_len"] == 5
