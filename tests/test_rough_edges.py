@@ -266,3 +266,45 @@ def test_induction_scores_say_what_they_need(ar_task, ar_model):
     batch.roles.pop("value")
     with pytest.raises(UsageError, match="the batch has no role 'value'"):
         hookmech.induction_scores(ar_model, batch)
+
+
+# -- the view page in a browser: the strip plot's rows, the induction table -----------------------
+from test_view_browser import _errors, _open, browser  # noqa: E402,F401  (the module's Chromium fixture)
+
+
+def _page(browser, tmp_path, capsys, *extra):
+    """Write the attention fixture's page (16 examples, the L*.block_in rows) and open it; return its path."""
+    from helpers import ATTENTION_FIXTURE, run_cli
+
+    page = tmp_path / "attention.html"
+    code, _, err = run_cli(["view", "--ckpt", ATTENTION_FIXTURE, "--n", "16", "--site", "L*.block_in", "--maps", "1",
+                            *extra, "-o", page], capsys)
+    assert code == 0, err
+    assert _errors(_open(browser, page)) == []
+    return page
+
+
+def test_the_strip_plot_names_its_rows(browser, tmp_path, capsys):  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    _page(browser, tmp_path, capsys)
+    browser.find_element(By.CSS_SELECTOR, 'rect.cell[data-site="L1.block_in"][data-pos="value"]').click()
+    strip = browser.find_element(By.CSS_SELECTOR, "#drill svg")
+    labels = [text.text for text in strip.find_elements(By.TAG_NAME, "text") if text.get_attribute("text-anchor") == "end"]
+    assert labels == ["clean", "corrupt", "patched"]  # were 0, 1, 2
+
+
+def test_the_induction_table_says_what_its_scores_mean(browser, tmp_path, capsys):  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    _page(browser, tmp_path, capsys, "--random-repeat-induction")
+    table = browser.find_element(By.ID, "induction")
+    assert [th.text for th in table.find_elements(By.TAG_NAME, "th")][-2:] == ["query → value", "value → key"]
+    rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in table.find_elements(By.TAG_NAME, "tr")[1:]]
+    assert [row[:3] for row in rows] == [["0", "attention", "head 0"], ["1", "attention", "head 0"]]
+    assert float(rows[1][3]) > 0.95 and float(rows[0][4]) > 0.95  # layer 1 query -> value, layer 0 value -> key
+    note = table.find_element(By.XPATH, "preceding-sibling::p[1]").text
+    assert "Induction is value → key high in an earlier layer and query → value high in a later one" in note
+    assert "Uniform causal attention would score" in note
+    heading = browser.find_element(By.ID, "induction-random-repeat").find_element(By.XPATH, "preceding-sibling::h3[1]")
+    assert "out of the task's distribution" in heading.text

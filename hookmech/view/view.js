@@ -117,8 +117,9 @@
     return String(Math.round(v * 1e6) / 1e6);
   }
 
-  // chart({title, xlabel, ylabel, xlog (base), ylog, ylim, width, height, series: [{name, color,
-  // points: [{x, y, lo, hi, tip}], line, band, bars, marker, dash}], extra(svg, sx, sy)})
+  // chart({title, xlabel, ylabel, xlog (base), ylog, ylim, yticks: [[value, label]] (named ticks
+  // instead of numbers), width, height, series: [{name, color, points: [{x, y, lo, hi, tip}], line,
+  // band, bars, marker, dash}], extra(svg, sx, sy)})
   function chart(spec) {
     const width = spec.width || 460, height = spec.height || 300;
     const margin = { left: 58, right: spec.legendRight === false ? 12 : spec.legendWidth || 150, top: spec.title ? 26 : 10, bottom: 42 };
@@ -141,14 +142,15 @@
     const svg = sv("svg", { width, height, viewBox: `0 0 ${width} ${height}` });
     if (spec.title) svg.append(sv("text", { x: margin.left, y: 16, class: "title", text: spec.title }));
     const xt = spec.xlog ? logTicks(x0, x1, spec.xlog, xs) : niceTicks(x0, x1);
-    const yt = spec.ylog ? logTicks(Math.exp(Y0), Math.exp(Y1), 10, []) : niceTicks(spec.ylim ? y0 : Y0, spec.ylim ? y1 : Y1);
+    const yt = spec.yticks ? spec.yticks.map(([v]) => v) : spec.ylog ? logTicks(Math.exp(Y0), Math.exp(Y1), 10, []) : niceTicks(spec.ylim ? y0 : Y0, spec.ylim ? y1 : Y1);
+    const ylabelOf = spec.yticks ? new Map(spec.yticks) : null;
     for (const v of xt) {
       svg.append(sv("line", { x1: sx(v), x2: sx(v), y1: margin.top, y2: margin.top + plotH, class: "grid" }));
       svg.append(sv("text", { x: sx(v), y: margin.top + plotH + 14, "text-anchor": "middle", text: tickLabel(v) }));
     }
     for (const v of yt) {
       svg.append(sv("line", { x1: margin.left, x2: margin.left + plotW, y1: sy(v), y2: sy(v), class: "grid" }));
-      svg.append(sv("text", { x: margin.left - 5, y: sy(v) + 4, "text-anchor": "end", text: tickLabel(v) }));
+      svg.append(sv("text", { x: margin.left - 5, y: sy(v) + 4, "text-anchor": "end", class: "ytick", text: ylabelOf ? ylabelOf.get(v) : tickLabel(v) }));
     }
     svg.append(sv("rect", { x: margin.left, y: margin.top, width: plotW, height: plotH, fill: "none", class: "axis" }));
     svg.append(sv("text", { x: margin.left + plotW / 2, y: height - 6, "text-anchor": "middle", text: spec.xlabel || "" }));
@@ -352,11 +354,12 @@
       }));
       const strip = chart({
         title: `${record.site} @ ${record.pos}: p(answer) per example (${N} rows)`, xlabel: "p(answer)", ylabel: "",
-        series, ylim: [-0.6, 2.6], xlim: [minOf(p, 0), maxOf(p, 1)], width: 760, height: 210, legendWidth: 230,
+        series, ylim: [-0.6, 2.6], yticks: [[0, "clean"], [1, "corrupt"], [2, "patched"]], xlim: [minOf(p, 0), maxOf(p, 1)], width: 760, height: 210, legendWidth: 230,
         extra: (svg, sx, sy) => strips.forEach(([name, , color], k) => {
           svg.append(sv("line", { x1: sx(record[name]), x2: sx(record[name]), y1: sy(k - 0.45), y2: sy(k + 0.45), stroke: color, "stroke-width": 2.5 }));
         }),
       });
+      strip.classList.add("strip");
       drill.append(el("h3", { text: `${record.site} (${record.hook}) at ${record.pos}` }), table, strip,
         el("p", { class: "note", text: "Effect of a row = its p_patched \u2212 p_corrupt. Bars in the strips: the means. Underlined rows have their effective attention below." }),
         el("div", { class: "row" }, exampleTable(cell.largest, "largest effect", p), exampleTable(cell.smallest, "smallest effect", p)));
