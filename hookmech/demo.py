@@ -10,7 +10,7 @@ from typing import Any
 
 from .cache import write_cache
 from .checkpoint import load
-from .errors import HookmechError
+from .errors import HookmechError, unknown
 from .fileio import sha256_of
 from .patching import patch
 from .seeds import EXAMPLES_SEED
@@ -35,6 +35,20 @@ FIXTURES = (
 )
 DEMO_POSITIONS = ("key", "value", "query", "divider")
 DEMO_SITE = "L1.block_in"
+
+
+def fixture(name: str) -> Path:
+    """Return the path of the bundled fixture checkpoint `name` (``"attention_ar_cpu"``,
+    ``"attention_ar_paper"``, ``"mamba_ar_cpu"``; the ``.safetensors`` suffix may be given),
+    wherever hookmech is installed (fixtures/README.md says what each is and how it was trained).
+    Exported as ``hookmech.fixture``: ``hookmech.load(hookmech.fixture("attention_ar_cpu"))``.
+    An unknown name is a UsageError listing the bundled ones."""
+    folder = fixture_dir()
+    bundled = sorted(path.name.removesuffix(".safetensors") for path in folder.glob("*.safetensors"))
+    stem = name.removesuffix(".safetensors")
+    if stem not in bundled:
+        raise unknown("fixture", name, bundled)
+    return folder / f"{stem}.safetensors"
 
 
 def fixture_dir() -> Path:

@@ -308,3 +308,37 @@ def test_the_induction_table_says_what_its_scores_mean(browser, tmp_path, capsys
     assert "Uniform causal attention would score" in note
     heading = browser.find_element(By.ID, "induction-random-repeat").find_element(By.XPATH, "preceding-sibling::h3[1]")
     assert "out of the task's distribution" in heading.text
+
+
+# -- what the tutorial needs of the public API ----------------------------------------------------
+def test_a_bundled_fixture_is_found_by_name():
+    from helpers import ATTENTION_FIXTURE
+
+    import hookmech
+
+    assert hookmech.fixture("attention_ar_cpu") == hookmech.fixture("attention_ar_cpu.safetensors")
+    assert hookmech.fixture("attention_ar_cpu").read_bytes() == ATTENTION_FIXTURE.read_bytes()
+    assert hookmech.fixture("mamba_ar_cpu").is_file() and hookmech.fixture("attention_ar_paper").is_file()
+    with pytest.raises(UsageError, match="unknown fixture 'mamba' .*mamba_ar_cpu"):
+        hookmech.fixture("mamba")
+
+
+def test_write_cache_takes_site_specs_and_needs_no_file_hash(trained_attention, tmp_path):
+    import hookmech
+    from hookmech.cache import write_cache
+    from hookmech.sites import resolve_sites
+
+    _, model, task = trained_attention
+    batch = task.sample(8, seed=1)
+    by_spec = write_cache(model, batch, tmp_path / "a.h5", "all", task_spec=task.spec)
+    by_hook = write_cache(model, batch, tmp_path / "b.h5", resolve_sites("all", model.hook_dict), task_spec=task.spec)
+    with hookmech.cache.open(by_spec) as a, hookmech.cache.open(by_hook) as b:
+        assert a.hooks("clean") == b.hooks("clean") and len(a.hooks("clean")) == 14
+        assert a.model_hash == b.model_hash  # the cache's identity, without the checkpoint file's hash
+        records = hookmech.patching.patch(model, a, "L1.block_in", "value")
+    assert records[0]["attribution"] == pytest.approx(1.0, abs=0.01)
+    mixed = write_cache(model, batch, tmp_path / "c.h5", ["blocks.1.hook_resid_pre", "L0.mixer.q", "L1.block_in"])
+    with hookmech.cache.open(mixed) as c:
+        assert sorted(c.hooks("clean")) == ["blocks.0.mixer.hook_q", "blocks.1.hook_resid_pre"]  # once each
+    with pytest.raises(UsageError, match="unknown site 'L9.block_in'"):
+        write_cache(model, batch, tmp_path / "d.h5", ["L9.block_in"])
