@@ -342,3 +342,43 @@ def test_write_cache_takes_site_specs_and_needs_no_file_hash(trained_attention, 
         assert sorted(c.hooks("clean")) == ["blocks.0.mixer.hook_q", "blocks.1.hook_resid_pre"]  # once each
     with pytest.raises(UsageError, match="unknown site 'L9.block_in'"):
         write_cache(model, batch, tmp_path / "d.h5", ["L9.block_in"])
+
+
+#: the modules a tutorial reader imports besides hookmech's lazy top level (docs/api.md documents them)
+TUTORIAL_MODULES = {"probe", "report", "view"}
+
+
+def _hookmech_names(tree) -> tuple[set[str], set[str]]:
+    """(modules imported from hookmech, first attribute of every ``hookmech.X...`` chain) of a module's AST."""
+    import ast
+
+    imported, used = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name for alias in node.names if alias.name.startswith("hookmech")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hookmech"):
+            imported.add(f"{node.module}:{','.join(alias.name for alias in node.names)}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "hookmech":
+            used.add(node.attr)
+    return imported, used
+
+
+def test_the_tutorial_uses_the_public_api_and_shows_the_other_tools():
+    import ast
+
+    from helpers import REPO
+
+    import hookmech
+
+    source = (REPO / "examples" / "tutorial.py").read_text()
+    imported, used = _hookmech_names(ast.parse(source))
+    assert imported <= {"hookmech", *(f"hookmech.{name}" for name in TUTORIAL_MODULES)}, imported
+    assert used <= set(hookmech.__all__) | TUTORIAL_MODULES, used - set(hookmech.__all__) - TUTORIAL_MODULES
+    for internal in ("fixture_dir", "sha256_of", "resolve_sites", "model_sha256", "imshow"):
+        assert internal not in source, internal
+    assert "hookmech.report.plot_heatmap(" in source  # the report's heatmap, not one of its own
+    assert "window of 2" in source  # what forces part of the CPU fixture's value -> key pattern
+    closing = source[source.index("## 8. More tools"):]
+    for call in ('method=method', '"atp"', "hookmech.das.train(", "hookmech.patching.path_patch(",
+                 "hookmech.view.write_page("):
+        assert call in closing, call
