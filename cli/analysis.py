@@ -8,9 +8,13 @@ import click
 
 from .common import (
     CONTEXT,
+    EXAMPLES_SEED,
     device_option,
     load_model_and_task,
     max_batch_option,
+    notes_of,
+    patch_count,
+    path_count,
     progress,
     refuse_overwriting_inputs,
     set_threads,
@@ -55,7 +59,7 @@ def sites(ckpt, as_json):
 @click.command(context_settings=CONTEXT)
 @click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
 @click.option("--n", type=int, default=320, show_default=True, help="number of examples")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples")
+@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
 @click.option("--sites", "site_specs", multiple=True, help="sites to store (default: all block-level sites)")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
 @click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True)
@@ -119,7 +123,9 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     help="examples from a dataset file (hookmech data ... -o FILE) instead of --n/--seed",
 )
 @click.option("--n", type=int, default=320, show_default=True, help="examples, without --cache")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples, without --cache")
+@click.option(
+    "--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples, without --cache"
+)
 @click.option(
     "--method",
     type=click.Choice(["exact", "atp", "atp-star"]),
@@ -154,6 +160,15 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     "(beyond it: every position, slower, same numbers)",
 )
 @click.option("--json", "as_json", is_flag=True, help="print one JSON array")
+@click.option("--csv", "as_csv", is_flag=True, help="print CSV: one line per record, its fields as columns")
+@click.option(
+    "-o",
+    "--out",
+    "heatmap_path",
+    type=click.Path(),
+    default=None,
+    help="also draw the records' heatmap into this PNG (site x position; path patches: sender x receiver)",
+)
 @click.option(
     "--per-example",
     type=click.Path(dir_okay=False),
@@ -215,15 +230,17 @@ def patch(
     receivers=(),
     via=None,
     verify_cache=True,
+    as_csv=False,
+    heatmap_path=None,
 ):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position
     (--site, --pos), or along one path from a sender to a receiver (--sender, --receiver, --via)."""
     from hookmech.cache import CacheFile
     from hookmech.errors import UsageError
     from hookmech.fileio import write_text_atomic
+    from hookmech.patching import PathSkippedWarning, path_patch
     from hookmech.patching import patch as run_patch
-    from hookmech.patching import path_patch
-    from hookmech.tables import format_records
+    from hookmech.tables import format_csv, format_records
     from hookmech.validate import check_finite_parameters
 
     _check_node_or_path(site_specs, pos_specs, senders, receivers, via, method, verify_top, direction, ablate)
@@ -237,8 +254,12 @@ def patch(
         raise UsageError("--no-graddrop is an option of --method atp-star")
     if corrupt is not None and cache_path is not None:
         raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
+    if as_csv and as_json:
+        raise UsageError("print --csv or --json, not both")
+    _check_heatmap_path(heatmap_path)
     refuse_overwriting_inputs(
-        [("--per-example", per_example)], [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)]
+        [("--per-example", per_example), ("-o", heatmap_path)],
+        [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)],
     )
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
@@ -257,36 +278,43 @@ def patch(
         if cache_path is not None:
             # the one identity check; the checkpoint file checks an older cache without model_hash
             source.check_model(model, checkpoint=ckpt, hooks=())
+        batch = source.batch() if isinstance(source, CacheFile) else source
         if via is not None:
-            records = path_patch(
-                model,
-                source,
-                split_flag(senders),
-                split_flag(receivers),
-                via,
-                threshold=threshold,
-                max_batch=max_batch,
-                per_example=per_example is not None,
-                metric=metric,
-                context_memory=context_memory << 20,
-            )
+            total = path_count(model, batch, split_flag(senders), split_flag(receivers))
+            with notes_of(PathSkippedWarning), progress(total, "patching", unit="patch") as advance:
+                records = path_patch(
+                    model,
+                    source,
+                    split_flag(senders),
+                    split_flag(receivers),
+                    via,
+                    threshold=threshold,
+                    max_batch=max_batch,
+                    per_example=per_example is not None,
+                    metric=metric,
+                    context_memory=context_memory << 20,
+                    progress=advance,
+                )
         else:
-            records = run_patch(
-                model,
-                source,
-                split_flag(site_specs),
-                split_flag(pos_specs),
-                method=method,
-                threshold=threshold,
-                max_batch=max_batch,
-                per_example=per_example is not None,
-                metric=metric,
-                direction=direction,
-                ablate=ablate,
-                ablate_seed=ablate_seed,
-                context_memory=context_memory << 20,
-                graddrop=graddrop,
-            )
+            total = patch_count(model, batch, split_flag(site_specs), split_flag(pos_specs))
+            with progress(total, "patching", unit="patch") as advance:
+                records = run_patch(
+                    model,
+                    source,
+                    split_flag(site_specs),
+                    split_flag(pos_specs),
+                    method=method,
+                    threshold=threshold,
+                    max_batch=max_batch,
+                    per_example=per_example is not None,
+                    metric=metric,
+                    direction=direction,
+                    ablate=ablate,
+                    ablate_seed=ablate_seed,
+                    context_memory=context_memory << 20,
+                    graddrop=graddrop,
+                    progress=advance,
+                )
         if verify_top:
             from hookmech.patching import verify_top as verify
 
@@ -307,7 +335,40 @@ def patch(
         for record in records:
             for rows in ("p_patched_rows", "metric_patched_rows", "p_clean_rows", "p_corrupt_rows"):
                 record.pop(rows, None)
-    click.echo(to_json(records, indent=1) if as_json else format_records(records))
+    if heatmap_path is not None:
+        _draw_heatmap(records, heatmap_path, ckpt, method, metric, via)
+    if as_json:
+        click.echo(to_json(records, indent=1))
+    else:
+        click.echo(format_csv(records) if as_csv else format_records(records))
+
+
+def _check_heatmap_path(path: str | None) -> None:
+    """`patch -o`: a PNG file name, not a folder; a UsageError otherwise (returns None)."""
+    from pathlib import Path
+
+    from hookmech.errors import UsageError
+
+    if path is None:
+        return
+    if Path(path).is_dir():
+        raise UsageError(f"-o {path} is a folder; give the heatmap's file name (e.g. heatmap.png)")
+    if Path(path).suffix.lower() != ".png":
+        raise UsageError(f"-o writes the heatmap as PNG: give a file name ending in .png, got {path}")
+
+
+def _draw_heatmap(records, path: str, ckpt: str, method: str, metric: str, via: str | None) -> None:
+    """Draw `records` with `hookmech.report.plot_heatmap` (a path patch's as sender x receiver) and say so on stderr."""
+    from pathlib import Path
+
+    from hookmech import report
+
+    title = f"{Path(ckpt).name}: attribution ({'path patching via ' + via if via else method}, {metric})"
+    if via is not None:
+        report.plot_heatmap(records, path, title, rows="sender", columns="receiver")
+    else:
+        report.plot_heatmap(records, path, title)
+    click.echo(f"wrote {path}", err=True)
 
 
 def _check_node_or_path(site_specs, pos_specs, senders, receivers, via, method, verify_top, direction, ablate) -> None:

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 import click
+
+from hookmech import seeds
 
 if TYPE_CHECKING:  # tqdm is imported when a bar is drawn
     from tqdm import tqdm
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+#: the default ``--seed`` of the commands that draw examples
+EXAMPLES_SEED = seeds.EXAMPLES_SEED
 
 
 def split_flag(values) -> list[str]:
@@ -125,24 +132,72 @@ def load_model_and_task(ckpt: str, device: str):
     return load(ckpt, device=check_device(device)), from_checkpoint(ckpt)
 
 
-class progress:
-    """A tqdm bar on a terminal, nothing otherwise; yields an `advance(n)` callback."""
+@contextlib.contextmanager
+def notes_of(*categories: type[Warning]) -> Iterator[None]:
+    """Within the block, print each warning of `categories` the library gives as one line
+    ``hookmech: note: MESSAGE`` on stderr (not Python's two-line warning with a source line);
+    other warnings are shown as usual."""
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            for category in categories:
+                warnings.simplefilter("always", category)
+            yield
+    finally:
+        for warning in caught:
+            if issubclass(warning.category, categories):
+                click.echo(f"hookmech: note: {warning.message}", err=True)
+            else:
+                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
-    def __init__(self, total: int, label: str):
-        self.total, self.label = total, label
+
+class progress:
+    """A tqdm bar on stderr when it is a terminal, nothing otherwise; yields an `advance(n)`
+    callback. `unit` names what is counted (examples, steps, patches)."""
+
+    def __init__(self, total: int, label: str, unit: str = "ex"):
+        self.total, self.label, self.unit = total, label, unit
         self.bar: tqdm[NoReturn] | None = None
 
     def __enter__(self):
         if sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total, desc=self.label, unit="ex", file=sys.stderr)
+            self.bar = tqdm(total=self.total, desc=self.label, unit=self.unit, file=sys.stderr)
             return self.bar.update
         return lambda n: None
 
     def __exit__(self, *exc):
         if self.bar is not None:
             self.bar.close()
+
+
+def patch_count(model, batch, site_specs, pos_specs) -> int:
+    """Return the number of records `hookmech.patching.patch` makes of `site_specs` ×
+    `pos_specs` on `batch` (the total of its progress); bad specs raise its own UsageErrors."""
+    from hookmech.patching import parse_sites
+    from hookmech.sites import position_patches
+
+    positions = position_patches(pos_specs, batch.roles, batch.lengths, batch.tokens.shape[1])
+    return len(parse_sites(site_specs, model)) * len(positions)
+
+
+def path_count(model, batch, senders, receivers) -> int:
+    """Return the number of (sender, receiver) pairs of sites and positions of a path patch (the
+    total of `path_patch`'s progress); bad endpoints raise its own UsageErrors."""
+    from hookmech.patching import parse_sites
+    from hookmech.patching.paths import split_endpoint
+    from hookmech.sites import position_patches
+
+    def count(specs, end: str) -> int:
+        total = 0
+        for spec in specs:
+            site, pos = split_endpoint(spec, end)
+            n_pos = len(position_patches(pos, batch.roles, batch.lengths, batch.tokens.shape[1]))
+            total += len(parse_sites(site, model)) * n_pos
+        return total
+
+    return count(senders, "sender") * count(receivers, "receiver")
 
 
 def to_json(value, **kwargs) -> str:

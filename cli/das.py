@@ -12,7 +12,6 @@ from .common import (
     refuse_overwriting_inputs,
     set_threads,
     split_flag,
-    threads_option,
     to_json,
     verify_cache_option,
 )
@@ -38,7 +37,13 @@ from .common import (
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the split, bases and data order")
 @click.option("--json", "as_json", is_flag=True, help="print the records as one JSON array")
 @device_option
-@threads_option
+@click.option(
+    "--threads",
+    type=int,
+    default=None,
+    help="torch CPU threads for loading the model and checking the cache (default: torch's); the search itself "
+    "computes on one, so that its numbers do not depend on the thread count",
+)
 @click.option(
     "-o", "--out", "out_dir", required=True, type=click.Path(), help="folder for records.json and bases.safetensors"
 )
@@ -95,7 +100,7 @@ def das(
         # the one identity check; the checkpoint file checks an older cache without model_hash
         cache.check_model(model, checkpoint=ckpt, hooks=())
         total = steps * (1 if boundless else len(dims or []))
-        with progress(total, "das") as advance:
+        with progress(total, "das", unit="step") as advance:
             result = train(
                 model,
                 cache,

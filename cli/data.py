@@ -6,7 +6,7 @@ import json
 
 import click
 
-from .common import CONTEXT
+from .common import CONTEXT, EXAMPLES_SEED
 
 _WRITE_N, _STATS_N = 100_032, 10_000
 
@@ -15,7 +15,7 @@ _WRITE_N, _STATS_N = 100_032, 10_000
 @click.argument("task_name", metavar="TASK")
 @click.option("--task-opt", multiple=True, metavar="K=V", help="task option (repeatable), e.g. num_terminals=20")
 @click.option("--n", type=int, default=None, help=f"rows (default: {_WRITE_N:,} to write, {_STATS_N:,} for --stats)")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the rows")
+@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the rows")
 @click.option("--stats", is_flag=True, help="print the task's statistics instead of writing a file")
 @click.option("--json", "as_json", is_flag=True, help="with --stats: print JSON")
 @click.option(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, refuse_overwriting_inputs, set_threads, split_flag, threads_option
+from .common import CONTEXT, EXAMPLES_SEED, refuse_overwriting_inputs, set_threads, split_flag, threads_option
 
 
 @click.command(context_settings=CONTEXT)
@@ -19,7 +19,7 @@ from .common import CONTEXT, refuse_overwriting_inputs, set_threads, split_flag,
 )
 @click.option("--run", "run_ids", multiple=True, help="runs for heatmaps and dynamics (default: best of each series)")
 @click.option("--n", type=int, default=320, show_default=True, help="examples per heatmap")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the heatmap examples")
+@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the heatmap examples")
 @click.option("--no-heatmaps", is_flag=True, help="skip the site x position heatmaps (they patch each selected run)")
 @threads_option
 def report(runs_dir, out_dir, run_ids, n, seed, no_heatmaps, threads):

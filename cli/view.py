@@ -6,9 +6,12 @@ import click
 
 from .common import (
     CONTEXT,
+    EXAMPLES_SEED,
     device_option,
     load_model_and_task,
     max_batch_option,
+    patch_count,
+    progress,
     refuse_overwriting_inputs,
     set_threads,
     split_flag,
@@ -26,6 +29,7 @@ CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
     ("--max-batch", "max_batch"),
     ("--threshold", "threshold"),
     ("--device", "device"),
+    ("--random-repeat-induction", "random_repeat_induction"),
 )
 SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 
@@ -43,7 +47,7 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 @click.option(
     "--n", type=int, default=320, show_default=True, help="examples (checkpoint: patched; sweep: per heatmap)"
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the examples")
+@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
 @threshold_option
 @max_batch_option
 @click.option(
@@ -60,6 +64,12 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
     "--run", "run_ids", multiple=True, help="sweep: runs for heatmaps and dynamics (default: best per series)"
 )
 @click.option("--no-heatmaps", is_flag=True, help="sweep: skip the heatmaps (they patch each selected run)")
+@click.option(
+    "--random-repeat-induction",
+    is_flag=True,
+    help="checkpoint: also show Olsson et al.'s prefix matching on random repeated tokens (out of the task's "
+    "distribution) beside the induction scores on the examples",
+)
 @device_option
 @threads_option
 @click.option("-o", "--out", "out_path", required=True, type=click.Path(), help="the HTML file to write")
@@ -80,13 +90,15 @@ def view(
     device,
     threads,
     out_path,
+    random_repeat_induction=False,
 ):
     """Write one HTML page (no network needed to open it) of a checkpoint or a sweep folder.
 
     With --ckpt (and --cache): the site x position attribution heatmap (hookmech patch's
     numbers); click a cell for its per-example p_clean / p_corrupt / p_patched and the examples
     of largest and smallest effect; per layer the effective attention of an example; the
-    induction scores. With RUNS_DIR: the interactive twin of every hookmech report figure.
+    induction scores on the examples (query -> value, value -> key). With RUNS_DIR: the
+    interactive twin of every hookmech report figure.
     """
     from pathlib import Path
 
@@ -126,7 +138,18 @@ def view(
         title = f"{data['title']}: sweep"
     else:
         data, title = _checkpoint_data(
-            ckpt, cache_path, site_specs, pos_specs, n, seed, threshold, max_batch, maps, maps_mib, device
+            ckpt,
+            cache_path,
+            site_specs,
+            pos_specs,
+            n,
+            seed,
+            threshold,
+            max_batch,
+            maps,
+            maps_mib,
+            device,
+            random_repeat_induction,
         )
     path = write_page(data, out_path, title)
     click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
@@ -144,13 +167,15 @@ def _given_options() -> set[str]:
     }
 
 
-def _checkpoint_data(ckpt, cache_path, site_specs, pos_specs, n, seed, threshold, max_batch, maps, maps_mib, device):
+def _checkpoint_data(
+    ckpt, cache_path, site_specs, pos_specs, n, seed, threshold, max_batch, maps, maps_mib, device, random_repeat
+):
     """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`) or the cache's rows."""
     import warnings
     from pathlib import Path
 
     from hookmech.cache import CacheFile, UnverifiedCacheWarning
-    from hookmech.view import checkpoint_page_data
+    from hookmech.view import checkpoint_page_data, default_positions
 
     model, task = load_model_and_task(ckpt, device)
     about = {"source": ckpt if cache_path is None else f"{ckpt} with the cache {cache_path}"}
@@ -159,20 +184,28 @@ def _checkpoint_data(ckpt, cache_path, site_specs, pos_specs, n, seed, threshold
     try:
         if cache_path is not None:
             source.check_model(model, checkpoint=ckpt, hooks=())
-        with warnings.catch_warnings():
+        batch = source.batch() if isinstance(source, CacheFile) else source
+        sites = split_flag(site_specs) or ["all"]
+        positions = split_flag(pos_specs) or default_positions(task, batch)
+        with (
+            warnings.catch_warnings(),
+            progress(patch_count(model, batch, sites, positions), "patching", "patch") as advance,
+        ):
             # an older cache without a model_hash was checked above, by the checkpoint file's hash
             warnings.simplefilter("ignore", UnverifiedCacheWarning)
             data = checkpoint_page_data(
                 model,
                 task,
                 source,
-                sites=split_flag(site_specs) or ["all"],
-                positions=split_flag(pos_specs) or None,
+                sites=sites,
+                positions=positions,
                 threshold=threshold,
                 max_batch=max_batch,
                 map_examples=maps,
                 map_budget=int(maps_mib * 2**20),
                 about=about,
+                progress=advance,
+                random_repeat_induction=random_repeat,
             )
     finally:
         if cache_path is not None:

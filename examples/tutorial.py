@@ -19,7 +19,7 @@
 # Two small models solve associative recall (AR) perfectly. Do they solve it the same way?
 # This notebook answers the question the way Arora et al. do in *Mechanistic evaluation of
 # Transformers and state space models* (2025): with **interchange interventions** (activation
-# patching). It uses the two checkpoints bundled with hookmech, so it runs on a laptop CPU in
+# patching). It uses two of the checkpoints bundled with hookmech, so it runs on a laptop CPU in
 # about a minute:
 #
 # - `attention_ar_cpu.safetensors`: a 2-layer attention model (layer 0 sees a window of 2 tokens);
@@ -35,8 +35,9 @@
 #   without anything stored at the value.
 #
 # We will tell them apart by corrupting the document and restoring one activation at a time.
-# Every cell below is plain PyTorch on a TransformerLens `HookedRootModule`, plus a few hookmech
-# helpers that do the same thing faster.
+# Every cell below is plain PyTorch on a TransformerLens `HookedRootModule`, plus hookmech's public
+# API, which does the same thing faster; the last section shows its other tools (attribution
+# patching, distributed alignment search, path patching and the `view` page) in a few cells each.
 
 # %%
 import warnings
@@ -46,21 +47,18 @@ warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm's noteb
 import tempfile
 from pathlib import Path
 
-import matplotlib.pyplot as plt
-import numpy as np
 import torch
+from IPython.display import Image, display
 
 import hookmech
 import hookmech.probe
-from hookmech.demo import fixture_dir, mechanism  # where `hookmech demo` finds the bundled checkpoints
-from hookmech.fileio import sha256_of
-from hookmech.sites import resolve_sites
+import hookmech.report
+import hookmech.view
 
 torch.manual_seed(0)  # nothing below is random except through explicit seeds; this is belt and braces
-FIXTURES = fixture_dir()
-ATTENTION = FIXTURES / "attention_ar_cpu.safetensors"
-MAMBA = FIXTURES / "mamba_ar_cpu.safetensors"
-print("bundled checkpoints:", sorted(path.name for path in FIXTURES.glob("*.safetensors")))
+ATTENTION = hookmech.fixture("attention_ar_cpu")  # the bundled checkpoints, wherever hookmech is installed
+MAMBA = hookmech.fixture("mamba_ar_cpu")
+print("bundled checkpoints:", ATTENTION.name, MAMBA.name)
 
 # %% [markdown]
 # ## 1. The task and its corruption
@@ -111,6 +109,13 @@ print("L1.block_in ->", hookmech.sites.site_to_hook("L1.block_in"), tuple(clean_
 # The attention patterns already hint at induction: in layer 0 the value position attends to the
 # key just before it (a previous-token head), and in layer 1 the query attends to the *value*
 # of the matching pair, not to the key.
+#
+# Part of the first pattern is forced, though: this CPU fixture's layer 0 sees a **window of 2
+# tokens** (`window=2` below: each position and the one before it), so at the value it can only
+# choose between itself and its key, and uniform attention would already put 0.5 on the key. What
+# training decided is the rest of the way to 1. (The paper-configuration fixture,
+# `hookmech.fixture("attention_ar_paper")`, has no window in layer 0 and learns the pattern all the
+# same: 0.92.)
 
 # %%
 key, value = batch.roles["key"], batch.roles["value"]
@@ -119,6 +124,16 @@ pattern1 = clean_cache["blocks.1.mixer.hook_pattern"][:, 0]
 print(f"layer 0, value -> its key:      mean attention {pattern0[rows, value, key].mean():.3f}")
 print(f"layer 1, query -> matching value: mean attention {pattern1[rows, query, value].mean():.3f}")
 print(f"layer 1, query -> matching key:   mean attention {pattern1[rows, query, key].mean():.3f}")
+print("layer 0's options:", model.cfg.mixer_kwargs[0])
+
+# %% [markdown]
+# `hookmech.induction_scores` reads the same two weights off every layer and head, of any mixer
+# (its effective attention, section 9 of the guide), on the task's own documents: `query->value`
+# is the induction head's step, `value->key` the previous-token step.
+
+# %%
+for layer, by_name in hookmech.induction_scores(model, batch).items():
+    print(f"layer {layer}:", {name: round(values.item(), 3) for name, values in by_name.items()})
 
 # %% [markdown]
 # ## 3. Patching by hand with `run_with_hooks`
@@ -176,7 +191,8 @@ assert all(abs(r["attribution"] - by_hand[r["pos"]]) < 1e-4 for r in records)
 #
 # Now the Mamba model. It has no attention pattern to look at, but patching works on any
 # architecture: the sites are the same block boundaries (Mamba blocks have no MLP). `all` names
-# every block-level site of the model.
+# every block-level site of the model. `hookmech.report.plot_heatmap` draws the records as
+# `hookmech report` and `hookmech patch -o heatmap.png` do.
 
 # %%
 mamba = hookmech.load(MAMBA)
@@ -187,32 +203,16 @@ grids = {
     "attention": hookmech.patching.patch(model, batch, sites=["all"], positions=POSITIONS),
     "mamba": hookmech.patching.patch(mamba, mamba_batch, sites=["all"], positions=POSITIONS),
 }
-
-
-def heatmap(ax, records, title):
-    sites = list(dict.fromkeys(r["site"] for r in records))
-    grid = np.array([[next(r["attribution"] for r in records if r["site"] == s and r["pos"] == p) for p in POSITIONS]
-                     for s in sites])
-    image = ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-    for (i, j), v in np.ndenumerate(grid):
-        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8, color="white" if abs(v) > 0.6 else "black")
-    ax.set_xticks(range(len(POSITIONS)), POSITIONS)
-    ax.set_xlabel("patched position")
-    ax.set_yticks(range(len(sites)), sites)
-    ax.set_title(title)
-    return image
-
-
-fig, axes = plt.subplots(1, 2, figsize=(10, 5), constrained_layout=True)
-for ax, (name, recs) in zip(axes, grids.items()):
-    image = heatmap(ax, recs, f"{name}: attribution (denoising the key)")
-fig.colorbar(image, ax=axes, label="attribution", shrink=0.8)
-plt.show()
+tmp = Path(tempfile.mkdtemp())
+for name, recs in grids.items():
+    hookmech.report.plot_heatmap(recs, tmp / f"{name}.png", f"{name}: attribution (denoising the key)")
+    display(Image(filename=tmp / f"{name}.png"))
 
 for name, recs in grids.items():
     cells = {r["pos"]: r["attribution"] for r in recs if r["site"] == "L1.block_in"}
+    found = "induction" if cells["value"] > 0.5 else "direct retrieval"  # is the association read at the value?
     print(f"{name:9s} L1.block_in: value {cells['value']:+.2f}, query {cells['query']:+.2f}, key {cells['key']:+.2f}"
-          f"  -> {mechanism(recs)}")
+          f"  -> {found}")
 
 # %% [markdown]
 # Read the `L1.block_in` row. For attention, everything sits at the **value** (induction). For
@@ -229,10 +229,8 @@ for name, recs in grids.items():
 # indexing returns an h5py dataset, and nothing is read until you slice it.
 
 # %%
-tmp = Path(tempfile.mkdtemp())
 cache_path = tmp / "attention_cache.h5"
-hookmech.cache.write_cache(model, batch, cache_path, resolve_sites(["all"], model.hook_dict),
-                           model_sha256=sha256_of(ATTENTION), task_spec=task.spec)
+hookmech.cache.write_cache(model, batch, cache_path, ["all"], task_spec=task.spec)  # every block-level site
 cache = hookmech.cache.open(cache_path)
 summary = cache.summary()
 print({k: summary[k] for k in ("n", "n_pos", "task")}, f"p_clean {summary['p_clean']:.4f}, p_corrupt {summary['p_corrupt']:.4f}")
@@ -254,8 +252,7 @@ print({r["pos"]: round(r["attribution"], 3) for r in from_cache})
 
 # %%
 mamba_path = tmp / "mamba_cache.h5"
-hookmech.cache.write_cache(mamba, mamba_batch, mamba_path, resolve_sites(["all"], mamba.hook_dict),
-                           model_sha256=sha256_of(MAMBA), task_spec=mamba_task.spec)
+hookmech.cache.write_cache(mamba, mamba_batch, mamba_path, ["all"], task_spec=mamba_task.spec)
 with hookmech.cache.open(mamba_path) as mamba_cache:
     for name, c in (("attention", cache), ("mamba", mamba_cache)):
         result = hookmech.probe.fit_probe(c, "L1.block_in", "value", target="key", seed=0)
@@ -268,11 +265,80 @@ cache.close()
 # head of layer 0 put it there); Mamba's does not. Two models with the same accuracy, two
 # different mechanisms — the point of a *mechanistic* evaluation.
 #
+# ## 8. More tools, a few cells each
+#
+# ### Attribution patching: every cell from one backward pass
+#
+# `method="atp"` estimates every site × position at once from gradients (Nanda 2023): a forward
+# and a backward pass instead of a patched run per cell. It is a first-order estimate, and
+# p(answer) is saturated here (the clean run is at 0.9996), so it misses most of each effect.
+# AtP* (Kramár et al. 2024) recomputes the softmax at the patched position and reads a metric that
+# does not saturate.
+
+# %%
+estimates = {method: hookmech.patching.patch(model, batch, ["all"], POSITIONS, method=method)
+             for method in ("atp", "atp-star")}
+exact = {(r["site"], r["pos"]): r["attribution"] for r in grids["attention"]}
+for site, pos in [("L1.mixer_out", "query"), ("L1.block_in", "value"), ("L0.block_in", "key")]:
+    atp, star = (next(r["attribution"] for r in estimates[m] if (r["site"], r["pos"]) == (site, pos)) for m in estimates)
+    print(f"{site:12s} at {pos:5s}  AtP {atp:.2f}   AtP* {star:.2f}   exact {exact[site, pos]:.2f}")
+
+# %% [markdown]
+# The key's own position (`L0.block_in` at the key) reaches the answer through two softmaxes in a
+# row (layer 0's, then layer 1's), and AtP* recomputes the first only: rank the cells by the
+# estimate, then re-run the top ones exactly (`hookmech.patching.verify_top`,
+# `hookmech patch --method atp-star --verify-top K`).
+#
+# ### Distributed alignment search: how many dimensions carry the key?
+#
+# Patching `L1.block_in` at the value restores the answer; DAS asks which *subspace* of that
+# 64-dimensional activation is enough. From the activation cache, it learns an orthonormal basis
+# of K dimensions such that exchanging just those coordinates with the clean run's restores the
+# answer, and compares it with a random basis of the same K.
+
+# %%
+das = hookmech.das.train(model, cache_path, "L1.block_in", "value", dims=[1, 4], steps=200)
+for record in das.records:
+    share = "all" if record["attribution"] > 0.95 else "less than half" if record["attribution"] < 0.5 else "more than half"
+    print(f"K = {record['dim']}: the learned subspace restores {share} of the answer; "
+          f"a random one {round(record['attribution_random'], 2) + 0.0:.2f}")  # + 0.0: no "-0.00"
+
+# %% [markdown]
+# Four of the 64 dimensions are enough: layer 0 writes the key into a small subspace at the value.
+#
+# ### Path patching: through which input does layer 1 read it?
+#
+# Path patching restores a *sender* along one route to one *receiver*, everything else held at the
+# corrupt run. Here the sender is layer 0's head output at the value and the receivers are layer
+# 1's queries, keys and values: along `via="head"`, the clean head output reaches the receiver only.
+
+# %%
+paths = hookmech.patching.path_patch(model, batch, "L0.mixer.z[0]@value",
+                                     ["L1.mixer.q@query", "L1.mixer.k@value", "L1.mixer.v@value"], via="head")
+for record in paths:
+    print(f"{record['sender']} -> {record['receiver']:17s} attribution {record['attribution']:.2f}")
+
+# %% [markdown]
+# Layer 1 reads the stored key through its **keys** at the value: the query finds the matching
+# key there and attends to it, the induction head's lookup; its queries and values do not carry it.
+#
+# ### The view page
+#
+# `hookmech view --ckpt M -o page.html` (or these two calls) writes one self-contained HTML page to
+# open in any browser: the heatmap, each cell's examples, the effective attention of each layer
+# and the induction scores.
+
+# %%
+page = hookmech.view.write_page(hookmech.view.checkpoint_page_data(model, task, batch), tmp / "attention.html",
+                                "attention_ar_cpu on AR")
+print("wrote", page.name, "- open it in a browser")
+
+# %% [markdown]
 # ## Where next
 #
 # - The command line does all of this on your own checkpoints: `hookmech train`, `hookmech cache`,
-#   `hookmech patch --site 'L*.block_in' --pos key,value,query`, `hookmech probe`; `hookmech demo`
-#   is sections 5–6 in one command.
+#   `hookmech patch --site 'L*.block_in' --pos key,value,query --csv -o heatmap.png`, `hookmech das`,
+#   `hookmech probe`, `hookmech view`; `hookmech demo` is sections 5–6 in one command.
 # - Inside-the-mixer sites (`L1.mixer.q`, Mamba's `L0.mixer.conv` …), heads (`L1.mixer.z[0]`),
 #   noising, ablations, other metrics and attribution patching: see the user guide.
 # - Sweeps over architectures and learning rates, and the paper's figures: `hookmech sweep`,

@@ -28,6 +28,7 @@ _LAZY = {
     "das": ("hookmech.das", None),
     "attention_maps": ("hookmech.effective_attention", "attention_maps"),
     "induction_scores": ("hookmech.effective_attention", "induction_scores"),
+    "fixture": ("hookmech.demo", "fixture"),
 }
 
 __all__ = ["__version__", *_LAZY]

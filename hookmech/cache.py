@@ -35,7 +35,7 @@ from .fileio import atomic_h5, sha256_of
 from .hook_names import parse_hook
 from .identity import model_hash
 from .shapes import Acts, ActsAt, RowFloats
-from .sites import hook_to_site, resolve_sites, site_to_hook
+from .sites import as_specs, hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
 from .validate import check_finite_parameters, first_non_finite, value_at
 
@@ -177,7 +177,7 @@ def write_cache(
     model,
     batch: Batch,
     path: str | Path,
-    hooks: Iterable[str],
+    hooks: str | Iterable[str],
     *,
     model_sha256: str = "",
     task_spec: dict[str, Any] | None = None,
@@ -189,12 +189,17 @@ def write_cache(
     """Run `batch` clean and corrupt through `model`, storing the `hooks` activations and
     p(answer) in an HDF5 cache at `path` (written to a temporary file, then renamed).
 
+    `hooks` are hook names or site specs (`hookmech.sites.resolve_sites`: ``"all"`` for every
+    block-level site, ``"L*.block_in"``, ``"L1.mixer.q"`` ...), a bare string being one. The
+    cache is identified by the model's `model_hash`; `model_sha256` (the checkpoint file's hash,
+    which `hookmech cache` records) may be left empty.
+
     `chunk` is the rows per forward pass and per HDF5 chunk (None: `default_chunk`); `dtype`
     the activations' ("float32" or "float16"). A model whose weights, activations (as `dtype`) or
     p(answer) are not finite is refused (HookmechError; -inf of masked attention scores aside):
     nothing is written. Returns the path written.
     """
-    hooks = list(dict.fromkeys(hooks))
+    hooks = _hook_names(model, hooks)
     if dtype not in ACTIVATION_DTYPES:
         raise UsageError(f"dtype {dtype!r}: the format stores activations as {' or '.join(ACTIVATION_DTYPES)}")
     if len(batch) == 0:
@@ -261,6 +266,15 @@ def write_cache(
                 h5[f"acts/{which}/{hook}"] = writer.datasets[f"acts/{which}/{same}"]  # an HDF5 hard link
     del written  # after the file is closed
     return Path(path)
+
+
+def _hook_names(model, specs: str | Iterable[str]) -> list[str]:
+    """The hook names `write_cache` stores: each hook name of `model` as given, each other spec
+    expanded by `resolve_sites` (in forward order), once each."""
+    hooks: list[str] = []
+    for spec in as_specs(specs, "site"):
+        hooks += [spec] if spec in model.hook_dict else resolve_sites(spec, model.hook_dict)
+    return list(dict.fromkeys(hooks))
 
 
 def forward_rows(

@@ -10,9 +10,10 @@ from typing import Any
 
 from .cache import write_cache
 from .checkpoint import load
-from .errors import HookmechError
+from .errors import HookmechError, unknown
 from .fileio import sha256_of
 from .patching import patch
+from .seeds import EXAMPLES_SEED
 from .sites import resolve_sites
 from .tables import format_records
 from .tasks import from_checkpoint
@@ -33,6 +34,20 @@ FIXTURES = (
 )
 DEMO_POSITIONS = ("key", "value", "query", "divider")
 DEMO_SITE = "L1.block_in"
+
+
+def fixture(name: str) -> Path:
+    """Return the path of the bundled fixture checkpoint `name` (``"attention_ar_cpu"``,
+    ``"attention_ar_paper"``, ``"mamba_ar_cpu"``, ``"mamba_ar_paper"``; the ``.safetensors`` suffix may be given),
+    wherever hookmech is installed (fixtures/README.md says what each is and how it was trained).
+    Exported as ``hookmech.fixture``: ``hookmech.load(hookmech.fixture("attention_ar_cpu"))``.
+    An unknown name is a UsageError listing the bundled ones."""
+    folder = fixture_dir()
+    bundled = sorted(path.name.removesuffix(".safetensors") for path in folder.glob("*.safetensors"))
+    stem = name.removesuffix(".safetensors")
+    if stem not in bundled:
+        raise unknown("fixture", name, bundled)
+    return folder / f"{stem}.safetensors"
 
 
 def fixture_dir() -> Path:
@@ -107,7 +122,7 @@ def contrast(results: list[tuple[str, list[dict[str, Any]]]], site: str = DEMO_S
 def run_demo(
     fixtures: str | Path | None = None,
     n: int = 320,
-    seed: int = 1,
+    seed: int = EXAMPLES_SEED,
     out: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Cache, patch and explain each fixture checkpoint; print as it goes; return all records."""

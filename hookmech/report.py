@@ -40,6 +40,7 @@ import numpy as np
 
 from .errors import HookmechError, UsageError, unknown
 from .fileio import TEMP_NAME, atomic_path, read_json, sha256_of, temp_owner_gone, temp_prefix, write_text_atomic
+from .seeds import EXAMPLES_SEED
 
 SWEPT = ("d_model", "lr", "seed")
 POSITIONS = ("key", "value", "query")
@@ -66,6 +67,10 @@ def read_sweep_results(runs_dir: str | Path) -> list[dict[str, Any]]:
     text, a cell
     of a number column (`NUMBER_COLUMNS`, ``attr:*``) that is not a finite number, an accuracy
     or probability outside [0, 1], a finished run without dev_acc, or no runs at all.
+
+    results.csv has a d_model column only when the grid varies it; without one, each row gets
+    its run's d_model from ``runs_dir/<run_id>/run.json`` (`runs_d_model`), so that a sweep of
+    one width reports it.
     """
     from .sweep import read_results
 
@@ -77,7 +82,32 @@ def read_sweep_results(runs_dir: str | Path) -> list[dict[str, Any]]:
     for line, row, run_id in zip(lines, rows, run_ids, strict=True):
         row["run_id"] = run_id
         _check_row(path, line, row)
+    if "d_model" not in rows[0]:
+        for row, d_model in zip(rows, runs_d_model(runs_dir, run_ids), strict=True):
+            row["d_model"] = d_model
     return rows
+
+
+def runs_d_model(runs_dir: str | Path, run_ids: Sequence[str]) -> list[int | None]:
+    """Return the d_model of each run, ``model_config.d_model`` of ``runs_dir/<run_id>/run.json``,
+    None for a run without a run.json (not started); a HookmechError naming a run.json that is
+    not JSON or whose d_model is not a positive integer."""
+    found: list[int | None] = []
+    for run_id in run_ids:
+        path = Path(runs_dir) / run_id / "run.json"
+        if not path.is_file():
+            found.append(None)
+            continue
+        run = read_json(path)
+        config = run.get("model_config") if isinstance(run, dict) else None
+        d_model = config.get("d_model") if isinstance(config, dict) else None
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+            raise HookmechError(
+                f"{path}: model_config.d_model {d_model!r} is not a positive integer; is it a run.json "
+                "written by `hookmech train`?"
+            )
+        found.append(d_model)
+    return found
 
 
 def _csv_table(path: Path) -> list[tuple[int, list[str]]]:
@@ -479,15 +509,19 @@ def plot_attribution_summary(
     _save(fig, path)
 
 
-def plot_heatmap(records: Sequence[dict[str, Any]], path: Path, title: str) -> None:
-    """Site (rows) × position (columns) attribution heatmap, values written in the cells."""
+def plot_heatmap(
+    records: Sequence[dict[str, Any]], path: str | Path, title: str, *, rows: str = "site", columns: str = "pos"
+) -> None:
+    """Site (rows) × position (columns) attribution heatmap, values written in the cells, as a
+    PNG at `path`. `rows` and `columns` name the record fields laid out (a path patch's
+    ``"sender"`` and ``"receiver"``); an empty cell is a pair without a record or attribution."""
     plt = _pyplot()
-    sites = list(dict.fromkeys(r["site"] for r in records))
-    positions = list(dict.fromkeys(r["pos"] for r in records))
+    sites = list(dict.fromkeys(r[rows] for r in records))
+    positions = list(dict.fromkeys(r[columns] for r in records))
     grid = np.full((len(sites), len(positions)), np.nan)
     for record in records:
         if record["attribution"] is not None:
-            grid[sites.index(record["site"]), positions.index(record["pos"])] = record["attribution"]
+            grid[sites.index(record[rows]), positions.index(record[columns])] = record["attribution"]
     fig, ax = plt.subplots(figsize=(1.2 * len(positions) + 2.5, 0.4 * len(sites) + 1.5))
     image = ax.imshow(grid, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
     for (i, j), value in np.ndenumerate(grid):
@@ -501,14 +535,14 @@ def plot_heatmap(records: Sequence[dict[str, Any]], path: Path, title: str) -> N
                 fontsize=7,
                 color="white" if abs(value) > 0.6 else "black",
             )
-    ax.set_xticks(range(len(positions)), positions)
+    ax.set_xticks(range(len(positions)), positions, rotation=90 if columns != "pos" else 0)
     ax.set_yticks(range(len(sites)), sites)
-    ax.set_xlabel("patched position")
-    ax.set_ylabel("patched site")
+    ax.set_xlabel("patched position" if columns == "pos" else columns)
+    ax.set_ylabel("patched site" if rows == "site" else rows)
     ax.grid(False)
     fig.colorbar(image, ax=ax, label="attribution")
     ax.set_title(title, fontsize=9)
-    _save(fig, path)
+    _save(fig, Path(path))
 
 
 def plot_dynamics(metrics: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
@@ -653,7 +687,7 @@ def build_report(
     *,
     runs: Sequence[str] | None = None,
     n: int = 320,
-    seed: int = 0,
+    seed: int = EXAMPLES_SEED,
     heatmaps: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> Path:
@@ -846,7 +880,7 @@ class _Report:
             plot_accuracy(summary, self.out_dir / "accuracy_vs_d_model.png", self.title)
             figures += [_md_image("accuracy vs d_model", "accuracy_vs_d_model.png"), ""]
         else:
-            figures += ["No accuracy-vs-d_model figure: results.csv has no d_model.", ""]
+            figures += ["No accuracy-vs-d_model figure: neither results.csv nor the runs' run.json give a d_model.", ""]
         if lr_curves(rows, keys):
             plot_lr_sensitivity(rows, keys, self.out_dir / "lr_sensitivity.png", self.title)
             figures += [_md_image("learning-rate sensitivity", "lr_sensitivity.png"), ""]

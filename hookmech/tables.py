@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,3 +46,28 @@ def format_records(records: Sequence[dict[str, Any]]) -> str:
         headers.insert(3, "exact")
         columns.insert(3, "attribution_exact")
     return format_table(headers, [[r.get(c) for c in columns] for r in records])
+
+
+def csv_cell(value: Any) -> str:
+    """Render one CSV cell: every digit of a float, None and NaN empty, bools true/false, lists as JSON."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def format_csv(records: Sequence[dict[str, Any]]) -> str:
+    """Return records as CSV: a header of their fields in first-appearance order (per-row lists
+    left out), then one line per record (`csv_cell`)."""
+    fields = list(
+        dict.fromkeys(key for record in records for key, value in record.items() if not isinstance(value, list))
+    )
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(fields)
+    for record in records:
+        writer.writerow([csv_cell(record.get(field)) for field in fields])
+    return out.getvalue().rstrip("\n")

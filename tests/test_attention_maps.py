@@ -138,7 +138,7 @@ def test_errors():
     with pytest.raises(HookmechError, match="use_act=True has no effective attention"):
         hookmech.attention_maps(act, torch.zeros(1, 4, dtype=torch.long))
     with pytest.raises(UsageError, match="seq_len must be"):
-        hookmech.induction_scores(model, seq_len=11)  # 2 * 11 > n_ctx 20
+        hookmech.induction_scores(model, random_repeat=True, seq_len=11)  # 2 * 11 > n_ctx 20
 
 
 def test_lazy_export_survives_importing_the_module():
@@ -148,7 +148,7 @@ def test_lazy_export_survives_importing_the_module():
     assert hookmech.induction_scores is effective_attention.induction_scores
 
 
-# -- induction scores ----------------------------------------------------------------------
+# -- induction scores on random repeated tokens (the task's documents: tests/test_rough_edges.py) --
 SEQ_LEN = 8
 
 
@@ -179,17 +179,17 @@ def hand_built_attention(prefix_matching: bool) -> hookmech.HookedLM:
 
 
 def test_prefix_matching_head_scores_one():
-    scores = hookmech.induction_scores(hand_built_attention(True), seq_len=SEQ_LEN, batch=3)
-    assert scores[1].shape == (1,)
-    assert scores[1].item() == pytest.approx(1.0, abs=1e-6)
+    scores = hookmech.induction_scores(hand_built_attention(True), random_repeat=True, seq_len=SEQ_LEN, rows=3)
+    assert scores[1]["prefix_matching"].shape == (1,)
+    assert scores[1]["prefix_matching"].item() == pytest.approx(1.0, abs=1e-6)
 
 
 def test_uniform_pattern_scores_the_mean_of_one_over_t():
-    scores = hookmech.induction_scores(hand_built_attention(False), seq_len=SEQ_LEN, batch=3)
+    scores = hookmech.induction_scores(hand_built_attention(False), random_repeat=True, seq_len=SEQ_LEN, rows=3)
     # query t (0-based) spreads 1 / (t + 1) over its keys; the second half is t = 8 .. 15
     expected = sum(1 / (t + 1) for t in range(SEQ_LEN, 2 * SEQ_LEN)) / SEQ_LEN
     assert expected == pytest.approx((1 / 9 + 1 / 10 + 1 / 11 + 1 / 12 + 1 / 13 + 1 / 14 + 1 / 15 + 1 / 16) / 8)
-    assert scores[1].item() == pytest.approx(expected, rel=1e-6)
+    assert scores[1]["prefix_matching"].item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_induction_tokens_repeat_distinct_tokens_deterministically():
@@ -199,6 +199,7 @@ def test_induction_tokens_repeat_distinct_tokens_deterministically():
     assert torch.equal(tokens, effective_attention.repeated_tokens(20, 8, 4, seed=3))
     assert not torch.equal(tokens, effective_attention.repeated_tokens(20, 8, 4, seed=4))
     model = make_model(TASK, mixers="mamba", d_model=16)
-    first, again = hookmech.induction_scores(model, batch=2), hookmech.induction_scores(model, batch=2)
-    assert first[0].shape == (1,) and torch.equal(first[0], again[0])
-    assert not math.isnan(first[1].item())
+    first = hookmech.induction_scores(model, random_repeat=True, rows=2)
+    again = hookmech.induction_scores(model, random_repeat=True, rows=2)
+    assert first[0]["prefix_matching"].shape == (1,) and torch.equal(first[0]["prefix_matching"], again[0]["prefix_matching"])
+    assert not math.isnan(first[1]["prefix_matching"].item())

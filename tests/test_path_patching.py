@@ -208,9 +208,9 @@ def test_resid_changes_add_up_over_a_blocks_residual_and_its_mixer(ar_task):
 def test_a_resid_path_reaches_its_own_position_only(ar_task):
     model = model_of(ar_task, "attention")
     batch = ar_task.sample(6, seed=4)
-    at_key, at_query = path_patch(model, batch, "L0.block_in@key", ["L1.block_in@key", "L1.block_in@query"], "resid")
+    (at_key,) = path_patch(model, batch, "L0.block_in@key", "L1.block_in@key", "resid")
     assert abs(at_key["p_patched"] - at_key["p_corrupt"]) > 2 * ENGINE_TOL
-    assert at_query["p_patched"] == at_query["p_corrupt"]  # nothing changes, nothing is run
+    # a pair whose positions never meet has no record (tests/test_rough_edges.py: left out with a note)
     with pytest.raises(UsageError, match="carries a position's value to the same position only"):
         path_patch(model, batch, "L0.block_in@key", "L1.block_in@query", "resid")
 

@@ -159,11 +159,17 @@ def test_map_budget_keeps_at_least_one_example(attention_page):
     assert maps_data(model, batch, examples=6, budget=3 * one_row)["examples"] == [0, 1, 2]
 
 
-def test_induction_scores_are_the_librarys(attention_page):
+def test_induction_scores_are_the_librarys_on_the_examples(attention_page):
+    """The page's 12 examples (seed 2): the library's scores of them (at most `INDUCTION_ROWS`);
+    no random-repeat table unless asked (tests/cli/test_rough_edges_cli.py)."""
     _, data = attention_page
-    model = hookmech.load(ATTENTION_FIXTURE)
-    scores = hookmech.induction_scores(model)
-    assert [entry["scores"] for entry in data["induction"]["layers"]] == [s.tolist() for s in scores.values()]
+    model, task = hookmech.load(ATTENTION_FIXTURE), hookmech.tasks.from_checkpoint(ATTENTION_FIXTURE)
+    scores = hookmech.induction_scores(model, task.sample(12, seed=2))
+    assert data["induction"]["n"] == 12
+    assert [entry["scores"] for entry in data["induction"]["layers"]] == [
+        {name: values.tolist() for name, values in by_name.items()} for by_name in scores.values()
+    ]
+    assert "random_repeat" not in data["induction"]
 
 
 def test_a_cache_page_has_the_numbers_of_patch_with_that_cache(tmp_path, capsys):

@@ -29,7 +29,7 @@ from .atp_star import atp_star_patch
 from .dispatch import patch
 from .metrics import METRICS, Metric, attribution_score, corrupt_answers
 from .options import ABLATIONS, CONTEXT_MEMORY, DIRECTIONS, METHODS, PatchOptions, check_threshold
-from .paths import VIA, path_patch
+from .paths import VIA, PathSkippedWarning, path_patch
 from .plans import resample_order
 from .protocol import PatchableConfig, PatchableModel, PathPatchableModel
 from .runs import CleanCorruptRuns
@@ -46,6 +46,7 @@ __all__ = [
     "Metric",
     "PatchOptions",
     "PatchSite",
+    "PathSkippedWarning",
     "PatchableConfig",
     "PatchableModel",
     "PathPatchableModel",

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ def patch(
     ablate_seed: int = 0,
     context_memory: int = CONTEXT_MEMORY,
     graddrop: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Patch every (site, position) and score it (formulas: `hookmech.patching.metrics`).
 
@@ -61,6 +62,9 @@ def patch(
     Memory: `max_batch` rows per forward, plus the activations of the patched hooks for all N
     rows, plus the mixer contexts that resumed patches start from while they fit in
     `context_memory` bytes (beyond it, patches run on every position: slower, same numbers).
+
+    `progress(k)` is called as k records are done (the exact engine: once per site, with its
+    positions; AtP and AtP*: once, with all), so that the calls add up to the number of records.
     """
     options = PatchOptions(
         method=method,
@@ -78,12 +82,12 @@ def patch(
         raise UsageError(f"graddrop=False is an option of method 'atp-star' (AtP*), not of {options.method!r}")
     if options.method == "atp":
         _check_atp_options(options, sites)
-        return attribution_patch(
+        records = attribution_patch(
             model, source, sites, positions, threshold=threshold, max_batch=max_batch, per_example=per_example
         )
-    if options.method == "atp-star":
+    elif options.method == "atp-star":
         _check_atp_options(options, sites)
-        return atp_star_patch(
+        records = atp_star_patch(
             model,
             source,
             sites,
@@ -94,7 +98,11 @@ def patch(
             graddrop=graddrop,
             context_memory=context_memory,
         )
-    return run_exact(model, source, sites, positions, options)
+    else:
+        return run_exact(model, source, sites, positions, options, progress)
+    if progress is not None:
+        progress(len(records))
+    return records
 
 
 def _check_atp_options(options: PatchOptions, sites: list[str]) -> None:

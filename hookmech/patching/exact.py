@@ -10,7 +10,7 @@ into batched forwards of at most `max_batch` rows.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ def run_exact(
     sites: str | Iterable[str],
     positions: str | Iterable[str],
     options: PatchOptions,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Return `exact_patch`'s records of site specs `sites` (`targets.parse_sites`) at position
     specs `positions` on `source` (a `Batch`, an open `CacheFile` or a cache path), the model in
@@ -45,7 +46,7 @@ def run_exact(
     check_patchable(model)
     patch_sites = parse_sites(sites, model)
     with evaluating(model), open_source(source) as (batch, cache):
-        return exact_patch(model, batch, cache, patch_sites, as_specs(positions, "position"), options)
+        return exact_patch(model, batch, cache, patch_sites, as_specs(positions, "position"), options, progress)
 
 
 def exact_patch(
@@ -55,13 +56,14 @@ def exact_patch(
     patch_sites: list[PatchSite],
     positions: list[str],
     options: PatchOptions,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Return one record per (site, position) (`records.patch_record`, plus ``ablate`` when
     ablating and, when `per_example`, ``[N]`` lists ``p_patched_rows`` (``metric_patched_rows``
     for another metric) and the unpatched runs' ``p_clean_rows``, ``p_corrupt_rows``, whose
     means are the record's ``p_clean``, ``p_corrupt``),
     patching every site of `patch_sites` at every position spec of `positions` on `batch`
-    (activations read from `cache` where it holds them)."""
+    (activations read from `cache` where it holds them); `progress(len(positions' patches))` after each site."""
     patches = position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
     computed_sites = {site: equivalent_site(model, site) for site in patch_sites}
     hooks = [t.hook for s in patch_sites for t in s.targets]
@@ -109,6 +111,8 @@ def exact_patch(
                 if options.metric != "p_answer":
                     record["metric_patched_rows"] = row_values.tolist()
             records.append(record)
+        if progress is not None:
+            progress(len(patches))
     return records
 
 

@@ -19,7 +19,8 @@ them, is the model's to say.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,11 @@ from .targets import PatchSite, Target, head_axis_of, parse_sites
 VIA = ("resid", "head", "state", "conv")
 
 
+class PathSkippedWarning(UserWarning):
+    """Pairs of a `path_patch` left out because the route cannot join them (a `resid` path
+    between positions that never coincide): they have no record."""
+
+
 def split_endpoint(spec: str, end: str) -> tuple[str, str]:
     """Return ``(site, position)`` of an endpoint ``SITE@POS`` (`end`: "sender" or "receiver",
     for the message); a UsageError when either part is missing."""
@@ -62,6 +68,7 @@ def path_patch(
     per_example: bool = False,
     metric: str = "p_answer",
     context_memory: int = CONTEXT_MEMORY,
+    progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Patch every path from a sender to a receiver along `via` and score it.
 
@@ -79,6 +86,13 @@ def path_patch(
     receiver's and ``hook`` the hook replaced (the receiver, or for a state path the hook holding
     the receiving position's read-out); plus ``p_patched_rows`` (and ``metric_patched_rows``)
     ``[N]`` lists when `per_example`.
+
+    A `resid` path carries a position's value to that same position only: a (sender position,
+    receiver position) pair that coincides in no row is left out, with one `PathSkippedWarning`
+    naming how many were and one of them; when no pair is left, a UsageError (a single such
+    pair is refused the same way). `progress(k)` is called after each sender position of each
+    (sender site, receiver site) pair with its k receiver positions, left-out pairs included (the
+    calls add up to the number of (sender, receiver) pairs of sites and positions).
     """
     check_patchable(model, paths=True)
     if via not in VIA:
@@ -112,7 +126,7 @@ def path_patch(
             for r_target, r_patches in receive
         ]
         if via == "resid":
-            _check_resid_positions(paths)
+            _skip_resid_pairs(paths)
         hooks = [hook for *_, ends in paths for hook in (*ends.reads, ends.patched)]
         sites = [PatchSite((Target(ends.patched, r_target.head),)) for _, _, r_target, _, ends in paths]
         runs = CleanCorruptRuns(
@@ -137,10 +151,17 @@ def path_patch(
             head_axis = None if target.head is None else head_axis_of(model, target.hook)
             base = runs.acts(target.hook, "corrupt")
             for s_patch in s_patches:
+                met = r_patches if via != "resid" else [r for r in r_patches if _same_position(s_patch, r)]
+                if not met:
+                    if progress is not None:
+                        progress(len(r_patches))
+                    continue
                 change = model.path_change(ends, runs.acts, s_patch.mask.to(runs.device), s_target.head)
                 plan = TargetPlan(target, pos_axis, head_axis, base + change, base)
-                probs, values = patched_rows(model, runs, site, r_patches, scorer, options, plans=[plan])
-                for r_patch, row_probs, row_values in zip(r_patches, probs, values, strict=True):
+                probs, values = patched_rows(model, runs, site, met, scorer, options, plans=[plan])
+                if progress is not None:
+                    progress(len(r_patches))
+                for r_patch, row_probs, row_values in zip(met, probs, values, strict=True):
                     record = {
                         "sender": f"{s_target.site_label}@{s_patch.label}",
                         "receiver": f"{r_target.site_label}@{r_patch.label}",
@@ -174,16 +195,36 @@ def _single_targets(site: str, model: PathPatchableModel, end: str) -> list[Targ
     return [patch_site.targets[0] for patch_site in parse_sites(site, model)]
 
 
-def _check_resid_positions(paths: list[tuple[Target, list[PositionPatch], Target, list[PositionPatch], Any]]) -> None:
-    """Raise a UsageError when no sender position is a receiver position in any row: the residual
-    stream carries a position's value to that same position only (returns None otherwise)."""
-    for _, s_patches, _, r_patches, _ in paths:
-        for s_patch in s_patches:
-            for r_patch in r_patches:
-                if (s_patch.mask & r_patch.mask).any():
-                    return
-    raise UsageError(
-        "a resid path carries a position's value to the same position only, and no sender position is a "
-        f"receiver position here (e.g. {paths[0][0].site_label}@{paths[0][1][0].label} -> "
-        f"{paths[0][2].site_label}@{paths[0][3][0].label}); give the receiver the sender's position"
+def _same_position(sender: PositionPatch, receiver: PositionPatch) -> bool:
+    """Whether a sender position and a receiver position coincide in some row (a `resid` path
+    joins those only)."""
+    return bool((sender.mask & receiver.mask).any())
+
+
+def _skip_resid_pairs(paths: list[tuple[Target, list[PositionPatch], Target, list[PositionPatch], Any]]) -> None:
+    """Warn (`PathSkippedWarning`) about the (sender position, receiver position) pairs of `resid`
+    `paths` that coincide in no row, which `path_patch` leaves out; raise a UsageError when that
+    is every pair. Returns None."""
+    skipped = [
+        (s_target, s_patch, r_target, r_patch)
+        for s_target, s_patches, r_target, r_patches, _ in paths
+        for s_patch in s_patches
+        for r_patch in r_patches
+        if not _same_position(s_patch, r_patch)
+    ]
+    if not skipped:
+        return
+    s_target, s_patch, r_target, r_patch = skipped[0]
+    example = f"{s_target.site_label}@{s_patch.label} -> {r_target.site_label}@{r_patch.label}"
+    total = sum(len(s_patches) * len(r_patches) for _, s_patches, _, r_patches, _ in paths)
+    if len(skipped) == total:
+        raise UsageError(
+            "a resid path carries a position's value to the same position only, and no sender position is a "
+            f"receiver position here (e.g. {example}); give the receiver the sender's position"
+        )
+    warnings.warn(
+        f"{len(skipped)} of {total} resid pairs left out: a resid path carries a position's value to the same "
+        f"position only, and their positions never coincide (e.g. {example})",
+        PathSkippedWarning,
+        stacklevel=3,
     )

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HookmechError, unknown
+from ..seeds import EXAMPLES_SEED
 from .ar import AssociativeRecall
 from .atr import AssociativeTreecall
 from .base import Task, check_task_options
@@ -47,4 +48,4 @@ def from_checkpoint(path: str | Path) -> Task:
     return from_spec(spec)
 
 
-__all__ = ["REGISTRY", "Batch", "Task", "from_checkpoint", "from_spec", "make"]
+__all__ = ["EXAMPLES_SEED", "REGISTRY", "Batch", "Task", "from_checkpoint", "from_spec", "make"]

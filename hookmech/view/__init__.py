@@ -6,7 +6,7 @@ effective attention, induction scores; the numbers of `hookmech report`'s figure
 `encode.py` packs arrays for it, and `page.py` writes the HTML with its inline script
 (`view.js`) and stylesheet (`view.css`).
 
-    data = checkpoint_page_data(model, task, task.sample(320, seed=0))
+    data = checkpoint_page_data(model, task, task.sample(320, seed=1))
     write_page(data, "page.html", title="attention on AR")
 """
 

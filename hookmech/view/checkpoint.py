@@ -12,7 +12,9 @@
 - per layer, the effective attention (`hookmech.attention_maps`) of the first examples: the
   channel mean of per-channel mixers and every head, plus every channel for short rows
   (`SHORT_ROWS`), as many examples as fit in `MAP_BUDGET` bytes;
-- the induction scores of every layer and head (`hookmech.induction_scores`).
+- the induction scores of every layer and head on the first `INDUCTION_ROWS` examples
+  (`hookmech.induction_scores` of the batch: query → value, value → key), and, when asked,
+  Olsson et al.'s prefix matching on random repeated tokens (out of the task's distribution).
 
 Rendering is `hookmech.view.page`'s; nothing here writes HTML.
 """
@@ -20,7 +22,7 @@ Rendering is `hookmech.view.page`'s; nothing here writes HTML.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,9 @@ MAP_BUDGET = 8 * 2**20
 SHORT_ROWS = 64
 #: rows listed per cell with the largest and with the smallest effect
 TOP_K = 5
+#: the induction scores are those of the first examples, at most this many (per-channel mixers
+#: build their M a row at a time: 64 rows of the Mamba fixture take 0.7 s, 320 take 3.3 s)
+INDUCTION_ROWS = 64
 
 
 def default_positions(task: Task, batch: Batch) -> list[str]:
@@ -70,6 +75,8 @@ def checkpoint_page_data(
     map_budget: int = MAP_BUDGET,
     top_k: int = TOP_K,
     about: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+    random_repeat_induction: bool = False,
 ) -> dict[str, Any]:
     """Return the page data of `model` on `source` (a `Batch`, or an activation cache of this
     model: path or open `CacheFile`): ``{"kind": "checkpoint", "about", "model", "records",
@@ -80,6 +87,9 @@ def checkpoint_page_data(
     role of the task, `default_positions`) with `threshold` and `max_batch`, without their
     per-row lists; ``cells[i]`` holds record i's per-row ``p_patched`` and the `top_k` rows of
     largest and smallest effect. `about` (JSON-able) is shown as the page's description.
+    `progress` is `patch`'s (called as records are done). The induction scores are those of
+    the examples (`induction_data`), plus prefix matching on random repeated tokens with
+    `random_repeat_induction`.
     """
     from ..patching import patch
 
@@ -89,7 +99,14 @@ def checkpoint_page_data(
         batch = source.batch() if isinstance(source, CacheFile) else source
         positions = list(positions) if positions is not None else default_positions(task, batch)
         records = patch(
-            model, source, list(sites), positions, threshold=threshold, max_batch=max_batch, per_example=True
+            model,
+            source,
+            list(sites),
+            positions,
+            threshold=threshold,
+            max_batch=max_batch,
+            per_example=True,
+            progress=progress,
         )
     p_clean_rows, p_corrupt_rows = records[0]["p_clean_rows"], records[0]["p_corrupt_rows"]
     cells = []
@@ -115,7 +132,9 @@ def checkpoint_page_data(
         "cells": cells,
         "vocab": token_names(task, config.d_vocab),
         "maps": maps_data(model, batch, map_examples, map_budget),
-        "induction": induction_data(model),
+        "induction": induction_data(
+            model, batch.select(slice(0, INDUCTION_ROWS)), random_repeat=random_repeat_induction
+        ),
     }
 
 
@@ -228,27 +247,50 @@ def maps_data(model, batch: Batch, examples: int, budget: int) -> dict[str, Any]
     return {"examples": chosen, "layers": layers, "values": values, "channels": channels or None}
 
 
-def induction_data(model, batch: int = 16, seed: int = 0) -> dict[str, Any]:
-    """Return the induction (prefix-matching) score of every layer and head or channel mean,
-    `hookmech.induction_scores` with its default sequence length: ``{"seq_len", "batch",
-    "layers": [{"layer", "mixer", "per_channel", "scores"}]}``, or ``{"error": message}`` when the model has none."""
-    from ..effective_attention import induction_scores
+def induction_data(model, batch: Batch, random_repeat: bool = False, rows: int = 16, seed: int = 0) -> dict[str, Any]:
+    """Return the induction scores of every layer and head or channel mean on the examples of
+    `batch` (`hookmech.induction_scores`): ``{"n", "names", "uniform": {name: value},
+    "layers": [{"layer", "mixer", "per_channel", "scores": {name: [value per head]}}]}``, with
+    ``"random_repeat": {"seq_len", "rows", "layers": [... "scores": [value per head]]}`` (prefix
+    matching on `rows` random repeated sequences, `seed`) when `random_repeat`; or
+    ``{"error": message}`` when the model has no effective attention."""
+    from ..effective_attention import (
+        RANDOM_REPEAT_SCORE,
+        TASK_SCORES,
+        induction_scores,
+        uniform_task_scores,
+    )
 
-    seq_len = min(model.cfg.n_ctx // 2, model.cfg.d_vocab)
     try:
-        scores = induction_scores(model, seq_len=seq_len, batch=batch, seed=seed)
+        scores = induction_scores(model, batch)
+        repeated = induction_scores(model, random_repeat=True, rows=rows, seed=seed) if random_repeat else None
     except HookmechError as error:
         return {"error": str(error)}
-    return {
-        "seq_len": seq_len,
-        "batch": batch,
+
+    def layer_entry(layer: int, values) -> dict[str, Any]:
+        return {
+            "layer": layer,
+            "mixer": model.cfg.mixers[layer],
+            "per_channel": model.blocks[layer].mixer.attention_axis == "channel",
+            "scores": values,
+        }
+
+    data: dict[str, Any] = {
+        "n": len(batch),
+        "names": list(TASK_SCORES),
+        "uniform": uniform_task_scores(batch),
         "layers": [
-            {
-                "layer": layer,
-                "mixer": model.cfg.mixers[layer],
-                "per_channel": model.blocks[layer].mixer.attention_axis == "channel",
-                "scores": [float(v) for v in values.tolist()],
-            }
-            for layer, values in scores.items()
+            layer_entry(layer, {name: [float(v) for v in values.tolist()] for name, values in by_name.items()})
+            for layer, by_name in scores.items()
         ],
     }
+    if repeated is not None:
+        data["random_repeat"] = {
+            "seq_len": min(model.cfg.n_ctx // 2, model.cfg.d_vocab),
+            "rows": rows,
+            "layers": [
+                layer_entry(layer, [float(v) for v in by_name[RANDOM_REPEAT_SCORE].tolist()])
+                for layer, by_name in repeated.items()
+            ],
+        }
+    return data

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import unknown
+from ..seeds import EXAMPLES_SEED
 
 #: the metrics.jsonl fields the dynamics panels draw (besides ``step`` and ``attr:*``)
 DYNAMICS_FIELDS = ("loss", "dev_acc", "dev_p_answer")
@@ -29,7 +30,7 @@ def sweep_page_data(
     *,
     runs: Sequence[str] | None = None,
     n: int = 320,
-    seed: int = 0,
+    seed: int = EXAMPLES_SEED,
     heatmaps: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:

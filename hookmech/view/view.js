@@ -117,8 +117,9 @@
     return String(Math.round(v * 1e6) / 1e6);
   }
 
-  // chart({title, xlabel, ylabel, xlog (base), ylog, ylim, width, height, series: [{name, color,
-  // points: [{x, y, lo, hi, tip}], line, band, bars, marker, dash}], extra(svg, sx, sy)})
+  // chart({title, xlabel, ylabel, xlog (base), ylog, ylim, yticks: [[value, label]] (named ticks
+  // instead of numbers), width, height, series: [{name, color, points: [{x, y, lo, hi, tip}], line,
+  // band, bars, marker, dash}], extra(svg, sx, sy)})
   function chart(spec) {
     const width = spec.width || 460, height = spec.height || 300;
     const margin = { left: 58, right: spec.legendRight === false ? 12 : spec.legendWidth || 150, top: spec.title ? 26 : 10, bottom: 42 };
@@ -141,14 +142,15 @@
     const svg = sv("svg", { width, height, viewBox: `0 0 ${width} ${height}` });
     if (spec.title) svg.append(sv("text", { x: margin.left, y: 16, class: "title", text: spec.title }));
     const xt = spec.xlog ? logTicks(x0, x1, spec.xlog, xs) : niceTicks(x0, x1);
-    const yt = spec.ylog ? logTicks(Math.exp(Y0), Math.exp(Y1), 10, []) : niceTicks(spec.ylim ? y0 : Y0, spec.ylim ? y1 : Y1);
+    const yt = spec.yticks ? spec.yticks.map(([v]) => v) : spec.ylog ? logTicks(Math.exp(Y0), Math.exp(Y1), 10, []) : niceTicks(spec.ylim ? y0 : Y0, spec.ylim ? y1 : Y1);
+    const ylabelOf = spec.yticks ? new Map(spec.yticks) : null;
     for (const v of xt) {
       svg.append(sv("line", { x1: sx(v), x2: sx(v), y1: margin.top, y2: margin.top + plotH, class: "grid" }));
       svg.append(sv("text", { x: sx(v), y: margin.top + plotH + 14, "text-anchor": "middle", text: tickLabel(v) }));
     }
     for (const v of yt) {
       svg.append(sv("line", { x1: margin.left, x2: margin.left + plotW, y1: sy(v), y2: sy(v), class: "grid" }));
-      svg.append(sv("text", { x: margin.left - 5, y: sy(v) + 4, "text-anchor": "end", text: tickLabel(v) }));
+      svg.append(sv("text", { x: margin.left - 5, y: sy(v) + 4, "text-anchor": "end", class: "ytick", text: ylabelOf ? ylabelOf.get(v) : tickLabel(v) }));
     }
     svg.append(sv("rect", { x: margin.left, y: margin.top, width: plotW, height: plotH, fill: "none", class: "axis" }));
     svg.append(sv("text", { x: margin.left + plotW / 2, y: height - 6, "text-anchor": "middle", text: spec.xlabel || "" }));
@@ -352,11 +354,12 @@
       }));
       const strip = chart({
         title: `${record.site} @ ${record.pos}: p(answer) per example (${N} rows)`, xlabel: "p(answer)", ylabel: "",
-        series, ylim: [-0.6, 2.6], xlim: [minOf(p, 0), maxOf(p, 1)], width: 760, height: 210, legendWidth: 230,
+        series, ylim: [-0.6, 2.6], yticks: [[0, "clean"], [1, "corrupt"], [2, "patched"]], xlim: [minOf(p, 0), maxOf(p, 1)], width: 760, height: 210, legendWidth: 230,
         extra: (svg, sx, sy) => strips.forEach(([name, , color], k) => {
           svg.append(sv("line", { x1: sx(record[name]), x2: sx(record[name]), y1: sy(k - 0.45), y2: sy(k + 0.45), stroke: color, "stroke-width": 2.5 }));
         }),
       });
+      strip.classList.add("strip");
       drill.append(el("h3", { text: `${record.site} (${record.hook}) at ${record.pos}` }), table, strip,
         el("p", { class: "note", text: "Effect of a row = its p_patched \u2212 p_corrupt. Bars in the strips: the means. Underlined rows have their effective attention below." }),
         el("div", { class: "row" }, exampleTable(cell.largest, "largest effect", p), exampleTable(cell.smallest, "smallest effect", p)));
@@ -460,15 +463,29 @@
     page.append(induction);
     if (D.induction.error) induction.append(el("p", { class: "error", text: D.induction.error }));
     else {
-      induction.append(el("p", { class: "note", text: `Prefix matching (Olsson et al. 2022): on ${D.induction.batch} random sequences of ${D.induction.seq_len} distinct tokens repeated twice, the mean weight of M from each token of the second half to the token after its previous occurrence. 1: a perfect induction head.` }));
-      const table = el("table", {}, el("tr", {}, el("th", { text: "layer" }), el("th", { text: "mixer" }), el("th", { text: "head / channel mean" }), el("th", { text: "score" })));
-      for (const layer of D.induction.layers) {
-        layer.scores.forEach((score, h) => table.append(el("tr", {},
-          el("td", { text: String(layer.layer) }), el("td", { text: layer.mixer }),
-          el("td", { text: layer.per_channel ? "channel mean" : `head ${h}` }),
-          el("td", { class: "num" }, el("span", { class: "bar" + (score < 0 ? " neg" : ""), style: `width:${Math.round(Math.min(1, Math.abs(score)) * 160)}px` }), " ", fmt(score, 4)))));
+      const I = D.induction, U = I.uniform;
+      const scoreCell = (score) => el("td", { class: "num" }, el("span", { class: "bar" + (score < 0 ? " neg" : ""), style: `width:${Math.round(Math.min(1, Math.abs(score)) * 120)}px` }), " ", fmt(score, 4));
+      const head = (layer, h) => (layer.per_channel ? "channel mean" : `head ${h}`);
+      induction.append(el("p", { class: "note", text: `On the first ${I.n} examples, the mean weight of each layer's M (the effective attention) from the query on the value of its pair (query \u2192 value: an induction head reads the answer where its key was stored) and from the value on its key (value \u2192 key: the previous-token step that stores the key at the value; where the value comes first, the key on its value). Induction is value \u2192 key high in an earlier layer and query \u2192 value high in a later one. Uniform causal attention would score ${fmt(U["query->value"], 3)} and ${fmt(U["value->key"], 3)} on these rows (uniform over a window of w tokens: 1/w). Per-channel mixers: the channel mean of M, which can be negative.` }));
+      const table = el("table", { id: "induction" }, el("tr", {}, el("th", { text: "layer" }), el("th", { text: "mixer" }), el("th", { text: "head / channel mean" }),
+        ...I.names.map((name) => el("th", { text: name.replace("->", " \u2192 ") }))));
+      for (const layer of I.layers) {
+        layer.scores[I.names[0]].forEach((_, h) => table.append(el("tr", {},
+          el("td", { text: String(layer.layer) }), el("td", { text: layer.mixer }), el("td", { text: head(layer, h) }),
+          ...I.names.map((name) => scoreCell(layer.scores[name][h])))));
       }
       induction.append(table);
+      if (I.random_repeat) {
+        const R = I.random_repeat;
+        induction.append(el("h3", { text: "Prefix matching on random repeated tokens (out of the task's distribution)" }),
+          el("p", { class: "note", text: `Olsson et al. (2022): on ${R.rows} random sequences of ${R.seq_len} distinct tokens repeated twice, the mean weight of M from each token of the second half to the token after its previous occurrence; 1: a perfect induction head. A model trained on a task never saw such sequences: a low score here does not contradict induction on the task's documents above.` }));
+        const random = el("table", { id: "induction-random-repeat" }, el("tr", {}, el("th", { text: "layer" }), el("th", { text: "mixer" }), el("th", { text: "head / channel mean" }), el("th", { text: "prefix matching" })));
+        for (const layer of R.layers) {
+          layer.scores.forEach((score, h) => random.append(el("tr", {},
+            el("td", { text: String(layer.layer) }), el("td", { text: layer.mixer }), el("td", { text: head(layer, h) }), scoreCell(score))));
+        }
+        induction.append(random);
+      }
     }
 
     // start with the strongest cell that passes the filter

@@ -217,7 +217,9 @@ def test_report_and_view_of_a_grid_of_seeds_only_read_a_read_only_copy_and_write
     assert code == 0, err
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "No learning-rate figure: results.csv has no lr." in text
-    assert "No accuracy-vs-d_model figure: results.csv has no d_model." in text
+    # no d_model column either: the runs' run.json give it (the trainer's default width)
+    assert "![accuracy vs d_model](accuracy_vs_d_model.png)" in text
+    assert "| all | 64 |" in text
     assert text.count("![heatmap ") == 1
     kept = list((tmp_path / "rep").glob("heatmap_*.json"))
     assert len(kept) == 1 and json.loads(kept[0].read_text())["n"] == 4  # beside the output, not in the runs
@@ -243,7 +245,7 @@ def test_a_report_reuses_its_own_heatmap_records_and_only_for_the_same_model_n_a
     for n in (4, 4, 5):
         code, _, err = run_cli(["report", seeds_only, "--n", n, "-o", out], capsys)
         assert code == 0, err
-    assert computed == [(4, 0), (5, 0)]
+    assert computed == [(4, 1), (5, 1)]  # the default seed of the examples
 
 
 def _without_model_or_folder(tmp: Path) -> Path:

@@ -28,7 +28,7 @@ def test_cli_patch_options_call_the_library(tmp_path, capsys):
     assert code == 0, err
     records = json.loads(out)
     task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3, corrupt="value")
-    expected = patch(hookmech.load(ckpt), task.sample(10, seed=0), ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"], ["value"],
+    expected = patch(hookmech.load(ckpt), task.sample(10, seed=1), ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"], ["value"],
                      metric="logit_diff", direction="noise")
     assert [r["site"] for r in records] == ["L0.block_out+L1.mixer_in", "L1.mixer.z[1]"]
     for got, want in zip(records, expected, strict=True):
@@ -85,7 +85,7 @@ def test_cli_path_patch_calls_path_patch_and_prints_the_route(capsys):
     assert code == 0, err
     records = json.loads(out)
     task = hookmech.tasks.from_checkpoint(mamba)
-    expected = path_patch(hookmech.load(mamba), task.sample(12, seed=0), "L0.mixer.in_x@key",
+    expected = path_patch(hookmech.load(mamba), task.sample(12, seed=1), "L0.mixer.in_x@key",
                           ["L0.mixer.conv@value", "L0.mixer.conv@whole"], "conv", metric="log_p")
     assert [(r["sender"], r["receiver"], r["via"]) for r in records] == [
         ("L0.mixer.in_x@key", "L0.mixer.conv@value", "conv"), ("L0.mixer.in_x@key", "L0.mixer.conv@whole", "conv")]
