@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 import hookmech
+from hookmech.mixers.capabilities import PatchMemo
 from hookmech.patching import atp_star_patch, patch
 from hookmech.patching.atp import positional_hooks, verify_priority
 from hookmech.patching.atp_star import answer_log_odds
@@ -123,7 +124,7 @@ def gradient_floor(model, batch, sites: list[str]) -> None:
         (gradient,) = torch.autograd.grad(answer_log_odds(logits, batch.answers).sum(), leaves)
     with torch.no_grad():
         for layer, name in enumerate(mixer_inputs):
-            model.mixer_patch_effects(layer, gradient[None], clean[name], corrupt.__getitem__, None, {})
+            model.mixer_patch_effects(layer, gradient[None], clean[name], corrupt.__getitem__, None, PatchMemo())
 
 
 def bench(path: str, n: int, reps: int, budgets: list[int]) -> None:

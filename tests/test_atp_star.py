@@ -14,6 +14,7 @@ from hookmech.hooks import gradients_follow_edits
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import base as mixer_base
 from hookmech.mixers.attention import Attention
+from hookmech.mixers.capabilities import ExactPatchEffects, MixerMemo
 from hookmech.patching import atp_star_patch, attribution_patch, patch, verify_top
 from hookmech.patching.atp_star import answer_log_odds
 from hookmech.sites import resolve_sites
@@ -198,7 +199,7 @@ def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, row
 
 
 def test_mamba_patch_computations_share_the_base_run(monkeypatch):
-    """Calls given the same `shared` dict compute the base run's branch once and give the numbers
+    """Calls given the same memo compute the base run's branch once and give the numbers
     of calls without it, bit for bit; the context made from it (`patch_context`, the first call)
     is `prefix_context`'s."""
     from hookmech.mixers.mamba import Mamba
@@ -218,12 +219,12 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
         calls = []
         compute = mixer._compute_base_branch
         monkeypatch.setattr(mixer, "_compute_base_branch", lambda *args: calls.append(1) or compute(*args))
-        shared: dict = {}
-        made = mixer.patch_context(x, shared)
+        memo = MixerMemo()
+        made = mixer.patch_context(x, memo)
         together = (
-            mixer.position_patch_effects(x, grads, patched, shared=shared),
-            mixer.position_patch_effects(x, grads, in_x_patch, "hook_in_x", shared=shared),
-            mixer.position_patch_outputs(x, patched, at, shared=shared),
+            mixer.position_patch_effects(x, grads, patched, memo=memo),
+            mixer.position_patch_effects(x, grads, in_x_patch, "hook_in_x", memo=memo),
+            mixer.position_patch_outputs(x, patched, at, memo=memo),
         )
     assert len(calls) == 1
     assert made.keys() == context.keys() == {"state", "in_x"}
@@ -238,8 +239,9 @@ def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
     assert Attention(32, qkv_conv="k").position_patch_effects(x, grads, x) is None  # a conv spreads the patch
     assert Attention(32).position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_z") is None
     model = make_model(ar_task, mixers="rwkv")
-    assert model.blocks[0].mixer.position_patch_effects(x, grads, x) is None  # the base class's default
-    assert model.blocks[0].mixer.position_patch_outputs(x, x, torch.zeros(2, dtype=torch.long)) is None
+    assert not isinstance(model.blocks[0].mixer, ExactPatchEffects)  # a mixer without the capability
+    assert model.mixer_patch_effects(0, grads, x, lambda hook: x) is None
+    assert model.mixer_patch_outputs(0, x, lambda hook: x, torch.zeros(2, dtype=torch.long)) is None
     based = make_model(ar_task, mixers="based").blocks[0].mixer
     assert based.position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_y") is None  # after the kernel
     assert Attention(32).position_patch_outputs(x, x, torch.zeros(2, dtype=torch.long)) is None
@@ -605,24 +607,29 @@ def test_what_patches_exactly_claims_position_patch_effects_computes(ar_task, na
         point.remove_hooks()
     asked = {None: x + 1, **{local: act + 1 for local, act in activations.items()}}
     assert len(asked) > 1
+    exact = isinstance(mixer, ExactPatchEffects)  # without the capability: no exact patch anywhere
     for hook, patched in asked.items():
         with torch.no_grad():
-            found = mixer.position_patch_effects(x, grad, patched, hook)
-        if mixer.patches_exactly(hook):
+            found = mixer.position_patch_effects(x, grad, patched, hook) if exact else None
+        if exact and mixer.patches_exactly(hook):
             assert found is not None and found.shape == (1, 2, 6) and bool(found.isfinite().all()), hook
         else:
             assert found is None, hook
 
 
-def test_a_mixer_that_claims_an_exact_patch_it_does_not_compute_is_named(ar_task, monkeypatch):
+def test_a_mixer_that_claims_an_exact_patch_it_does_not_compute_is_named(ar_task):
     """AtP* takes no gradient at a hook whose patch the next mixer says it computes exactly; a mixer
     that says so without computing it (no `exact_patch_effects`) gets a HookmechError naming it,
     not a silent linear estimate with a missing gradient."""
     from hookmech.mixers.rwkv import RWKV6
 
+    class ClaimingRWKV6(RWKV6, ExactPatchEffects):
+        def patches_exactly(self, hook=None):
+            return hook is None
+
     model = make_model(ar_task, mixers="rwkv")
-    monkeypatch.setattr(RWKV6, "patches_exactly", lambda self, hook=None: hook is None)
-    with pytest.raises(HookmechError, match="mixer RWKV6 computes no patch exactly"):
+    model.blocks[0].mixer.__class__ = ClaimingRWKV6
+    with pytest.raises(HookmechError, match="mixer ClaimingRWKV6 computes no patch exactly"):
         atp_star_patch(model, ar_task.sample(4, seed=0), ["L0.block_in"], ["key"])
 
 
