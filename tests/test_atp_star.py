@@ -455,7 +455,7 @@ def test_graddrop_equals_backward_passes_through_detached_sublayers(ar_task):
         per_position = ((clean - corrupt) * grad).sum(-1)  # [N, T]
         shifts.append(torch.sigmoid(log_odds[:, None] + per_position) - torch.sigmoid(log_odds[:, None]))
     expected = torch.stack(shifts).mean(1).abs().mean(0)  # mean over layers of |mean over rows|: [T]
-    records = atp_star_patch(model, batch, ["embed", "final_norm"], ["all"])
+    records = atp_star_patch(model, batch, ["embed", "final_norm"], ["all"], graddrop=True)
     by = {(r["site"], r["pos"]): r for r in records}
     assert expected.max() > 1e-4  # the corrupted key's embedding moves p along either route
     for position in range(batch.tokens.shape[1]):
@@ -510,7 +510,9 @@ def test_every_mixer_and_site_kind_gets_a_finite_estimate(ar_task, mixer):
 # -- records and arguments --------------------------------------------------------------------------
 def test_records_have_the_contract_fields(ar_model, ar_task):
     batch = ar_task.sample(10, seed=8)
-    star = patch(ar_model, batch, ["all"], ["key", "value", "key+value"], method="atp-star", per_example=True)
+    star = patch(
+        ar_model, batch, ["all"], ["key", "value", "key+value"], method="atp-star", per_example=True, graddrop=True
+    )
     atp = attribution_patch(ar_model, batch, ["all"], ["key", "value", "key+value"])
     assert len(star) == len(atp) == 7 * 2 * 3
     for a, b in zip(star, atp, strict=True):
@@ -526,7 +528,7 @@ def test_records_have_the_contract_fields(ar_model, ar_task):
         assert a["p_corrupt"] == b["p_corrupt"] and a["p_clean"] == b["p_clean"]  # the same unpatched runs
         # the mean of the rows, summed in another order: float64 round-off
         assert sum(a["p_patched_rows"]) / 10 == pytest.approx(a["p_patched"], abs=FLOAT64_SUM_TOL)
-    no_graddrop = atp_star_patch(ar_model, batch, ["all"], ["key"], graddrop=False)
+    no_graddrop = atp_star_patch(ar_model, batch, ["all"], ["key"])  # GradDrop is opt-in
     assert all(r["graddrop"] is None for r in no_graddrop)
     through_patch = patch(ar_model, batch, ["all"], ["key"], method="atp-star", graddrop=False)
     assert [r["p_patched"] for r in through_patch] == [r["p_patched"] for r in no_graddrop]
@@ -550,9 +552,9 @@ def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_task, mixers, s
     batch = ar_task.sample(13, seed=9)
     path = write_cache(model, batch, tmp_path / "c.h5", resolve_sites(["all"], model.hook_dict))
     positions = ["key", "value", "query"]
-    one = atp_star_patch(model, batch, sites, positions, max_batch=64)
-    chunked = atp_star_patch(model, batch, sites, positions, max_batch=4)
-    cached = atp_star_patch(model, path, sites, positions, max_batch=8)
+    one = atp_star_patch(model, batch, sites, positions, max_batch=64, graddrop=True)
+    chunked = atp_star_patch(model, batch, sites, positions, max_batch=4, graddrop=True)
+    cached = atp_star_patch(model, path, sites, positions, max_batch=8, graddrop=True)
     assert {site for site in sites if site != "all"} <= {r["site"] for r in one}
     assert len(one) == 3 * len({r["site"] for r in one})
     for a, b, c in zip(one, chunked, cached, strict=True):

@@ -184,6 +184,19 @@ def test_exact_patching_and_atp_ask_nothing_of_atp_star(ar_model, ar_task):
             "(hookmech.patching.AtpStarModel") in _one_line(error)
 
 
+# -- GradDrop is opt-in ----------------------------------------------------------------------
+def test_graddrop_is_opt_in(ar_model, ar_task):
+    batch = ar_task.sample(6, seed=7)
+    default = atp_star_patch(ar_model, batch, ["all"], ["key"])
+    assert all(r["graddrop"] is None for r in default)
+    assert patch(ar_model, batch, ["all"], ["key"], method="atp-star") == default
+    asked = patch(ar_model, batch, ["all"], ["key"], method="atp-star", graddrop=True)
+    assert all(r["graddrop"] >= 0 for r in asked)
+    assert [r["p_patched"] for r in asked] == [r["p_patched"] for r in default]  # GradDrop changes no estimate
+    with pytest.raises(UsageError, match="graddrop=True is an option of method 'atp-star'"):
+        patch(ar_model, batch, ["all"], ["key"], graddrop=True)
+
+
 # -- context_memory bounds AtP*'s contexts from tokens too -----------------------------------
 def test_atp_star_from_tokens_keeps_its_contexts_within_context_memory(ar_task, monkeypatch):
     """From tokens, the last block's exact query step resumes from each chunk's own contexts; they

@@ -30,7 +30,8 @@ each with its fix (one corrupt forward, then backward passes, per row chunk, as 
    the linearisation; changes at the last block's other positions stay first order.
 3. **Recurrent states** (``L*.mixer.ssm_state`` …): an edit there is carried on by the
    recurrence; the gradient at the state hook follows it (`hooks.gradients_follow_edits`).
-4. **Cancellation: GradDrop** (Kramár et al. §3.1.2). For each layer ℓ, one more backward pass
+4. **Cancellation: GradDrop** (Kramár et al. §3.1.2; opt-in, ``graddrop=True``, since it changed
+   no ranking on any model docs/performance.md measures). For each layer ℓ, one more backward pass
    with the gradient flowing from ℓ's sublayers back into the residual stream dropped (started
    at block ℓ, not at the logits: `graddrop.GradientPasses`); a cell's ``graddrop`` score is the
    mean over ℓ of |estimated change of p| under each. A cell whose paths cancel in the full
@@ -88,13 +89,14 @@ def atp_star_patch(
     threshold: float = 0.01,
     max_batch: int = 256,
     per_example: bool = False,
-    graddrop: bool = True,
+    graddrop: bool = False,
     context_memory: int = CONTEXT_MEMORY,
 ) -> list[dict[str, Any]]:
     """Estimate every (site, position) interchange intervention with AtP* (module docstring).
 
-    Arguments as `attribution_patch` (plain sites; position specs). With `graddrop` (default)
-    one more backward pass per layer gives each record its ``graddrop`` score. `context_memory`
+    Arguments as `attribution_patch` (plain sites; position specs). With `graddrop` one more
+    backward pass per layer gives each record its ``graddrop`` score (off by default: it changed
+    no ranking on any model docs/performance.md measures, and it adds a backward pass per layer). `context_memory`
     (bytes) bounds the corrupt run's resume contexts the last block's exact query step keeps, as
     in `hookmech.patching.patch`: beyond it the step runs on every position (slower, same numbers).
     Returns one record per (site, position) with patch's fields (``method="atp-star"``,
