@@ -34,7 +34,7 @@ MAX_CHANNEL_ELEMENTS = 64 * 2**20
 
 def attention_maps(model, tokens: Tensor, *, summary: str | None = "mean") -> dict[int, Tensor]:
     """Return ``{layer: M}`` for `tokens` ``[batch, pos]``: each M a float32 tensor
-    ``[batch, head_or_channel, query_pos, key_pos]``, the layer's `Mixer.effective_attention`
+    ``[batch, head_or_channel, query_pos, key_pos]``, the layer's `EffectiveAttentionMap.effective_attention`
     of its input (``blocks.{layer}.hook_mixer_in`` of a run on `tokens`).
 
     Axis 1 is the mixer's `attention_axis`. Heads are always kept. Per-channel operators

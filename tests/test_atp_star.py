@@ -593,7 +593,7 @@ def test_bad_arguments_are_usage_errors(ar_model, ar_task):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_what_patches_exactly_claims_position_patch_effects_computes(ar_task, name):
-    """AtP* asks `Mixer.patches_exactly` before its backward passes which hooks need no gradient of
+    """AtP* asks `ExactPatchEffects.patches_exactly` before its backward passes which hooks need no gradient of
     their own: for the input and every inside hook, a claimed patch gives finite effects ``[1, N,
     T]`` (the mixer's `exact_patch_effects`), any other None."""
     mixer = make_model(ar_task, mixers=name, n_layers=1, d_model=16).blocks[0].mixer

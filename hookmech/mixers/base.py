@@ -154,7 +154,7 @@ class Mixer(nn.Module):
 
 
 #: bytes of the largest tensor AtP*'s exact per-position mixer computations
-#: (`Mixer.position_patch_effects`, `position_patch_outputs`) hold for one block of rows
+#: (`ExactPatchEffects.position_patch_effects`, `position_patch_outputs`) hold for one block of rows
 #: (`row_blocks`): bounded memory, and several times faster on a CPU than all rows at once
 PATCH_BLOCK_BYTES = 16 << 20
 

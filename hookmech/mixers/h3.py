@@ -167,7 +167,7 @@ class H3(Mixer, PathRoutes, EffectiveAttentionMap):
         self.hook_ssm_filter = AxisHookPoint("lag head", pos_axis=None)
         declare_sizes(self, head=self.n_heads)
 
-    #: `head` receivers (`Mixer.head_inputs`): the projections, per head
+    #: `head` receivers (`PathRoutes.head_inputs`): the projections, per head
     head_inputs = ("q", "k", "v")
 
     def forward(self, u: Resid) -> Resid:

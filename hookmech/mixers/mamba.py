@@ -238,7 +238,7 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
             M += C[:, None, :, n, None] * decay * written * B[:, None, None, :, n]
         return M.float()
 
-    # -- path patching (see `Mixer.state_path`, `Mixer.conv_path`) ---------------------------
+    # -- path patching (see `PathRoutes.state_path`, `PathRoutes.conv_path`) ---------------------------
     state_hooks = ("ssm_state",)
     state_readout = "y"
 
@@ -415,7 +415,7 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         self, x: RunResid, patched: RunResid, at: RowInts, memo: MixerMemo | None = None
     ) -> RunResid | None:
         """Return ``[N, T, d_model]``: the change of the output at ``at[n]`` when position s alone
-        (of row n) takes the input ``patched[n, s]`` (`Mixer.position_patch_outputs`). Within the
+        (of row n) takes the input ``patched[n, s]`` (`ExactPatchEffects.position_patch_outputs`). Within the
         convolution's reach of s, Δ, B, C and the state are recomputed (as `position_patch_effects`);
         beyond it the state's change decays through the base run's decays to ``at``: Π_r exp(Δ_r A)
         = exp(A · Σ_r Δ_r), then is read out by C and gated there. Computed a block of rows at a
