@@ -132,7 +132,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     default="exact",
     show_default=True,
     help="exact interchange; atp: the first-order (gradient) estimate of every cell at once; "
-    "atp-star: AtP* (softmax recomputed at the patched position, saturation-free metric, GradDrop)",
+    "atp-star: AtP* (softmax recomputed at the patched position, saturation-free metric; GradDrop with --graddrop)",
 )
 @click.option(
     "--verify-top",
@@ -143,10 +143,10 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 )
 @click.option(
     "--graddrop/--no-graddrop",
-    default=True,
-    show_default=True,
+    default=None,
     help="with --method atp-star: GradDrop's extra backward pass per layer (its `graddrop` score, "
-    "which --verify-top also ranks by); --no-graddrop skips them",
+    "which --verify-top also ranks by); off by default, as it changed no ranking on the measured "
+    "models; --no-graddrop, the default, is kept for older scripts",
 )
 @threshold_option
 @max_batch_option
@@ -250,8 +250,8 @@ def patch(
         raise UsageError(f"--context-memory must be >= 0 MiB, got {context_memory}")
     if verify_top < 0 or (verify_top and method not in ("atp", "atp-star")):
         raise UsageError("--verify-top K needs --method atp or atp-star and K >= 0")
-    if not graddrop and method != "atp-star":
-        raise UsageError("--no-graddrop is an option of --method atp-star")
+    if graddrop is not None and method != "atp-star":
+        raise UsageError(f"--{'' if graddrop else 'no-'}graddrop is an option of --method atp-star")
     if corrupt is not None and cache_path is not None:
         raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
     if as_csv and as_json:

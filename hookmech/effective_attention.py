@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .errors import HookmechError, UsageError
 from .hook_names import block_hook
+from .mixers.capabilities import EffectiveAttentionMap, require
 from .model import check_tokens
 from .tasks.batch import Batch
 
@@ -44,7 +45,7 @@ MAX_ROW_ELEMENTS = 2**24
 
 def attention_maps(model, tokens: Tensor, *, summary: str | None = "mean") -> dict[int, Tensor]:
     """Return ``{layer: M}`` for `tokens` ``[batch, pos]``: each M a float32 tensor
-    ``[batch, head_or_channel, query_pos, key_pos]``, the layer's `Mixer.effective_attention`
+    ``[batch, head_or_channel, query_pos, key_pos]``, the layer's `EffectiveAttentionMap.effective_attention`
     of its input (``blocks.{layer}.hook_mixer_in`` of a run on `tokens`).
 
     Axis 1 is the mixer's `attention_axis`. Heads are always kept. Per-channel operators
@@ -53,21 +54,26 @@ def attention_maps(model, tokens: Tensor, *, summary: str | None = "mean") -> di
     refused above `MAX_CHANNEL_ELEMENTS` elements per layer. Mixers compute M one row at a
     time in that case, so the mean costs one row's per-channel M in memory, not the batch's.
     Hooks attached to the model fire during the run that records the mixer inputs; M itself
-    is computed as the mixers run with no hook inside them in use.
+    is computed as the mixers run with no hook inside them in use. A mixer without the
+    capability (`hookmech.mixers.EffectiveAttentionMap`) is refused, naming it, before anything runs.
     """
     if summary not in SUMMARIES:
         raise UsageError(f"attention_maps: summary must be 'mean' or None, got {summary!r}")
     check_tokens(tokens, model.cfg, "attention_maps")
+    mixers = [
+        require(block.mixer, EffectiveAttentionMap, f"attention_maps (layer {layer})")
+        for layer, block in enumerate(model.blocks)
+    ]
     names = [block_hook(layer, "mixer_in") for layer in range(len(model.blocks))]
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=names, return_cache_object=False)
         return {
-            layer: _layer_map(layer, block.mixer, cache[name], summary)
-            for layer, (block, name) in enumerate(zip(model.blocks, names, strict=True))
+            layer: _layer_map(layer, mixer, cache[name], summary)
+            for layer, (mixer, name) in enumerate(zip(mixers, names, strict=True))
         }
 
 
-def _layer_map(layer: int, mixer, x: Tensor, summary: str | None) -> Tensor:
+def _layer_map(layer: int, mixer: EffectiveAttentionMap, x: Tensor, summary: str | None) -> Tensor:
     """Return one layer's M ``[batch, head_or_channel, pos, pos]`` of its mixer input `x`."""
     if mixer.attention_axis != "channel":
         return mixer.effective_attention(x)

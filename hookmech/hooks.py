@@ -36,8 +36,16 @@ class AxisHookPoint(HookPoint):
 
     @property
     def is_active(self) -> bool:
-        """True when a forward hook is attached: mixers use it to skip work nobody reads."""
-        return bool(self.fwd_hooks)
+        """`hook_in_use` of this hook point (the one predicate; kept for code written against it)."""
+        return hook_in_use(self)
+
+
+def hook_in_use(point: HookPoint) -> bool:
+    """Return True when a forward or backward hook is attached to `point`: the one test of "is
+    this hook in use" (a backward hook, too, needs the activation to pass through the hook point),
+    by which the mixers skip work nobody reads and the blocks decide what they may take from a
+    base run's context."""
+    return bool(point.fwd_hooks or point.bwd_hooks)
 
 
 def pos_axis_of(hook_point: HookPoint) -> int | None:

@@ -44,6 +44,7 @@ from .hook_names import MLP as MLP_SUBLAYER
 from .hooks import AxisHookPoint
 from .mixers import REGISTRY
 from .mixers.base import Mixer, hook_in_use, kept, take_window
+from .mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
 from .path_routes import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
     Acts,
@@ -193,11 +194,14 @@ class Block(nn.Module):
             self.contexts.append({**self._with_input(context, mixer_in), MIXER_OUTPUT: mixer_out})
         return resid, self.hook_mixer_out(mixer_out)
 
-    def mixer_context(self, mixer_in: RunResid, shared: dict[str, Any] | None = None) -> Context:
+    def mixer_context(self, mixer_in: RunResid, memo: MixerMemo | None = None) -> Context:
         """Return the context `forward_from` resumes the mixer from (`Mixer.prefix_context`; with
-        `shared`, `Mixer.patch_context`), with the mixer's input itself where the mixer fires no
-        inside hook on a window."""
-        context = self.mixer.prefix_context(mixer_in) if shared is None else self.mixer.patch_context(mixer_in, shared)
+        AtP*'s `memo`, `ExactPatchEffects.patch_context` where the mixer has it), with the mixer's
+        input itself where the mixer fires no inside hook on a window."""
+        if memo is not None and isinstance(self.mixer, ExactPatchEffects):
+            context = self.mixer.patch_context(mixer_in, memo)
+        else:
+            context = self.mixer.prefix_context(mixer_in)
         return self._with_input(context, mixer_in)
 
     def _with_input(self, context: Context, mixer_in: Tensor) -> Context:
@@ -242,7 +246,7 @@ class Block(nn.Module):
     def _mixer_hooked(self) -> bool:
         """Return True when a hook at or before the mixer's output (but that output's own) is in use."""
         points = (self.hook_resid_pre, self.hook_mixer_in)
-        return any(point.fwd_hooks for point in points) or self.mixer.inside_hooks_in_use()
+        return any(hook_in_use(point) for point in points) or self.mixer.inside_hooks_in_use()
 
     # -- each head's share of the mixer's output (TransformerLens's attn.hook_result) ------------
     def head_results(self, mixer_in: Resid, mixer_out: Resid) -> HeadResults:
@@ -594,14 +598,15 @@ class HookedLM(HookedRootModule):
         return self.blocks[-1].after_mixer_hooked() or hook_in_use(self.ln_final.hook_normalized)
 
     # -- resuming a run from a position (the patching engine's fast path) -----------------
-    def prefix_context(
-        self, layer: int, mixer_in: RunResid, shared: dict[int, dict[str, Any]] | None = None
-    ) -> Context:
+    def prefix_context(self, layer: int, mixer_in: RunResid) -> Context:
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in`
-        ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`. `shared`: as in
-        `mixer_patch_effects`, where the mixer may find what its context is made of."""
-        kept = None if shared is None else shared.setdefault(layer, {})
-        return self.blocks[layer].mixer_context(mixer_in, kept)
+        ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`."""
+        return self.blocks[layer].mixer_context(mixer_in)
+
+    def patch_context(self, layer: int, mixer_in: RunResid, memo: PatchMemo) -> Context:
+        """Return `prefix_context(layer, mixer_in)` for AtP*, made from what its exact computations on
+        that run keep in `memo` where the mixer can (`ExactPatchEffects.patch_context`)."""
+        return self.blocks[layer].mixer_context(mixer_in, memo.of_layer(layer))
 
     @contextmanager
     def collecting_contexts(self) -> Iterator[dict[int, list[Context]]]:
@@ -718,31 +723,37 @@ class HookedLM(HookedRootModule):
         patched: Tensor,
         base: Callable[[str], Tensor],
         hook_name: str | None = None,
-        shared: dict[int, dict[str, Any]] | None = None,
+        memo: PatchMemo | None = None,
     ) -> PositionEffects | None:
-        """Return block `layer`'s `Mixer.position_patch_effects` ``[..., N, T]`` on the base run (its
-        mixer input read with `base`, as in `patch_to_next_mixer`): the exact change of the
+        """Return block `layer`'s `ExactPatchEffects.position_patch_effects` ``[..., N, T]`` on the base
+        run (its mixer input read with `base`, as in `patch_to_next_mixer`): the exact change of the
         mixer's output along `grad_mixer_out` ``[..., N, T, d_model]`` when one position's input becomes `patched`
         (`hook_name` None) or one position of `hook_name`, a hook inside that mixer
-        (``blocks.{layer}.mixer.hook_k``), does. None where the mixer has none, or `hook_name`
-        is not inside that mixer. `shared`: a dict the caller keeps for its calls on one base run
-        (this method's and `mixer_patch_outputs`'), where each mixer keeps what they share."""
-        if not self.mixer_patches_exactly(layer, hook_name):
+        (``blocks.{layer}.mixer.hook_k``), does. None where the mixer has none (no
+        `ExactPatchEffects`, or not for that patch), or `hook_name` is not inside that mixer.
+        `memo`: kept by the caller for its calls on one base run (this method's,
+        `mixer_patch_outputs`' and `patch_context`'), where each mixer keeps what they share."""
+        mixer = self.blocks[layer].mixer
+        if not isinstance(mixer, ExactPatchEffects) or not self.mixer_patches_exactly(layer, hook_name):
             return None
         local = None if hook_name is None else _mixer_attribute(layer, hook_name)
         mixer_in = base(block_hook(layer, "mixer_in"))
-        kept = None if shared is None else shared.setdefault(layer, {})
-        return self.blocks[layer].mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local, kept)
+        kept = None if memo is None else memo.of_layer(layer)
+        return mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local, kept)
 
     def mixer_patches_exactly(self, layer: int, hook_name: str | None = None) -> bool:
         """Return True where `mixer_patch_effects(layer, ..., hook_name)` gives the exact effects,
-        False where it gives None (`Mixer.patches_exactly`; a hook outside that mixer: False)."""
+        False where it gives None (`ExactPatchEffects.patches_exactly`; a mixer without that
+        capability, or a hook outside that mixer: False)."""
+        mixer = self.blocks[layer].mixer
+        if not isinstance(mixer, ExactPatchEffects):
+            return False
         local = None
         if hook_name is not None:
             local = _mixer_attribute(layer, hook_name)
             if local is None:
                 return False
-        return self.blocks[layer].mixer.patches_exactly(local)
+        return mixer.patches_exactly(local)
 
     def mixer_patch_outputs(
         self,
@@ -750,14 +761,17 @@ class HookedLM(HookedRootModule):
         patched: RunResid,
         base: Callable[[str], Tensor],
         at: RowInts,
-        shared: dict[int, dict[str, Any]] | None = None,
+        memo: PatchMemo | None = None,
     ) -> RunResid | None:
-        """Return block `layer`'s `Mixer.position_patch_outputs` on the base run (its mixer input read
-        with `base`): ``[N, T, d_model]``, the change of the mixer's output at ``at[n]`` when its
-        input at position s alone becomes ``patched[n, s]``; None where the mixer has none (`shared`
-        as in `mixer_patch_effects`)."""
-        kept = None if shared is None else shared.setdefault(layer, {})
-        return self.blocks[layer].mixer.position_patch_outputs(base(block_hook(layer, "mixer_in")), patched, at, kept)
+        """Return block `layer`'s `ExactPatchEffects.position_patch_outputs` on the base run (its mixer
+        input read with `base`): ``[N, T, d_model]``, the change of the mixer's output at ``at[n]``
+        when its input at position s alone becomes ``patched[n, s]``; None where the mixer has none
+        (`memo` as in `mixer_patch_effects`)."""
+        mixer = self.blocks[layer].mixer
+        if not isinstance(mixer, ExactPatchEffects):
+            return None
+        kept = None if memo is None else memo.of_layer(layer)
+        return mixer.position_patch_outputs(base(block_hook(layer, "mixer_in")), patched, at, kept)
 
     def resume_layer(self, hook_name: str) -> int | None:
         """Return the block whose resumed run fires `hook_name` (`resume`), `n_layers` for
@@ -1006,7 +1020,7 @@ def check_tokens(tokens: Any, cfg: ModelConfig, caller: str) -> None:
 
 def _mixer_attribute(layer: int, hook_name: str) -> str | None:
     """Return the attribute of block `layer`'s mixer that hook `hook_name` is (``hook_k``, as
-    `Mixer.patches_exactly` names it), None where the hook is not inside that mixer."""
+    `ExactPatchEffects.patches_exactly` names it), None where the hook is not inside that mixer."""
     parsed = parse_hook(hook_name)
     if parsed is None or parsed.layer != layer or parsed.part != MIXER or parsed.inside is None:
         return None

@@ -13,12 +13,12 @@ run's. This file says, for each route (``via``), which hook the path changes and
             residual entering block b, which goes through block b's norm into its mixer, whose
             receiver hook is recomputed (the head-to-head path of Wang et al. 2022);
     state   position i's write into layer l's recurrent state -> what position j reads of it: the
-            mixer's own computation (`Mixer.state_path`);
+            mixer's own computation (`PathRoutes.state_path`);
     conv    position i's input of layer l's short convolution -> its output at j, one tap
-            (`Mixer.conv_path`).
+            (`PathRoutes.conv_path`).
 
 The backbone's part (the residual stream, the blocks' norms) is here; what happens inside a mixer
-is the mixer's (its path declarations, `hookmech/mixers/base.py`). `HookedLM.path_ends` and
+is the mixer's (its `PathRoutes`, `hookmech/mixers/capabilities.py`). `HookedLM.path_ends` and
 `HookedLM.path_change` are the entry points the patching engine calls.
 """
 
@@ -36,6 +36,7 @@ from .errors import UsageError, suggest
 from .hook_names import MIXER, RESIDUAL_PARTS, HookName, block_hook, hook_attribute, mixer_hook, parse_hook
 from .hooks import axes_of, pos_axis_of
 from .mixers.base import Mixer
+from .mixers.capabilities import PathRoutes, require
 from .shapes import RunActs, RunMask
 from .sites import hook_to_site
 
@@ -121,7 +122,7 @@ def path_ends(model: PathModel, via: str, sender: str, receiver: str) -> PathEnd
             f"{hook_to_site(sender)} -> {hook_to_site(receiver)}"
         )
     send_layer, receive_layer = _layer(sender), _layer(receiver)
-    send_mixer, receive_mixer = model.blocks[send_layer].mixer, model.blocks[receive_layer].mixer
+    send_mixer, receive_mixer = _routes(model, send_layer, via), _routes(model, receive_layer, via)
     mixer_in = block_hook(receive_layer, "mixer_in")
     if via == "head":
         _check_declared(model, send_layer, send_inside, send_mixer.head_outputs, via, "head outputs", sender)
@@ -135,8 +136,9 @@ def path_ends(model: PathModel, via: str, sender: str, receiver: str) -> PathEnd
             f"{hook_to_site(receiver)} are in layers {send_layer} and {receive_layer}"
         )
     if via == "state":
-        _check_declared(model, send_layer, send_inside, send_mixer.state_hooks, via, "state hooks", sender)
-        _check_declared(model, send_layer, receive_inside, send_mixer.state_hooks, via, "state hooks", receiver)
+        state_hooks = model.blocks[send_layer].mixer.state_hooks
+        _check_declared(model, send_layer, send_inside, state_hooks, via, "state hooks", sender)
+        _check_declared(model, send_layer, receive_inside, state_hooks, via, "state hooks", receiver)
         patched = mixer_hook(send_layer, send_mixer.state_readout)
         return PathEnds(via, sender, receiver, patched, (mixer_in,))
     convs = send_mixer.conv_hooks()
@@ -166,7 +168,7 @@ def path_change(
     if ends.via == "head":
         return _head_change(model, ends, acts, senders, head)
     layer = _layer(ends.receiver)
-    mixer = model.blocks[layer].mixer
+    mixer = _routes(model, layer, ends.via)
     clean, corrupt = (acts(block_hook(layer, "mixer_in"), which) for which in ("clean", "corrupt"))
     if ends.via == "state":
         return mixer.state_path(clean, corrupt, senders)
@@ -194,7 +196,7 @@ def _head_change(model: PathModel, ends: PathEnds, acts: ActsReader, senders: Te
         patched_out = send_block.mixer(mixer_in)
     with model.hooks(fwd_hooks=[(ends.sender, lambda activation, hook=None: activation)]):
         base_out = send_block.mixer(mixer_in)
-    # a head output reaches the mixer's output at its own position only (`Mixer.head_outputs`)
+    # a head output reaches the mixer's output at its own position only (`PathRoutes.head_outputs`)
     change = torch.where(senders[..., None], patched_out - base_out, torch.zeros_like(base_out))
     resid = acts(block_hook(receive_layer, "resid_pre"), "corrupt")
     receive_block = model.blocks[receive_layer]
@@ -256,6 +258,13 @@ def _layer(hook: str) -> int:
     name = parse_hook(hook)
     assert name is not None and name.layer is not None  # path_ends checked it
     return name.layer
+
+
+def _routes(model: PathModel, layer: int, via: str) -> PathRoutes:
+    """Return block `layer`'s mixer as its `PathRoutes`, or raise a UsageError naming the mixer and
+    the capability when it has none (a `via` path cannot run inside it)."""
+    needed_for = f"a {via} path in layer {layer} (mixer {model.cfg.mixers[layer]!r})"
+    return require(model.blocks[layer].mixer, PathRoutes, needed_for, UsageError)
 
 
 def _check_order(sender: str, receiver: str, send_layer: int, receive_layer: int | None) -> None:

@@ -11,7 +11,7 @@ Dimension names (one name is one size within a call):
 * ``window``: the positions of a resumed window (`HookedLM.resume`, `Mixer.forward_from`),
   whose rows are ``batch``; ``run``: the rows of the run a mixer context was made from
   (`Mixer.prefix_context`), which a window's ``rows`` index.
-* ``head_or_channel``: axis 1 of an effective attention map (`Mixer.attention_axis`).
+* ``head_or_channel``: axis 1 of an effective attention map (`EffectiveAttentionMap.attention_axis`).
 * ``d``: the width of a flattened activation, ``k`` a subspace's dimension (`hookmech.das`).
 * ``...``: any further axes (a hook's own, e.g. ``head d_head``).
 
@@ -54,9 +54,9 @@ PositionEffects = Float64[Tensor, "*variant run pos"]
 #: a mixer's sequence operation as a matrix over (query, key) positions ``[batch, head_or_channel, pos, pos]``
 EffectiveAttention = Float32[Tensor, "batch head_or_channel pos pos"]
 
-#: positions of each row of a base run ``[run, pos]`` (True where a path patch's sender sits, `Mixer.state_path`)
+#: positions of each row of a base run ``[run, pos]`` (True where a path patch's sender sits, `PathRoutes.state_path`)
 RunMask = Bool[Tensor, "run pos"]
-#: a hook's activations over a whole base run ``[run, pos, ...]`` (what a path changes, `Mixer.state_path`)
+#: a hook's activations over a whole base run ``[run, pos, ...]`` (what a path changes, `PathRoutes.state_path`)
 RunActs = Float[Tensor, "run pos ..."]
 
 #: cached activations of a hook ``[batch, pos, ...]`` (`CacheFile.read`)

@@ -14,6 +14,7 @@ from hookmech.hooks import gradients_follow_edits
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import base as mixer_base
 from hookmech.mixers.attention import Attention
+from hookmech.mixers.capabilities import ExactPatchEffects, MixerMemo
 from hookmech.patching import atp_star_patch, attribution_patch, patch, verify_top
 from hookmech.patching.atp_star import answer_log_odds
 from hookmech.sites import resolve_sites
@@ -198,7 +199,7 @@ def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, row
 
 
 def test_mamba_patch_computations_share_the_base_run(monkeypatch):
-    """Calls given the same `shared` dict compute the base run's branch once and give the numbers
+    """Calls given the same memo compute the base run's branch once and give the numbers
     of calls without it, bit for bit; the context made from it (`patch_context`, the first call)
     is `prefix_context`'s."""
     from hookmech.mixers.mamba import Mamba
@@ -218,12 +219,12 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
         calls = []
         compute = mixer._compute_base_branch
         monkeypatch.setattr(mixer, "_compute_base_branch", lambda *args: calls.append(1) or compute(*args))
-        shared: dict = {}
-        made = mixer.patch_context(x, shared)
+        memo = MixerMemo()
+        made = mixer.patch_context(x, memo)
         together = (
-            mixer.position_patch_effects(x, grads, patched, shared=shared),
-            mixer.position_patch_effects(x, grads, in_x_patch, "hook_in_x", shared=shared),
-            mixer.position_patch_outputs(x, patched, at, shared=shared),
+            mixer.position_patch_effects(x, grads, patched, memo=memo),
+            mixer.position_patch_effects(x, grads, in_x_patch, "hook_in_x", memo=memo),
+            mixer.position_patch_outputs(x, patched, at, memo=memo),
         )
     assert len(calls) == 1
     assert made.keys() == context.keys() == {"state", "in_x"}
@@ -238,8 +239,9 @@ def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
     assert Attention(32, qkv_conv="k").position_patch_effects(x, grads, x) is None  # a conv spreads the patch
     assert Attention(32).position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_z") is None
     model = make_model(ar_task, mixers="rwkv")
-    assert model.blocks[0].mixer.position_patch_effects(x, grads, x) is None  # the base class's default
-    assert model.blocks[0].mixer.position_patch_outputs(x, x, torch.zeros(2, dtype=torch.long)) is None
+    assert not isinstance(model.blocks[0].mixer, ExactPatchEffects)  # a mixer without the capability
+    assert model.mixer_patch_effects(0, grads, x, lambda hook: x) is None
+    assert model.mixer_patch_outputs(0, x, lambda hook: x, torch.zeros(2, dtype=torch.long)) is None
     based = make_model(ar_task, mixers="based").blocks[0].mixer
     assert based.position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_y") is None  # after the kernel
     assert Attention(32).position_patch_outputs(x, x, torch.zeros(2, dtype=torch.long)) is None
@@ -453,7 +455,7 @@ def test_graddrop_equals_backward_passes_through_detached_sublayers(ar_task):
         per_position = ((clean - corrupt) * grad).sum(-1)  # [N, T]
         shifts.append(torch.sigmoid(log_odds[:, None] + per_position) - torch.sigmoid(log_odds[:, None]))
     expected = torch.stack(shifts).mean(1).abs().mean(0)  # mean over layers of |mean over rows|: [T]
-    records = atp_star_patch(model, batch, ["embed", "final_norm"], ["all"])
+    records = atp_star_patch(model, batch, ["embed", "final_norm"], ["all"], graddrop=True)
     by = {(r["site"], r["pos"]): r for r in records}
     assert expected.max() > 1e-4  # the corrupted key's embedding moves p along either route
     for position in range(batch.tokens.shape[1]):
@@ -508,7 +510,9 @@ def test_every_mixer_and_site_kind_gets_a_finite_estimate(ar_task, mixer):
 # -- records and arguments --------------------------------------------------------------------------
 def test_records_have_the_contract_fields(ar_model, ar_task):
     batch = ar_task.sample(10, seed=8)
-    star = patch(ar_model, batch, ["all"], ["key", "value", "key+value"], method="atp-star", per_example=True)
+    star = patch(
+        ar_model, batch, ["all"], ["key", "value", "key+value"], method="atp-star", per_example=True, graddrop=True
+    )
     atp = attribution_patch(ar_model, batch, ["all"], ["key", "value", "key+value"])
     assert len(star) == len(atp) == 7 * 2 * 3
     for a, b in zip(star, atp, strict=True):
@@ -524,7 +528,7 @@ def test_records_have_the_contract_fields(ar_model, ar_task):
         assert a["p_corrupt"] == b["p_corrupt"] and a["p_clean"] == b["p_clean"]  # the same unpatched runs
         # the mean of the rows, summed in another order: float64 round-off
         assert sum(a["p_patched_rows"]) / 10 == pytest.approx(a["p_patched"], abs=FLOAT64_SUM_TOL)
-    no_graddrop = atp_star_patch(ar_model, batch, ["all"], ["key"], graddrop=False)
+    no_graddrop = atp_star_patch(ar_model, batch, ["all"], ["key"])  # GradDrop is opt-in
     assert all(r["graddrop"] is None for r in no_graddrop)
     through_patch = patch(ar_model, batch, ["all"], ["key"], method="atp-star", graddrop=False)
     assert [r["p_patched"] for r in through_patch] == [r["p_patched"] for r in no_graddrop]
@@ -548,9 +552,9 @@ def test_batching_and_cache_give_the_same_estimates(tmp_path, ar_task, mixers, s
     batch = ar_task.sample(13, seed=9)
     path = write_cache(model, batch, tmp_path / "c.h5", resolve_sites(["all"], model.hook_dict))
     positions = ["key", "value", "query"]
-    one = atp_star_patch(model, batch, sites, positions, max_batch=64)
-    chunked = atp_star_patch(model, batch, sites, positions, max_batch=4)
-    cached = atp_star_patch(model, path, sites, positions, max_batch=8)
+    one = atp_star_patch(model, batch, sites, positions, max_batch=64, graddrop=True)
+    chunked = atp_star_patch(model, batch, sites, positions, max_batch=4, graddrop=True)
+    cached = atp_star_patch(model, path, sites, positions, max_batch=8, graddrop=True)
     assert {site for site in sites if site != "all"} <= {r["site"] for r in one}
     assert len(one) == 3 * len({r["site"] for r in one})
     for a, b, c in zip(one, chunked, cached, strict=True):
@@ -589,7 +593,7 @@ def test_bad_arguments_are_usage_errors(ar_model, ar_task):
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_what_patches_exactly_claims_position_patch_effects_computes(ar_task, name):
-    """AtP* asks `Mixer.patches_exactly` before its backward passes which hooks need no gradient of
+    """AtP* asks `ExactPatchEffects.patches_exactly` before its backward passes which hooks need no gradient of
     their own: for the input and every inside hook, a claimed patch gives finite effects ``[1, N,
     T]`` (the mixer's `exact_patch_effects`), any other None."""
     mixer = make_model(ar_task, mixers=name, n_layers=1, d_model=16).blocks[0].mixer
@@ -605,24 +609,29 @@ def test_what_patches_exactly_claims_position_patch_effects_computes(ar_task, na
         point.remove_hooks()
     asked = {None: x + 1, **{local: act + 1 for local, act in activations.items()}}
     assert len(asked) > 1
+    exact = isinstance(mixer, ExactPatchEffects)  # without the capability: no exact patch anywhere
     for hook, patched in asked.items():
         with torch.no_grad():
-            found = mixer.position_patch_effects(x, grad, patched, hook)
-        if mixer.patches_exactly(hook):
+            found = mixer.position_patch_effects(x, grad, patched, hook) if exact else None
+        if exact and mixer.patches_exactly(hook):
             assert found is not None and found.shape == (1, 2, 6) and bool(found.isfinite().all()), hook
         else:
             assert found is None, hook
 
 
-def test_a_mixer_that_claims_an_exact_patch_it_does_not_compute_is_named(ar_task, monkeypatch):
+def test_a_mixer_that_claims_an_exact_patch_it_does_not_compute_is_named(ar_task):
     """AtP* takes no gradient at a hook whose patch the next mixer says it computes exactly; a mixer
     that says so without computing it (no `exact_patch_effects`) gets a HookmechError naming it,
     not a silent linear estimate with a missing gradient."""
     from hookmech.mixers.rwkv import RWKV6
 
+    class ClaimingRWKV6(RWKV6, ExactPatchEffects):
+        def patches_exactly(self, hook=None):
+            return hook is None
+
     model = make_model(ar_task, mixers="rwkv")
-    monkeypatch.setattr(RWKV6, "patches_exactly", lambda self, hook=None: hook is None)
-    with pytest.raises(HookmechError, match="mixer RWKV6 computes no patch exactly"):
+    model.blocks[0].mixer.__class__ = ClaimingRWKV6
+    with pytest.raises(HookmechError, match="mixer ClaimingRWKV6 computes no patch exactly"):
         atp_star_patch(model, ar_task.sample(4, seed=0), ["L0.block_in"], ["key"])
 
 

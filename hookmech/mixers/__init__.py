@@ -1,7 +1,9 @@
 """Sequence mixers: a plain dict from registry name to class.
 
 Every mixer is built as ``REGISTRY[name](d_model=..., **kwargs)`` and maps
-``[batch, pos, d_model] -> [batch, pos, d_model]``; see `base.Mixer` for what each declares.
+``[batch, pos, d_model] -> [batch, pos, d_model]``; see `base.Mixer` for the core every mixer
+implements, `capabilities` for what a mixer may opt into (`ExactPatchEffects` for AtP*,
+`PathRoutes`, `EffectiveAttentionMap`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from .attention import Attention
 from .base import Mixer, check_mixer_options, mixer_options
 from .baseconv import BaseConv
 from .based import Based
+from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MissingCapability, PathRoutes
 from .deltanet import DeltaNet
 from .h3 import H3
 from .hyena import Hyena
@@ -29,4 +32,13 @@ REGISTRY: dict[str, type[Mixer]] = {
     "deltanet": DeltaNet,
 }
 
-__all__ = ["REGISTRY", "Mixer", "check_mixer_options", "mixer_options"]
+__all__ = [
+    "REGISTRY",
+    "EffectiveAttentionMap",
+    "ExactPatchEffects",
+    "MissingCapability",
+    "Mixer",
+    "PathRoutes",
+    "check_mixer_options",
+    "mixer_options",
+]

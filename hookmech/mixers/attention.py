@@ -8,7 +8,6 @@ causal convolution on any of q/k/v (`qkv_conv="k"`, paper 003 table 1).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -30,10 +29,11 @@ from ..shapes import (
     Window,
 )
 from .base import Mixer, pattern_effects_by_rows, splice, take_window, window_index
+from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .short_conv import ShortConv
 
 
-class Attention(Mixer):
+class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     """softmax(q kᵀ / √d_head + causal mask) v, per head, then an output projection.
 
     `bias`: the q/k/v projection's bias (zoology's ``MHA(bias=...)``, which leaves the output
@@ -124,7 +124,7 @@ class Attention(Mixer):
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
         return scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")).softmax(dim=-1).float()
 
-    # -- path patching (see `Mixer`'s path declarations) -----------------------------------
+    # -- path patching (see `PathRoutes`) -----------------------------------
     head_outputs = ("z",)
     head_inputs = ("q", "k", "v")
 
@@ -144,14 +144,14 @@ class Attention(Mixer):
         assert isinstance(conv, ShortConv)  # for mypy: a ModuleDict holds Modules
         return conv.taps(change).unflatten(-1, (self.n_heads, self.d_head))
 
-    # -- one position patched, through the softmax exactly (AtP*, see `Mixer.position_patch_effects`)
+    # -- one position patched, through the softmax exactly (AtP*, see `ExactPatchEffects`)
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input and q / k / v / scores without short convolutions
         (`position_patch_effects`)."""
         return not self.convs and hook in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores")
 
     def exact_patch_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
     ) -> PositionEffects:
         """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
         alone is patched, with the softmax recomputed, not linearised (Kramár et al. 2024,

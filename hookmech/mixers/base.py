@@ -1,4 +1,6 @@
-"""What every sequence mixer declares, so that the backbone never has to name one."""
+"""The core contract of a sequence mixer (`Mixer`: what it declares of its block, its forward with
+its hooks, the resume protocol), so that the backbone never has to name one; the helpers its
+resume and patch computations share. What a mixer may do beyond the core: capabilities.py."""
 
 from __future__ import annotations
 
@@ -10,29 +12,28 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import HookmechError, UsageError, suggest
+from ..hook_names import hook_attribute
 from ..hooks import AxisHookPoint
-from ..shapes import (
-    Context,
-    EffectiveAttention,
-    Gradients,
-    KeptWindow,
-    PositionEffects,
-    Resid,
-    RowInts,
-    RunActs,
-    RunMask,
-    RunResid,
-    Window,
-)
+from ..hooks import hook_in_use as hook_in_use  # the one "is this hook in use"; also importable here
+from ..shapes import Context, KeptWindow, Resid, RowInts, RunResid, Window
+from .capabilities import CAPABILITY_OF, missing_capability
 
 
 class Mixer(nn.Module):
     """Base class of sequence mixers: ``[batch, pos, d_model] -> [batch, pos, d_model]``.
 
-    Subclasses declare the block they expect (the backbone reads these, never the class
-    name) and are built as ``REGISTRY[name](d_model=..., **kwargs)``.
+    The core contract, all that the backbone, the exact patching engine, AtP and DAS ask of a
+    mixer: what it declares of its block (read by the backbone, which never names a mixer), its
+    `forward` with its inside hooks (`AxisHookPoint`s), and the resume protocol, whose defaults
+    are exact for any causal mixer, so that a new mixer is correct before it is fast. Built as
+    ``REGISTRY[name](d_model=..., **kwargs)``.
+
+    What else a mixer can do it opts into by listing a capability among its bases
+    (`hookmech.mixers.capabilities`: `ExactPatchEffects` for AtP*, `PathRoutes`,
+    `EffectiveAttentionMap`); a member of one it lacks raises `MissingCapability`, naming both.
     """
 
+    # -- what the mixer declares of its block -------------------------------------------------
     #: norm of the block around this mixer: "layernorm" or "rmsnorm"
     block_norm: ClassVar[str] = "layernorm"
     #: whether the block has an MLP after the mixer by default
@@ -42,6 +43,10 @@ class Mixer(nn.Module):
     #: the weight init its reference code gives a model of this mixer (`hookmech.config.INITS`):
     #: what ``init = "zoology"`` picks (zoology draws mamba-ssm's scheme for Mamba blocks only)
     reference_init: ClassVar[str] = "normal"
+    #: the submodules (attribute names) whose output the mixer returns into the residual
+    #: stream: the backbone draws their weights with std 0.02 / sqrt(2 n_layers) (zoology,
+    #: GPT-2), so that the residual stream's variance does not grow with depth
+    output_projections: ClassVar[tuple[str, ...]] = ()
     #: other names of the hooks of the block around this mixer, ``{alias: hook}`` as paths inside
     #: the block: TransformerLens's, which its ActivationCache and ``transformer_lens.patching`` look
     #: up. Every mixer is TransformerLens's attention sublayer (``hook_attn_out`` is
@@ -55,6 +60,9 @@ class Mixer(nn.Module):
     #: head" (channel-major), or "" (no heads: the mixer's output is one head). TransformerLens's head
     #: results (``blocks.{l}.attn.hook_result``) are that projection applied head by head
     output_head_axes: ClassVar[str] = ""
+    #: the inside hooks holding the recurrent state after each position (``("ssm_state",)``,
+    #: without the "hook_" prefix); a mixer declaring them defines `state_from_context`
+    state_hooks: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def head_shape(cls, d_model: int, **options: Any) -> tuple[int, int]:
@@ -68,11 +76,6 @@ class Mixer(nn.Module):
         """Return option `name` as given in `options`, else the class's default."""
         return options[name] if name in options else mixer_options(cls)[name]
 
-    #: the submodules (attribute names) whose output the mixer returns into the residual
-    #: stream: the backbone draws their weights with std 0.02 / sqrt(2 n_layers) (zoology,
-    #: GPT-2), so that the residual stream's variance does not grow with depth
-    output_projections: ClassVar[tuple[str, ...]] = ()
-
     if TYPE_CHECKING:  # declared for mypy and readers; each mixer defines it (nn.Module's raises)
 
         def forward(self, x: Resid) -> Resid:
@@ -84,24 +87,30 @@ class Mixer(nn.Module):
     # unpatched run's earlier positions (`prefix_context`, computed once per run) and asks
     # for the outputs of a window of positions (`forward_from`). Each mixer answers with what
     # it already has: attention with the earlier keys and values, recurrent mixers with their
-    # state at p - 1, convolutions with their earlier inputs. The default below is exact for
-    # any causal mixer and saves nothing inside the mixer (the block around it still runs
+    # state at p - 1, convolutions with their earlier inputs. The defaults below are exact for
+    # any causal mixer and save nothing inside the mixer (the block around it still runs
     # its norms and MLP on the window only).
     def prefix_context(self, x: RunResid) -> Context:
         """Return what `forward_from` needs to know about a run on `x` ``[N, T, d_model]``:
         a dict of tensors whose first axis is the row (N). Default: ``{"x": x}``."""
         return {"x": x}
 
-    def patch_context(self, x: RunResid, shared: dict[str, Any]) -> Context:
-        """Return `prefix_context(x)` for AtP*, which keeps `shared` for its calls on the base run `x`
-        (as in `position_patch_effects`): a mixer whose patch computations hold what its context
-        is made of takes it from there. Default: `prefix_context(x)`."""
-        return self.prefix_context(x)
-
     def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
-        """Return ``(forward(x), prefix_context(x))``; a mixer overrides it when one pass can
-        give both (the engine's unpatched base run records contexts this way)."""
+        """Return ``(forward(x), prefix_context(x))`` (the engine's unpatched base run records
+        contexts this way): from one pass where `fused_forward_with_context` gives one, else the
+        two apart. Never from one pass while a state hook is in use: the hook may edit the states,
+        and a context is the unedited run's. Mixers override `fused_forward_with_context`, not this."""
+        if not any(hook_in_use(getattr(self, hook_attribute(name))) for name in self.state_hooks):
+            both = self.fused_forward_with_context(x, hooked=self.inside_hooks_in_use())
+            if both is not None:
+                return both
         return self(x), self.prefix_context(x)
+
+    def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
+        """Return ``(forward(x), prefix_context(x))`` computed in one pass, or None where the mixer
+        has no such pass (the default). `hooked`: an inside hook is in use, so the pass must fire
+        the hooks as `forward` does (or return None). Not called while a state hook is in use."""
+        return None
 
     def forward_from(
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
@@ -145,133 +154,16 @@ class Mixer(nn.Module):
         """Return True when a forward or backward hook is attached to one of the mixer's own hooks."""
         return any(hook_in_use(point) for point in self.modules() if isinstance(point, AxisHookPoint))
 
-    # -- one position patched, its effect through the mixer exactly (AtP*) -----------------
-    # Attribution patching linearises the whole model around the corrupt run. Where the mixer
-    # itself is strongly nonlinear in one position's input (attention's softmax saturates:
-    # Kramár et al. 2024, "AtP*", §3.1.1), the engine asks the mixer for the exact change of its
-    # outputs when one position is patched, and linearises only what comes after the mixer.
-    def patches_exactly(self, hook: str | None = None) -> bool:
-        """Return True where `position_patch_effects` computes the patch of its inside hook `hook`
-        (None: of its input) exactly, False where it returns None (the default: nowhere). AtP*
-        asks before its backward passes, to skip the gradients these patches do not need."""
-        return False
-
-    def position_patch_effects(
-        self,
-        x: RunResid,
-        grad_out: Gradients,
-        patched: Tensor,
-        hook: str | None = None,
-        shared: dict[str, Any] | None = None,
-    ) -> PositionEffects | None:
-        """Return ``[..., N, T]`` (float64): at ``[..., n, s]``, Σ_t (y'_t − y_t) · grad_out[..., n, t], where y is
-        the mixer's output on `x` ``[N, T, d_model]`` and y' its output when position s alone is
-        patched: its input becomes ``patched[n, s]`` (`hook` None: `patched` is ``[N, T, d_model]``),
-        or the activation of its own inside hook named `hook` (``"hook_k"``) becomes
-        ``patched[n, s]`` (`patched`: that hook's activation shape). `grad_out` ``[..., N, T,
-        d_model]`` is the gradient of a metric with respect to the mixer's output (leading axes:
-        several gradients at once), so the result is the metric's change with the mixer computed
-        exactly and the rest of the model linearised.
-
-        `shared`: a dict the caller keeps for its calls on the same `x` (this method's and
-        `position_patch_outputs`'), where a mixer may keep what they have in common (what it
-        computes of the base run).
-
-        Returns None where the mixer has no such computation for that patch (`patches_exactly`
-        False; the default): the engine then keeps the first-order estimate (plain AtP) there.
-        A mixer supplies the computation in `exact_patch_effects`.
-        """
-        if not self.patches_exactly(hook):
-            return None
-        return self.exact_patch_effects(x, grad_out, patched, hook, shared)
-
-    def exact_patch_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
-    ) -> PositionEffects:
-        """Return `position_patch_effects` where `patches_exactly(hook)` is True (called only there)."""
-        raise HookmechError(f"mixer {type(self).__name__} computes no patch exactly")
-
-    def position_patch_outputs(
-        self, x: RunResid, patched: RunResid, at: RowInts, shared: dict[str, Any] | None = None
-    ) -> RunResid | None:
-        """Return ``[N, T, d_model]``: at ``[n, s]``, y'_{at[n]} − y_{at[n]}, the change of the mixer's
-        output at position ``at[n]`` of row n when the input at position s alone becomes
-        ``patched[n, s]`` (zeros for s > at[n]; `x`, `patched` ``[N, T, d_model]``). AtP* carries
-        it on through the last block exactly (`shared` as in `position_patch_effects`). None where
-        the mixer has no such computation (the default): AtP* keeps the linear estimate past this
-        mixer."""
-        return None
-
-    # -- effective attention (`hookmech.attention_maps`) ------------------------------------
-    # Every mixer here mixes positions by an operator that is linear in some "value" once its
-    # data-dependent parts (queries, keys, gates, decays) are fixed by the input. Written as a
-    # matrix M over (query, key) positions it is comparable across architectures, exactly.
-    #: what axis 1 of `effective_attention` indexes: "head" (one M per head, shared by the
-    #: head's value channels) or "channel" (one M per channel: SSMs with per-channel decays,
-    #: gated convolutions); `attention_maps(summary="mean")` averages channels, never heads
-    attention_axis: ClassVar[str] = "head"
-
-    def effective_attention(self, x: Resid) -> EffectiveAttention:
-        """Return M ``[batch, head_or_channel, query_pos, key_pos]`` (float32) for the input
-        `x` ``[batch, pos, d_model]``: the mixer's sequence operation as a matrix, such that
-        an inside hook (or a product of two) is M applied to values over positions,
-        ``Σ_s M[b, h, t, s] value[b, s, h]``; each mixer's docstring names the hook, the values
-        and anything the hook adds that is not mixing (a skip D ⊙ u, a bias). Computed as the
-        mixer runs with no hook inside it in use.
-
-        The base class has none: a mixer without one raises a HookmechError.
-        """
-        raise HookmechError(
-            f"mixer {type(self).__name__} does not define effective_attention(x), so it has no "
-            "effective attention map; implement it (see hookmech/mixers/base.py)"
-        )
-
-    # -- path patching (`hookmech.patching.path_patch`, docs/guide.md §10) -------------------
-    # A path carries the clean run's value of a sender along one route only, every other
-    # quantity staying the corrupt run's. Routes through the residual stream need nothing of a
-    # mixer; the routes inside one are the mixer's to declare and compute. Names are inside
-    # hooks without their "hook_" prefix, as sites spell them (``L1.mixer.q`` -> "q").
-    #: `head` senders: inside hooks with a head axis whose value reaches the mixer's output at
-    #: its own position only and head by head (attention's z); the rest of the mixer's output
-    #: is recomputed from them with every other quantity (gates, norms of other heads) as it was
-    head_outputs: ClassVar[tuple[str, ...]] = ()
-    #: `head` receivers: inside hooks computed from the mixer's input before positions are
-    #: mixed (but for a short convolution or a token shift): attention's q, k, v
-    head_inputs: ClassVar[tuple[str, ...]] = ()
-    #: `state` senders and receivers: the hooks holding the recurrent state after each position
-    state_hooks: ClassVar[tuple[str, ...]] = ()
-    #: the inside hook holding what each position reads out of the state; a `state` path
-    #: changes it (`state_path`)
-    state_readout: ClassVar[str] = ""
-
-    def conv_hooks(self) -> dict[str, tuple[str, ...]]:
-        """Return ``{receiver: senders}`` of this mixer's short causal convolutions (`conv`
-        paths): each receiver is the inside hook holding a convolution's output (or what the
-        mixer makes of it position by position), with the hooks a sender may name that
-        convolution by (its input's hook, where it has one, or the receiver itself).
-        Default: ``{}``, no short convolution."""
-        return {}
-
-    def state_path(self, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
-        """Return the change of the `state_readout` hook ``[run, pos, ...]`` along the state
-        path: the state each position reads is the corrupt run's plus the clean-minus-corrupt
-        writes of the `senders` positions ``[run, pos]``, carried forward by the corrupt run's own
-        transitions; the read-out uses the corrupt run's every other quantity. `clean`, `corrupt`
-        are the mixer's inputs ``[run, pos, d_model]`` of the two runs. Exactly zero where no
-        sender reaches. The base class has none (a HookmechError)."""
-        raise HookmechError(f"mixer {type(self).__name__} has no recurrent state (no state path)")
-
-    def conv_path(self, receiver: str, clean: RunResid, corrupt: RunResid, senders: RunMask) -> RunActs:
-        """Return the change of the inside hook `receiver` (a key of `conv_hooks`) ``[run, pos,
-        ...]`` when its short convolution's input at the `senders` positions ``[run, pos]`` is the
-        clean run's and everything else the corrupt run's: at position j each sender i with
-        0 <= j − i < kernel adds its tap's weight times the input's clean-minus-corrupt change.
-        Exactly zero where no tap reaches. The base class has none (a HookmechError)."""
-        raise HookmechError(f"mixer {type(self).__name__} has no short convolution (no conv path)")
+    def __getattr__(self, name: str) -> Tensor | nn.Module:
+        """nn.Module's (submodules, parameters, buffers), except that a member of a capability the
+        mixer does not implement raises `MissingCapability`, one line naming both."""
+        if name in CAPABILITY_OF:
+            raise missing_capability(self, name)
+        return super().__getattr__(name)
 
 
 #: bytes of the largest tensor AtP*'s exact per-position mixer computations
-#: (`Mixer.position_patch_effects`, `position_patch_outputs`) hold for one block of rows
+#: (`ExactPatchEffects.position_patch_effects`, `position_patch_outputs`) hold for one block of rows
 #: (`row_blocks`): bounded memory, and several times faster on a CPU than all rows at once
 PATCH_BLOCK_BYTES = 16 << 20
 
@@ -310,12 +202,6 @@ def window_of(run: Tensor, rows: Tensor, start: Tensor, width: int) -> Tensor:
     contiguous, else it is copied whole first)."""
     flat = rows[:, None] * run.shape[1] + window_index(start, width)
     return run.flatten(0, 1).index_select(0, flat.flatten()).view(len(rows), width, *run.shape[2:])
-
-
-def hook_in_use(point: AxisHookPoint) -> bool:
-    """Return True when a forward or backward hook is attached to `point` (a backward hook, too,
-    needs the activation to pass through it)."""
-    return bool(point.fwd_hooks or point.bwd_hooks)
 
 
 def kept(window: Tensor, keep: Tensor | None) -> Tensor:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import HookmechError, UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -29,13 +29,14 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, hook_in_use, kept, splice, take_window, window_of
+from .base import Mixer, kept, splice, take_window, window_of
+from .capabilities import EffectiveAttentionMap, PathRoutes
 from .long_conv import ImplicitFilter, fft_causal_conv, resumed_causal_conv
 from .operators import toeplitz
 from .short_conv import CONV_BIAS_INITS, ShortConv
 
 
-class BaseConv(Mixer):
+class BaseConv(Mixer, PathRoutes, EffectiveAttentionMap):
     """``conv(u) * projection(u) + u`` (no output projection, as in zoology).
 
     `bias` changes nothing, exactly as in zoology: its ``BaseConv`` takes ``bias`` (paper
@@ -146,7 +147,7 @@ class BaseConv(Mixer):
             operator = operator + torch.eye(n_pos, dtype=operator.dtype, device=operator.device)
         return (self.projection(u).double().transpose(1, 2)[..., :, None] * operator).float()
 
-    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    # -- path patching (see `PathRoutes`) -------------------------------------
     def conv_hooks(self) -> dict[str, tuple[str, ...]]:
         """``{"conv": ("conv",)}`` with a short kernel (its input is the mixer's input itself);
         none for the long convolution."""
@@ -170,11 +171,12 @@ class BaseConv(Mixer):
         # contiguous: an FFT's output is a view of a buffer twice as long (`window_of` reads rows flat)
         return {"u": x, "conv": fft_causal_conv(x, self._filter(x.shape[1])).contiguous()}
 
-    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
-        """Return ``(forward(x), prefix_context(x))``, the long convolution run once for both
-        (with an inside hook in use: the two separately, so that the hooks fire)."""
-        if not self.long or self.inside_hooks_in_use():
-            return super().forward_with_context(x)
+    def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
+        """Return ``(forward(x), prefix_context(x))``, the long convolution run once for both; None
+        with an inside hook in use (the two then run apart, so that the hooks fire) or without the
+        long convolution."""
+        if not self.long or hooked:
+            return None
         context = self.prefix_context(x)
         return self._gate(x, context["conv"] + x, self.projection(x)), context
 

@@ -19,14 +19,13 @@ The recurrent state (S_t, z_t) is materialised per position only when its hook i
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hook_names import hook_attribute, inside_name
-from ..hooks import AxisHookPoint, declare_sizes
+from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -41,6 +40,7 @@ from ..shapes import (
     Window,
 )
 from .base import Mixer, kept, pattern_effects_by_rows, splice, state_before, window_index
+from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
 
@@ -70,7 +70,7 @@ class TaylorExp(nn.Module):
         return torch.cat([torch.ones_like(x[..., :1]), x / self.rrd, x2 / self.rd], dim=-1)
 
 
-class Based(Mixer):
+class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     """Causal linear attention with a Taylor-exp feature map, then an output projection.
 
     Inside hooks (shapes for input ``[batch, pos, d_model]``; F = 1 + feature_dim + feature_dim²):
@@ -155,7 +155,7 @@ class Based(Mixer):
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         batch, n_pos, _ = x.shape
         phi_q, phi_k, v = self._hooked_features(x)
-        if self.hook_kv_state.is_active or self.hook_k_state.is_active:
+        if hook_in_use(self.hook_kv_state) or hook_in_use(self.hook_k_state):
             y = self._recurrent_view(phi_q, phi_k, v)
         elif self.train_view == "quadratic":
             y = based_quadratic(phi_q, phi_k, v, self.eps)
@@ -180,7 +180,7 @@ class Based(Mixer):
         scores = torch.einsum("bqhf,bkhf->bhqk", phi_q.double(), phi_k.double()).masked_fill(~causal, 0.0)
         return (scores / (scores.sum(-1, keepdim=True) + self.eps)).float()
 
-    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    # -- path patching (see `PathRoutes`) -------------------------------------
     head_outputs = ("y",)
     head_inputs = ("q", "k", "v", "phi_q", "phi_k")
     state_hooks = ("kv_state", "k_state")
@@ -212,13 +212,13 @@ class Based(Mixer):
 
         return read(kv_state + kv_change, k_state + k_change) - read(kv_state, k_state)
 
-    # -- one position patched, through the normalised kernel exactly (AtP*, see `Mixer.position_patch_effects`)
+    # -- one position patched, through the normalised kernel exactly (AtP*, see `ExactPatchEffects`)
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input, q, k and the features phi_q, phi_k, v (`position_patch_effects`)."""
         return hook in (None, "hook_q", "hook_k", *(hook_attribute(name) for name in PATCH_FEATURES))
 
     def exact_patch_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
     ) -> PositionEffects:
         """Return ``[..., N, T]`` (float64): Σ_t (y'_t − y_t)·grad_out_t when position s alone is
         patched, the normalisation recomputed, not linearised: with a_tj = phi(q_t)·phi(k_j),
@@ -292,7 +292,7 @@ class Based(Mixer):
         keys (quadratic view) or read the state at start - 1 (linear view)."""
         batch, n_pos, _ = x.shape
         phi_q, phi_k, v = self._hooked_features(x)
-        if self.hook_kv_state.is_active or self.hook_k_state.is_active:
+        if hook_in_use(self.hook_kv_state) or hook_in_use(self.hook_k_state):
             y = self._recurrent_view(phi_q, phi_k, v, self._states_before(context, rows, start))
         elif self.train_view == "quadratic":
             # keys after the window are masked out, so splicing into the unpatched run's is enough

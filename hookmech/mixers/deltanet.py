@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint, declare_sizes
+from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -42,13 +42,14 @@ from ..shapes import (
     Window,
 )
 from .base import Mixer, kept, needs_grad, replay_before, state_before
+from .capabilities import EffectiveAttentionMap, PathRoutes
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
 MODES = ("chunk", "recurrent")
 
 
-class DeltaNet(Mixer):
+class DeltaNet(Mixer, PathRoutes, EffectiveAttentionMap):
     """Delta-rule linear attention, per-head output RMSNorm (optional), output projection.
 
     Inside hooks (shapes for input ``[batch, pos, d_model]``):
@@ -137,7 +138,7 @@ class DeltaNet(Mixer):
         q, k, v = self._heads(q, k, v)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         beta = self.hook_beta(self._beta(x))
-        if self.hook_state.is_active:
+        if hook_in_use(self.hook_state):
             states = hook_state_with_propagation(
                 self.hook_state,
                 self._states(q, k, v, beta, None, 0, n_pos),
@@ -185,7 +186,7 @@ class DeltaNet(Mixer):
             carried[:, :, s:] -= M[:, :, s:, s, None] * k[:, :, s, None, :]
         return M.float()
 
-    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    # -- path patching (see `PathRoutes`) -------------------------------------
     head_outputs = ("y",)
     head_inputs = ("q", "k", "v", "beta")
     state_hooks = ("state",)
@@ -247,13 +248,10 @@ class DeltaNet(Mixer):
         STATE_STRIDE, head, d_v, d_k]``, S_t after positions STATE_STRIDE - 1, 2 STATE_STRIDE - 1, ..."""
         return self._output_and_context(x)[1]
 
-    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
+    def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
         """Return ``(forward(x), prefix_context(x))`` from one pass (with an inside hook in use,
-        the hooked forward gives the context too; with the state hook in use, the two apart: the
-        hook may edit the states)."""
-        if self.hook_state.is_active:
-            return super().forward_with_context(x)
-        if self.inside_hooks_in_use():
+        the hooked forward gives the context too)."""
+        if hooked:
             out, context = self._hooked_forward(x, with_context=True)
             assert context is not None
             return out, context
@@ -312,7 +310,7 @@ class DeltaNet(Mixer):
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         beta = self.hook_beta(self._beta(x))
         initial = self._state_before(context, rows, start)
-        if self.hook_state.is_active:
+        if hook_in_use(self.hook_state):
             states = hook_state_with_propagation(
                 self.hook_state,
                 self._states(q, k, v, beta, initial, 0, x.shape[1]),

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint, declare_sizes
+from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
 from ..shapes import (
     Acts,
     Context,
@@ -37,7 +37,8 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, hook_in_use, kept, splice, take_window, window_of
+from .base import Mixer, kept, splice, take_window, window_of
+from .capabilities import EffectiveAttentionMap, PathRoutes
 from .long_conv import fft_causal_conv, resumed_causal_conv
 from .operators import toeplitz
 
@@ -112,7 +113,7 @@ class DiagonalKernel(nn.Module):
         return 2 * kernel[:, :n_lags].real.T
 
 
-class H3(Mixer):
+class H3(Mixer, PathRoutes, EffectiveAttentionMap):
     """H3: shift SSM on keys, diagonal SSM on key-value products, read out by queries.
 
     Inside hooks (input ``[batch, pos, d_model]``, ``head = d_model / head_dim``):
@@ -175,7 +176,7 @@ class H3(Mixer):
         self.hook_ssm_filter = AxisHookPoint("lag head", pos_axis=None)
         declare_sizes(self, head=self.n_heads)
 
-    #: `head` receivers (`Mixer.head_inputs`): the projections, per head
+    #: `head` receivers (`PathRoutes.head_inputs`): the projections, per head
     head_inputs = ("q", "k", "v")
 
     def forward(self, u: Resid) -> Resid:
@@ -256,11 +257,11 @@ class H3(Mixer):
         without their D term): the base run's SSM inputs (kv is k̃ ⊗ v) and outputs."""
         return self._context(self._heads(self.k_proj(x)), self._heads(self.v_proj(x)))[0]
 
-    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
-        """Return ``(forward(x), prefix_context(x))`` from one pass (with an inside hook in use:
-        the two separately, so that the hooks fire)."""
-        if self.inside_hooks_in_use():
-            return super().forward_with_context(x)
+    def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
+        """Return ``(forward(x), prefix_context(x))`` from one pass; None with an inside hook in use
+        (the two then run apart, so that the hooks fire)."""
+        if hooked:
+            return None
         context, kv = self._context(self._heads(self.k_proj(x)), self._heads(self.v_proj(x)))
         return self._read_out(self._heads(self.q_proj(x)), self._ssm(context["kv_conv"], kv)), context
 

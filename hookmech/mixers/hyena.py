@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -35,13 +35,14 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, hook_in_use, kept, splice, take_window, window_of
+from .base import Mixer, kept, splice, take_window, window_of
+from .capabilities import EffectiveAttentionMap, PathRoutes
 from .long_conv import ImplicitFilter, fft_causal_conv, resumed_causal_conv
 from .operators import toeplitz
 from .short_conv import CONV_BIAS_INITS, ShortConv
 
 
-class Hyena(Mixer):
+class Hyena(Mixer, PathRoutes, EffectiveAttentionMap):
     """Order-2 Hyena: two data-controlled gates around one implicit long convolution.
 
     Inside hooks (input ``[batch, pos, d_model]``):
@@ -136,7 +137,7 @@ class Hyena(Mixer):
             operator = operator + torch.diag_embed(self.D.double()[:, None].expand(-1, n_pos))
         return (x2.transpose(1, 2)[..., :, None] * operator * x1.transpose(1, 2)[..., None, :]).float()
 
-    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    # -- path patching (see `PathRoutes`) -------------------------------------
     def conv_hooks(self) -> dict[str, tuple[str, ...]]:
         """``{"short_conv": ("short_conv",)}``: the short convolution of the input projection."""
         return {"short_conv": ("short_conv",)}
@@ -156,11 +157,11 @@ class Hyena(Mixer):
         the base run's plus that of the window's change alone (`long_conv.resumed_causal_conv`)."""
         return self._context(x)[0]
 
-    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
-        """Return ``(forward(x), prefix_context(x))`` from one pass (with an inside hook in use:
-        the two separately, so that the hooks fire)."""
-        if self.inside_hooks_in_use():
-            return super().forward_with_context(x)
+    def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
+        """Return ``(forward(x), prefix_context(x))`` from one pass; None with an inside hook in use
+        (the two then run apart, so that the hooks fire)."""
+        if hooked:
+            return None
         context, x2 = self._context(x)
         return self.out_proj(self._gated_output(context["conv_out"], context["conv_in"], x2)), context
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint
+from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -46,7 +45,8 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, hook_in_use, kept, row_blocks, splice, state_before, take_window
+from .base import Mixer, kept, row_blocks, splice, state_before, take_window
+from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan
 from .short_conv import causal_taps
@@ -75,7 +75,7 @@ def fused_kernels_available(x: Tensor) -> bool:
     return causal_conv1d_fn is not None and selective_scan_fn is not None
 
 
-class Mamba(Mixer):
+class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     """The Mamba-1 mixer, ``[batch, pos, d_model] -> [batch, pos, d_model]``.
 
     Arguments and defaults are mamba-ssm's (`d_state=16, d_conv=4, expand=2,
@@ -240,7 +240,7 @@ class Mamba(Mixer):
             M += C[:, None, :, n, None] * decay * written * B[:, None, None, :, n]
         return M.float()
 
-    # -- path patching (see `Mixer.state_path`, `Mixer.conv_path`) ---------------------------
+    # -- path patching (see `PathRoutes.state_path`, `PathRoutes.conv_path`) ---------------------------
     state_hooks = ("ssm_state",)
     state_readout = "y"
 
@@ -279,27 +279,24 @@ class Mamba(Mixer):
         ``[N, T, d_inner]``, so that a resumed run needs neither its projections nor its scan."""
         return self._states(x)[0]
 
-    def patch_context(self, x: RunResid, shared: dict[str, Any]) -> Context:
-        """Return `prefix_context(x)` from the base branch the patch computations keep in `shared`
+    def patch_context(self, x: RunResid, memo: MixerMemo) -> Context:
+        """Return `prefix_context(x)` from the base branch the patch computations keep in `memo`
         (`_base_branch`, computed here where it is not yet): their states, a block of rows at a time
         (each projected as `_row_effects` projects it, so both read the same numbers)."""
         states, inputs = [], []
         for rows in self._row_blocks(x):
             in_x, z = self._split(self.in_proj(x[rows]))
-            states.append(self._base_branch(in_x, z, _block_shared(shared, rows))[4])
+            states.append(self._base_branch(in_x, z, memo, rows)[4])
             inputs.append(in_x)
         context = {"state": torch.cat(states)}
         if self.d_conv > 0:
             context["in_x"] = torch.cat(inputs)
         return context
 
-    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
+    def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
         """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
-        states; with inside hooks in use, the hooked forward keeps its states (with the state
-        hook in use, forward and context apart: the hook may edit the states)."""
-        if hook_in_use(self.hook_ssm_state):
-            return super().forward_with_context(x)
-        if self.inside_hooks_in_use():
+        states; with inside hooks in use, the hooked forward keeps its states."""
+        if hooked:
             out, context = self._hooked_forward(x, with_context=True)
             assert context is not None
             return out, context
@@ -351,13 +348,13 @@ class Mamba(Mixer):
             y = y * F.silu(z)
         return self.out_proj(kept(y, keep))
 
-    # -- one position patched, through the mixer exactly (AtP*, see `Mixer.position_patch_effects`)
+    # -- one position patched, through the mixer exactly (AtP*, see `ExactPatchEffects`)
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input and the SSM branch's in_x (`position_patch_effects`)."""
         return hook in (None, "hook_in_x")
 
     def exact_patch_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
     ) -> PositionEffects:
         """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
         alone is patched (`hook` None: the input; ``"hook_in_x"``: the SSM branch of in_proj).
@@ -367,15 +364,15 @@ class Mamba(Mixer):
         the change of the state times the adjoint state of the later read-outs (exact as well).
         Computed a block of rows at a time (`_row_blocks`)."""
         parts = [
-            self._row_effects(x[rows], grad_out[..., rows, :, :], patched[rows], hook, _block_shared(shared, rows))
+            self._row_effects(x[rows], grad_out[..., rows, :, :], patched[rows], hook, memo, rows)
             for rows in self._row_blocks(x)
         ]
         return torch.cat(parts, dim=-2)
 
     def _row_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, shared: dict[str, Any] | None
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None, block: slice
     ) -> PositionEffects:
-        """`position_patch_effects` of a block of rows."""
+        """`position_patch_effects` of the block of rows `block` (`x` and the rest: those rows)."""
         in_x, z = self._split(self.in_proj(x))
         if hook is None:
             new_in_x, new_z = self._split(self.in_proj(patched))
@@ -386,7 +383,7 @@ class Mamba(Mixer):
         rows, positions = self._changed(in_x, z, new_in_x, new_z).nonzero(as_tuple=True)  # [P] each
         if len(rows) == 0:
             return effect
-        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, shared)
+        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, memo, block)
         A = self._A()
         grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
         n_pos, reach = x.shape[1], max(self.d_conv, 1)
@@ -417,22 +414,21 @@ class Mamba(Mixer):
         return effect
 
     def position_patch_outputs(
-        self, x: RunResid, patched: RunResid, at: RowInts, shared: dict[str, Any] | None = None
+        self, x: RunResid, patched: RunResid, at: RowInts, memo: MixerMemo | None = None
     ) -> RunResid | None:
         """Return ``[N, T, d_model]``: the change of the output at ``at[n]`` when position s alone
-        (of row n) takes the input ``patched[n, s]`` (`Mixer.position_patch_outputs`). Within the
+        (of row n) takes the input ``patched[n, s]`` (`ExactPatchEffects.position_patch_outputs`). Within the
         convolution's reach of s, Δ, B, C and the state are recomputed (as `position_patch_effects`);
         beyond it the state's change decays through the base run's decays to ``at``: Π_r exp(Δ_r A)
         = exp(A · Σ_r Δ_r), then is read out by C and gated there. Computed a block of rows at a
         time (`_row_blocks`)."""
-        parts = [
-            self._row_outputs(x[rows], patched[rows], at[rows], _block_shared(shared, rows))
-            for rows in self._row_blocks(x)
-        ]
+        parts = [self._row_outputs(x[rows], patched[rows], at[rows], memo, rows) for rows in self._row_blocks(x)]
         return torch.cat(parts)
 
-    def _row_outputs(self, x: RunResid, patched: RunResid, at: RowInts, shared: dict[str, Any] | None) -> RunResid:
-        """`position_patch_outputs` of a block of rows."""
+    def _row_outputs(
+        self, x: RunResid, patched: RunResid, at: RowInts, memo: MixerMemo | None, block: slice
+    ) -> RunResid:
+        """`position_patch_outputs` of the block of rows `block` (`x` and the rest: those rows)."""
         in_x, z = self._split(self.in_proj(x))
         new_in_x, new_z = self._split(self.in_proj(patched))
         n_pos = x.shape[1]
@@ -442,7 +438,7 @@ class Mamba(Mixer):
         rows, positions = changed.nonzero(as_tuple=True)  # [P] each
         if len(rows) == 0:
             return out
-        conv, delta, C, _, states, gate, gated = self._base_branch(in_x, z, shared)
+        conv, delta, C, _, states, gate, gated = self._base_branch(in_x, z, memo, block)
         A = self._A()
         query, reach = at[rows], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
@@ -476,16 +472,13 @@ class Mamba(Mixer):
             changed |= (new_z != z).any(-1)
         return changed
 
-    def _base_branch(self, in_x: Tensor, z: Tensor | None, shared: dict[str, Any] | None = None) -> tuple[Tensor, ...]:
+    def _base_branch(self, in_x: Tensor, z: Tensor | None, memo: MixerMemo | None, rows: slice) -> tuple[Tensor, ...]:
         """Return the base run's (convolved in_x, Δ, C, decay ``[N, T, d_inner, d_state]``, states,
-        gate, gated y) from in_proj's split output, for the patch computations of AtP*; kept in
-        `shared` (the caller's dict for calls on the same input) for the next such call."""
-        if shared is not None and "branch" in shared:
-            return shared["branch"]
-        branch = self._compute_base_branch(in_x, z)
-        if shared is not None:
-            shared["branch"] = branch
-        return branch
+        gate, gated y) from in_proj's split output of its rows `rows`, for the patch computations of
+        AtP*; kept in `memo` (the caller's, for calls on the same input) for the next such call."""
+        if memo is None:
+            return self._compute_base_branch(in_x, z)
+        return memo.of_rows(rows, lambda: self._compute_base_branch(in_x, z))
 
     def _compute_base_branch(self, in_x: Tensor, z: Tensor | None) -> tuple[Tensor, ...]:
         conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
@@ -614,9 +607,3 @@ def _check_options(d_state, d_conv, expand, dt_rank, dt_min, dt_max, dt_init) ->
         raise UsageError(f"mamba: need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
     if dt_init not in ("random", "constant"):
         raise UsageError(f"mamba: dt_init must be 'random' or 'constant', got {dt_init!r}")
-
-
-def _block_shared(shared: dict[str, Any] | None, rows: slice) -> dict[str, Any] | None:
-    """Return the part of a caller's `shared` dict (`Mixer.position_patch_effects`) that belongs to
-    one block of rows."""
-    return None if shared is None else shared.setdefault(f"rows {rows.start}:{rows.stop}", {})

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint, declare_sizes
+from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -41,6 +41,7 @@ from ..shapes import (
     Window,
 )
 from .base import Mixer, kept, needs_grad, replay_before, state_before
+from .capabilities import EffectiveAttentionMap, PathRoutes
 from .operators import causal_decay
 from .selective_scan import linear_scan
 from .short_conv import ShortConv, causal_taps
@@ -230,7 +231,7 @@ class GatedRMSNorm(nn.Module):
         return normed.flatten(-2) * self.weight
 
 
-class Mamba2(Mixer):
+class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
     """The Mamba-2 mixer: ``[batch, pos, d_model] -> [batch, pos, d_model]``.
 
     Inside hooks (G = ngroups, H = nheads = expand·d_model / headdim, N = d_state):
@@ -352,7 +353,7 @@ class Mamba2(Mixer):
         A = -torch.exp(self.A_log)
 
         context: Context | None = None
-        if self.hook_ssm_state.is_active:
+        if hook_in_use(self.hook_ssm_state):
             y = self._ssd_through_state_hook(x, dt, A, B, C)
         else:
             y, _ = ssd(x, dt, A, B, C, self.chunk_size)
@@ -381,7 +382,7 @@ class Mamba2(Mixer):
         scores = torch.einsum("bthn,bshn->bhts", C, B)
         return (scores * causal_decay(log_decay, log_decay) * dt[:, :, None, :]).float()
 
-    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    # -- path patching (see `PathRoutes`) -------------------------------------
     head_outputs = ("y",)
     head_inputs = ("conv_act", "delta", "B", "C")
     state_hooks = ("ssm_state",)
@@ -432,13 +433,10 @@ class Mamba2(Mixer):
         positions STATE_STRIDE - 1, 2 STATE_STRIDE - 1, ..."""
         return self._output_and_context(u)[1]
 
-    def forward_with_context(self, u: RunResid) -> tuple[RunResid, Context]:
+    def fused_forward_with_context(self, u: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
         """Return ``(forward(u), prefix_context(u))`` from one pass (with an inside hook in use,
-        the hooked forward gives the context too; with the state hook in use, the two apart: the
-        hook may edit the states)."""
-        if self.hook_ssm_state.is_active:
-            return super().forward_with_context(u)
-        if self.inside_hooks_in_use():
+        the hooked forward gives the context too)."""
+        if hooked:
             out, context = self._hooked_forward(u, with_context=True)
             assert context is not None
             return out, context
@@ -493,7 +491,7 @@ class Mamba2(Mixer):
         dt = self.hook_delta(F.softplus(dt + self.dt_bias))
         A = -torch.exp(self.A_log)
         initial = self._state_before(context, rows, start)
-        if self.hook_ssm_state.is_active:
+        if hook_in_use(self.hook_ssm_state):
             y = self._ssd_through_state_hook(x, dt, A, B, C, initial)
         else:
             y, _ = ssd(x, dt, A, B, C, self.chunk_size, initial_state=initial)

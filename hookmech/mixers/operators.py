@@ -1,5 +1,5 @@
 """Sequence operations as matrices over positions: the pieces the mixers' `effective_attention`
-share (see `Mixer.effective_attention` and `hookmech.effective_attention`).
+share (see `EffectiveAttentionMap.effective_attention` and `hookmech.effective_attention`).
 
 Two kinds of causal operator occur:
 

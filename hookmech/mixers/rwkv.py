@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint, declare_sizes
+from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -41,6 +41,7 @@ from ..shapes import (
     Window,
 )
 from .base import Mixer, kept, needs_grad, state_before
+from .capabilities import EffectiveAttentionMap, PathRoutes
 from .operators import causal_decay
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
@@ -191,7 +192,7 @@ def _initial(states: Tensor, initial_state: Tensor | None) -> Tensor:
     return initial_state[:, None].to(states.dtype)
 
 
-class RWKV6(Mixer):
+class RWKV6(Mixer, PathRoutes, EffectiveAttentionMap):
     """RWKV-6 time mixing: ``[batch, pos, d_model] -> [batch, pos, d_model]``.
 
     Inside hooks (head = d_model / head_size, d_head = head_size):
@@ -303,18 +304,16 @@ class RWKV6(Mixer):
         log_decay = -torch.exp(self.hook_decay(w))
 
         context: Context | None = None
-        if self.hook_state.is_active:
+        if hook_in_use(self.hook_state):
             out = self._wkv_through_state_hook(r, k, v, log_decay)
         else:
             out, states = wkv(r, k, v, log_decay, self.time_faaaa, self.chunk_size, return_all_states=with_context)
             context = {"x": x, "wkv_state": states} if with_context else None
         return self._output(self.hook_output(out), g), context
 
-    def forward_with_context(self, x: RunResid) -> tuple[RunResid, Context]:
-        """Return ``(forward(x), prefix_context(x))`` from one pass (with the state hook in use,
-        the two apart: the hook may edit the states)."""
-        if self.hook_state.is_active:
-            return super().forward_with_context(x)
+    def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
+        """Return ``(forward(x), prefix_context(x))`` from one pass, the hooked forward's (whether or
+        not an inside hook is in use)."""
         out, context = self._hooked_forward(x, with_context=True)
         assert context is not None
         return out, context
@@ -341,7 +340,7 @@ class RWKV6(Mixer):
             M += r[:, :, i, :, None] * decay * k[:, :, i, None, :]
         return M.float()
 
-    # -- path patching (see `Mixer`'s path declarations) -------------------------------------
+    # -- path patching (see `PathRoutes`) -------------------------------------
     head_outputs = ("output",)
     head_inputs = ("r", "k", "v", "decay")
     state_hooks = ("state",)
@@ -397,7 +396,7 @@ class RWKV6(Mixer):
         g = self.hook_gate(g)
         log_decay = -torch.exp(self.hook_decay(w))
         initial = state_before(context["wkv_state"], rows, start)
-        if self.hook_state.is_active:
+        if hook_in_use(self.hook_state):
             out = self._wkv_through_state_hook(r, k, v, log_decay, initial)
         else:
             out, _ = wkv(r, k, v, log_decay, self.time_faaaa, self.chunk_size, initial_state=initial)

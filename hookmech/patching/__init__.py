@@ -6,7 +6,8 @@ entry point. The package's files, in the order a patch flows through them
 
     dispatch.py      `patch`: checks the options, hands over to the exact engine or AtP
     options.py       `PatchOptions`: method, metric, direction, threshold, batching, ablation
-    protocol.py      `PatchableModel`: everything the engine asks of a model
+    protocol.py      what the engine asks of a model: `PatchableModel` (exact, AtP, DAS), and
+                     `AtpStarModel` / `PathPatchableModel` besides for AtP* / path patching
     targets.py       sites as the engine sees them: hooks, heads, joint patches (`parse_sites`)
     runs.py          `CleanCorruptRuns`: the unpatched runs, read from a cache or computed
     metrics.py       the metrics read at the query (one vocabulary) and the attribution score
@@ -31,7 +32,7 @@ from .metrics import METRICS, Metric, attribution_score, corrupt_answers
 from .options import ABLATIONS, CONTEXT_MEMORY, DIRECTIONS, METHODS, PatchOptions, check_threshold
 from .paths import VIA, PathSkippedWarning, path_patch
 from .plans import resample_order
-from .protocol import PatchableConfig, PatchableModel, PathPatchableModel
+from .protocol import AtpStarModel, HookedModel, PatchableConfig, PatchableModel, PathPatchableModel
 from .runs import CleanCorruptRuns
 from .targets import PatchSite, Target, head_axis_of, n_heads_of, parse_sites
 
@@ -42,7 +43,9 @@ __all__ = [
     "METHODS",
     "METRICS",
     "VIA",
+    "AtpStarModel",
     "CleanCorruptRuns",
+    "HookedModel",
     "Metric",
     "PatchOptions",
     "PatchSite",

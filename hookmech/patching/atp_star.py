@@ -12,10 +12,10 @@ each with its fix (one corrupt forward, then backward passes, per row chunk, as 
    al. measure logit differences; this mapping is this package's.)
 2. **Attention saturates** (Kramár et al. §3.1.1). A query that does not attend to a key has
    no gradient towards it. For each patched position, the first mixer the patch reaches is
-   computed exactly (`PatchableModel.mixer_patch_effects`, i.e. `Mixer.position_patch_effects`:
+   computed exactly (`AtpStarModel.mixer_patch_effects`, i.e. the mixer's `ExactPatchEffects`:
    attention recomputes its softmax for the patched key, query and value), and only what comes
    after that mixer is linearised. A block-level patch reaches that mixer's input
-   position-wise (`PatchableModel.patch_to_next_mixer`): the estimate at position s is
+   position-wise (`AtpStarModel.patch_to_next_mixer`): the estimate at position s is
 
        Δλ_s = (r'_s − r_s) · g_s + Σ_t (y'_t − y_t) · g_t
 
@@ -23,14 +23,15 @@ each with its fix (one corrupt forward, then backward passes, per row chunk, as 
    mixer's outputs, and g = ∂λ/∂(mixer output) (the gradient of the residual after the mixer).
    Patches of a mixer's own q / k / v / scores go to the same method. Mixers without it keep
    the linear estimate. Where that mixer is the one before the last and can say how its output
-   at the query changes (`PatchableModel.mixer_patch_outputs`: Mamba), that change goes on
+   at the query changes (`AtpStarModel.mixer_patch_outputs`: Mamba), that change goes on
    through the last block exactly, resumed at the query alone from the corrupt run's context:
    the g_q·(y'_q − y_q) term is replaced by the exact change of λ. A patch whose effect passes
    the last mixer's own nonlinearity at the query (a read-out C_q·h, a gate) is then not lost to
    the linearisation; changes at the last block's other positions stay first order.
 3. **Recurrent states** (``L*.mixer.ssm_state`` …): an edit there is carried on by the
    recurrence; the gradient at the state hook follows it (`hooks.gradients_follow_edits`).
-4. **Cancellation: GradDrop** (Kramár et al. §3.1.2). For each layer ℓ, one more backward pass
+4. **Cancellation: GradDrop** (Kramár et al. §3.1.2; opt-in, ``graddrop=True``, since it changed
+   no ranking on any model docs/performance.md measures). For each layer ℓ, one more backward pass
    with the gradient flowing from ℓ's sublayers back into the residual stream dropped (started
    at block ℓ, not at the logits: `graddrop.GradientPasses`); a cell's ``graddrop`` score is the
    mean over ℓ of |estimated change of p| under each. A cell whose paths cancel in the full
@@ -38,7 +39,7 @@ each with its fix (one corrupt forward, then backward passes, per row chunk, as 
 
 The backward passes run only to the hooks that need a gradient: every block's mixer output and
 the hooks estimated linearly; a hook whose patch a mixer computes exactly needs none
-(`PatchableModel.mixer_patches_exactly`, asked before the forward).
+(`AtpStarModel.mixer_patches_exactly`, asked before the forward).
 
 Records are those of `hookmech.patching.patch` with ``method="atp-star"``, ``p_patched`` the
 mean over rows of p_corrupt + σ(λ_corrupt + Δλ) − σ(λ_corrupt), and ``graddrop``. A patch of
@@ -58,13 +59,14 @@ from ..cache import CacheFile, answer_probs, run_chunks
 from ..errors import HookmechError
 from ..hook_names import block_hook, parse_hook
 from ..hooks import gradients_follow_edits, pos_axis_of
+from ..mixers.capabilities import PatchMemo
 from ..shapes import RowFloats, RowInts
 from ..sites import as_specs, position_patches
 from ..tasks.batch import Batch
 from .atp import positional_hooks
 from .graddrop import GradientPasses
 from .options import CONTEXT_MEMORY, PatchOptions
-from .protocol import PatchableModel, check_patchable
+from .protocol import AtpStarModel, PatchableModel, check_patchable
 from .records import estimate_record
 from .runs import CleanCorruptRuns, evaluating, open_source
 
@@ -87,13 +89,14 @@ def atp_star_patch(
     threshold: float = 0.01,
     max_batch: int = 256,
     per_example: bool = False,
-    graddrop: bool = True,
+    graddrop: bool = False,
     context_memory: int = CONTEXT_MEMORY,
 ) -> list[dict[str, Any]]:
     """Estimate every (site, position) interchange intervention with AtP* (module docstring).
 
-    Arguments as `attribution_patch` (plain sites; position specs). With `graddrop` (default)
-    one more backward pass per layer gives each record its ``graddrop`` score. `context_memory`
+    Arguments as `attribution_patch` (plain sites; position specs). With `graddrop` one more
+    backward pass per layer gives each record its ``graddrop`` score (off by default: it changed
+    no ranking on any model docs/performance.md measures, and it adds a backward pass per layer). `context_memory`
     (bytes) bounds the corrupt run's resume contexts the last block's exact query step keeps, as
     in `hookmech.patching.patch`: beyond it the step runs on every position (slower, same numbers).
     Returns one record per (site, position) with patch's fields (``method="atp-star"``,
@@ -101,7 +104,8 @@ def atp_star_patch(
     plus ``graddrop`` (mean over layers of |estimated change of mean p| with that layer's
     gradient dropped; None without `graddrop`) and ``p_patched_rows`` ``[N]`` when `per_example`.
     """
-    check_patchable(model)
+    check_patchable(model, atp_star=True)  # more than exact patching asks: AtP*'s own members
+    assert isinstance(model, AtpStarModel)  # for mypy: checked above
     options = PatchOptions(method="atp-star", threshold=threshold, max_batch=max_batch, per_example=per_example)
     hooks, start = positional_hooks(model, sites)
     first = 0 if start is None else start
@@ -179,7 +183,7 @@ class _Estimator:
 
     def __init__(
         self,
-        model: PatchableModel,
+        model: AtpStarModel,
         runs: CleanCorruptRuns,
         hooks: list[str],
         start: int | None,
@@ -197,9 +201,10 @@ class _Estimator:
         self.capture = capture
         self.p_corrupt = torch.empty(len(runs.batch), dtype=torch.float64)
         self.chunk_contexts: dict[int, dict[str, Tensor]] = {}
-        self.contexts_refused = False  # once over the runs' `context_memory`, for every chunk
-        #: what the mixers' patch computations share within a chunk (`mixer_patch_effects`)
-        self.shared: dict[int, dict[str, Any]] = {}
+        #: once over the runs' `context_memory`, for every chunk
+        self.contexts_refused = runs.context_memory <= 0
+        #: what the mixers' patch computations share within a chunk (`AtpStarModel.mixer_patch_effects`)
+        self.memo = PatchMemo()
         self.gradient_hooks = [block_hook(layer, "mixer_out") for layer in blocks]
         #: the hooks whose patches `_exact_terms` computes (no gradient at the hook needed), and the
         #: hooks the backward passes reach: each mixer's output, the linearly estimated hooks
@@ -254,7 +259,7 @@ class _Estimator:
             if self.start is None
             else base(block_hook(self.start, "resid_pre"))
         )
-        self.chunk_contexts, self.shared = {}, {}
+        self.chunk_contexts, self.memo = {}, PatchMemo()
         query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
         log_odds, p_answer, grads = self._backward(corrupt_input, query, answers, captured, base)
         self.p_corrupt[rows] = p_answer
@@ -408,7 +413,7 @@ class _Estimator:
                     mixer_effect = self._along_kept(layer, gradient, mixer_in, base)
                     # the mixer before the last: its output's change at the query, for `_query_exact`
                     at_query = (
-                        model.mixer_patch_outputs(layer, mixer_in, base, query, self.shared)
+                        model.mixer_patch_outputs(layer, mixer_in, base, query, self.memo)
                         if layer == n_layers - 2
                         else None
                     )
@@ -432,13 +437,13 @@ class _Estimator:
         return terms
 
     def _along_kept(self, layer: int, gradient: Tensor, patched: Tensor, base, hook: str | None = None) -> Tensor:
-        """Return block `layer`'s `PatchableModel.mixer_patch_effects` ``[V, n, T]`` along the
+        """Return block `layer`'s `AtpStarModel.mixer_patch_effects` ``[V, n, T]`` along the
         gradients `gradient` ``[V, n, T, d_model]`` of the backward passes, computed once per
         distinct gradient: a GradDrop pass that drops a layer below `layer` has the full pass's
         gradient there (`GradientPasses`), and the pass that drops `layer` itself leaves the
         mixer's effect out (`chunk`): zeros, not computed."""
         distinct = [index for index, variant in enumerate(self.variants) if variant is None or variant > layer]
-        found = self.model.mixer_patch_effects(layer, gradient[distinct], patched, base, hook, self.shared)
+        found = self.model.mixer_patch_effects(layer, gradient[distinct], patched, base, hook, self.memo)
         if found is None:
             raise HookmechError(
                 f"block {layer}'s mixer says it patches {hook or 'its input'} exactly (mixer_patches_exactly) "
@@ -473,7 +478,7 @@ class _Estimator:
         (a readout C_q·h, a gate, a softmax row) is computed, not linearised. Changes the patch
         makes at other positions of the last block's input stay first order. `moved` ``[n, T,
         d_model]`` is the mixer's output change at the query under the patch at each s
-        (`PatchableModel.mixer_patch_outputs`), `gradient` ``[n, T, d_model]`` ∂λ/∂(its output),
+        (`AtpStarModel.mixer_patch_outputs`), `gradient` ``[n, T, d_model]`` ∂λ/∂(its output),
         `resid` ``[n, T, d_model]`` the residual entering block `layer` under each position's own
         patch (`patch_to_next_mixer`), `rows` the rows' indices in the batch."""
         model = self.model
@@ -508,7 +513,7 @@ class _Estimator:
 
     def _corrupt_contexts(self, layer: int, base, rows: Tensor) -> tuple[dict[int, dict[str, Tensor]], Tensor] | None:
         """Return (the corrupt run's mixer contexts of blocks `layer` .. last, the indices of the chunk's
-        rows `rows` ``[n]`` in them), or None when they do not fit in `CONTEXT_MEMORY` bytes. Read off
+        rows `rows` ``[n]`` in them), or None when they do not fit in the runs' `context_memory` bytes. Read off
         the gradient forward (`capture`): the chunk's own, made from its mixer inputs once per
         chunk; else the whole run's, from `runs`."""
         if self.capture is None:
@@ -519,12 +524,12 @@ class _Estimator:
         for index in range(layer, self.model.cfg.n_layers):
             if index not in self.chunk_contexts:
                 mixer_in = base(block_hook(index, "mixer_in"))
-                self.chunk_contexts[index] = self.model.prefix_context(index, mixer_in, self.shared)
+                self.chunk_contexts[index] = self.model.patch_context(index, mixer_in, self.memo)
         contexts = {index: self.chunk_contexts[index] for index in range(layer, self.model.cfg.n_layers)}
         size = sum(t.numel() * t.element_size() for context in contexts.values() for t in context.values())
         # the budget is the whole run's, as `CleanCorruptRuns.resume_contexts` keeps it (a cache
         # source gives the same estimates): this chunk's contexts scaled to every row
-        if size * len(self.runs.batch) / len(rows) > CONTEXT_MEMORY:
+        if size * len(self.runs.batch) / len(rows) > self.runs.context_memory:
             self.contexts_refused, self.chunk_contexts = True, {}
             return None
         return contexts, torch.arange(len(rows), device=rows.device)

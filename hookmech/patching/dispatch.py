@@ -32,7 +32,7 @@ def patch(
     ablate: str | None = None,
     ablate_seed: int = 0,
     context_memory: int = CONTEXT_MEMORY,
-    graddrop: bool = True,
+    graddrop: bool | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Patch every (site, position) and score it (formulas: `hookmech.patching.metrics`).
@@ -52,7 +52,8 @@ def patch(
     `resample_order(N, ablate_seed)[i]`'s clean activation). `method` "exact", "atp" (the
     first-order estimate, `attribution_patch`: interchange denoising of p_answer at plain sites) or
     "atp-star" (AtP*, `atp_star_patch`: the same cells, estimated with the fixes of Kramár et al. 2024;
-    `graddrop=False` skips its GradDrop passes, one backward per layer, and leaves ``graddrop`` None).
+    `graddrop=True` adds its GradDrop passes, one backward per layer, and the ``graddrop`` score;
+    None, the default, and False leave them out and ``graddrop`` None).
     Returns one record per (site, position): ``site, hook, pos, attribution, p_clean, p_corrupt,
     p_patched, n, passes_filter, method, metric, direction, metric_clean, metric_corrupt,
     metric_patched`` (p_* are mean p(answer), metric_* the metric's means, attribution is
@@ -78,8 +79,8 @@ def patch(
         ablate_seed=ablate_seed,
     )
     sites, positions = as_specs(sites, "site"), as_specs(positions, "position")
-    if not graddrop and options.method != "atp-star":
-        raise UsageError(f"graddrop=False is an option of method 'atp-star' (AtP*), not of {options.method!r}")
+    if graddrop is not None and options.method != "atp-star":
+        raise UsageError(f"graddrop={graddrop} is an option of method 'atp-star' (AtP*), not of {options.method!r}")
     if options.method == "atp":
         _check_atp_options(options, sites)
         records = attribution_patch(
@@ -95,7 +96,7 @@ def patch(
             threshold=threshold,
             max_batch=max_batch,
             per_example=per_example,
-            graddrop=graddrop,
+            graddrop=bool(graddrop),
             context_memory=context_memory,
         )
     else:

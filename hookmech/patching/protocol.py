@@ -1,9 +1,13 @@
 """What the patching engine expects of a model: `PatchableModel`.
 
 The engine speaks hook names, axes and positions only; everything it asks of a model is
-written here, once. `hookmech.model.HookedLM` satisfies it (tests/test_patching_package.py).
-A model only has to be able to say where a resumed run starts (`resume_layer`, None for a hook
-it cannot resume at); patches it cannot resume run on every position, with the same numbers.
+written here, once, split by what asks it: `PatchableModel` (a `HookedModel`, what
+TransformerLens gives, plus the resume protocol) is all that exact patching, AtP and DAS need;
+AtP* asks `AtpStarModel` and path patching `PathPatchableModel` besides, each checked where it
+runs (`check_patchable`). `hookmech.model.HookedLM` satisfies all of them
+(tests/test_patching_package.py). A model only has to be able to say where a resumed run starts
+(`resume_layer`, None for a hook it cannot resume at); patches it cannot resume run on every
+position, with the same numbers.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from torch import Tensor, nn
 
 from ..errors import HookmechError
+from ..mixers.capabilities import PatchMemo
 
 
 @runtime_checkable
@@ -36,13 +41,11 @@ class PatchableConfig(Protocol):
 
 
 @runtime_checkable
-class PatchableModel(Protocol):
-    """A hooked causal language model the patching engine (exact and AtP) can run.
-
-    TransformerLens's `HookedRootModule` gives `hook_dict`, `run_with_hooks`,
-    `run_with_cache` and `hooks`; `nn.Module` gives `parameters`, `training`, `eval`, `train`.
-    The rest is the resume protocol (docs/guide.md §6, docs/architecture.md).
-    """
+class HookedModel(Protocol):
+    """What a TransformerLens-style hooked model is: TransformerLens's `HookedRootModule` gives
+    `hook_dict`, `run_with_hooks`, `run_with_cache` and `hooks`; `nn.Module` gives `parameters`,
+    `training`, `eval`, `train`; the model itself `cfg` and its forward. Nothing here is the
+    engine's: a model satisfying it needs only `PatchableModel`'s own members to be patched."""
 
     # read-only properties, so that any attribute of a matching type satisfies them (mypy)
     @property
@@ -97,6 +100,15 @@ class PatchableModel(Protocol):
         """Return a context manager that attaches ``fwd_hooks`` while it is open."""
         ...
 
+
+@runtime_checkable
+class PatchableModel(HookedModel, Protocol):
+    """A hooked causal language model the patching engine can run: exact patching, AtP and DAS
+    ask this and nothing more. Beyond a `HookedModel`, the resume protocol (docs/guide.md §6,
+    docs/architecture.md): where a hook lives, where a resumed run starts, and the run itself.
+    AtP* asks more (`AtpStarModel`), path patching too (`PathPatchableModel`), each where it runs.
+    """
+
     def layer_of_hook(self, hook_name: str) -> int | None:
         """Return l for a hook inside ``blocks.{l}``, None for hooks outside the blocks."""
         ...
@@ -118,11 +130,8 @@ class PatchableModel(Protocol):
         it yields ``{layer: [context of each forward]}``."""
         ...
 
-    def prefix_context(
-        self, layer: int, mixer_in: Tensor, shared: dict[int, dict[str, Any]] | None = None
-    ) -> dict[str, Tensor]:
-        """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in` ``[N, T, d_model]``
-        (`shared`: as in `mixer_patch_effects`)."""
+    def prefix_context(self, layer: int, mixer_in: Tensor) -> dict[str, Tensor]:
+        """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in` ``[N, T, d_model]``."""
         ...
 
     def resume(
@@ -143,6 +152,17 @@ class PatchableModel(Protocol):
         was made from; None for a hook the model cannot read there (the unpatched runs then fire it)."""
         ...
 
+
+@runtime_checkable
+class AtpStarModel(PatchableModel, Protocol):
+    """A `PatchableModel` that AtP* can run (`hookmech.patching.atp_star_patch`): it follows a patch
+    to the next mixer and asks that mixer for its exact per-position effects. `HookedLM` does for
+    every mixer (`mixer_patches_exactly` False, the first-order estimate, where a mixer has no
+    `hookmech.mixers.ExactPatchEffects`). Exact patching, AtP and DAS do not need it.
+
+    `memo`: a `hookmech.mixers.capabilities.PatchMemo` the caller keeps for its calls on one chunk
+    of a base run, where the model (its mixers) keeps what they have in common."""
+
     def patch_to_next_mixer(
         self, hook_name: str, values: Tensor, base: Callable[[str], Tensor], at: Tensor | None = None
     ) -> tuple[int, Tensor, Tensor | None] | None:
@@ -151,7 +171,12 @@ class PatchableModel(Protocol):
         that position alone of `hook_name` takes `values` ``[N, T, ...]`` (the base run's
         activations read with `base(hook)`); ``(n_layers, resid entering the final norm, None)``
         after the last mixer, with `at` ``[N]`` at position ``at[n]`` alone (``[N, 1, d_model]``);
-        None when the hook is not a block-level hook (AtP*)."""
+        None when the hook is not a block-level hook."""
+        ...
+
+    def mixer_patches_exactly(self, layer: int, hook_name: str | None = None) -> bool:
+        """Return True where `mixer_patch_effects` with these arguments returns the effects, False
+        where it returns None (AtP* asks before its backward passes)."""
         ...
 
     def mixer_patch_effects(
@@ -161,19 +186,12 @@ class PatchableModel(Protocol):
         patched: Tensor,
         base: Callable[[str], Tensor],
         hook_name: str | None = None,
-        shared: dict[int, dict[str, Any]] | None = None,
+        memo: PatchMemo | None = None,
     ) -> Tensor | None:
         """Return ``[..., N, T]``: the exact change of block `layer`'s mixer output along
         `grad_mixer_out` ``[..., N, T, d_model]`` when one position of its input (`hook_name`
-        None) or of its inside hook `hook_name` takes `patched` (AtP*); None where the mixer has
-        no such computation.
-        `shared`: a dict the caller keeps for its calls on one base run, where the model may keep
-        what they have in common."""
-        ...
-
-    def mixer_patches_exactly(self, layer: int, hook_name: str | None = None) -> bool:
-        """Return True where `mixer_patch_effects` with these arguments returns the effects, False
-        where it returns None (AtP* asks before its backward passes)."""
+        None) or of its inside hook `hook_name` takes `patched`; None where the mixer has no such
+        computation."""
         ...
 
     def mixer_patch_outputs(
@@ -182,12 +200,15 @@ class PatchableModel(Protocol):
         patched: Tensor,
         base: Callable[[str], Tensor],
         at: Tensor,
-        shared: dict[int, dict[str, Any]] | None = None,
+        memo: PatchMemo | None = None,
     ) -> Tensor | None:
         """Return ``[N, T, d_model]``: the change of block `layer`'s mixer output at position ``at[n]``
-        when one position s of its input takes ``patched[n, s]`` (AtP*, which carries it through the
-        last block exactly); None where the mixer has no such computation (`shared` as in
-        `mixer_patch_effects`)."""
+        when one position s of its input takes ``patched[n, s]`` (AtP* carries it through the
+        last block exactly); None where the mixer has no such computation."""
+        ...
+
+    def patch_context(self, layer: int, mixer_in: Tensor, memo: PatchMemo) -> dict[str, Tensor]:
+        """Return `prefix_context(layer, mixer_in)`, made from what `memo` keeps where the mixer can."""
         ...
 
 
@@ -209,20 +230,28 @@ class PathPatchableModel(PatchableModel, Protocol):
         ...
 
 
-#: the members `check_patchable` looks for (every public name the protocol declares)
-_MEMBERS = ("__call__", *(name for name in vars(PatchableModel) if not name.startswith("_")))
-#: and `check_patchable(..., paths=True)`
-_PATH_MEMBERS = (*_MEMBERS, *(name for name in vars(PathPatchableModel) if not name.startswith("_")))
+def _members(protocol: type) -> tuple[str, ...]:
+    """Return every public name `protocol` declares, its bases' first (what `check_patchable` looks for)."""
+    names = ["__call__"]
+    for cls in reversed(protocol.__mro__):
+        if cls is not Protocol and getattr(cls, "_is_protocol", False):
+            names += [name for name in vars(cls) if not name.startswith("_") and name not in names]
+    return tuple(names)
 
 
-def check_patchable(model: object, paths: bool = False) -> None:
-    """Raise a HookmechError naming what `model` lacks unless it satisfies `PatchableModel` (with
-    `paths`, `PathPatchableModel`); return None."""
-    protocol, members = (PathPatchableModel, _PATH_MEMBERS) if paths else (PatchableModel, _MEMBERS)
+def check_patchable(model: object, paths: bool = False, atp_star: bool = False) -> None:
+    """Raise a HookmechError naming what `model` lacks unless it satisfies `PatchableModel` (what
+    exact patching, AtP and DAS ask), with `atp_star` `AtpStarModel` (what AtP* asks), with `paths`
+    `PathPatchableModel` (what path patching asks); return None."""
+    protocol, what = PatchableModel, "patched"
+    if paths:
+        protocol, what = PathPatchableModel, "path-patched"
+    elif atp_star:
+        protocol, what = AtpStarModel, "patched with AtP*"
     if isinstance(model, protocol):
         return
-    missing = [name for name in members if not hasattr(model, name)]
+    missing = [name for name in _members(protocol) if not hasattr(model, name)]
     raise HookmechError(
-        f"{type(model).__name__} cannot be {'path-' if paths else ''}patched: it has no {', '.join(missing)} "
+        f"{type(model).__name__} cannot be {what}: it has no {', '.join(missing)} "
         f"(hookmech.patching.{protocol.__name__} lists what the engine needs)"
     )

@@ -165,7 +165,7 @@ def test_atp_with_verify_top_reports_both_scores(trained, capsys):
 
 def test_atp_star_with_verify_top_reports_both_scores(trained, capsys):
     code, out, err = run(["patch", "--ckpt", str(trained), "--site", "all", "--pos", "key,value", "--n", "16",
-                          "--method", "atp-star", "--verify-top", "3", "--json"], capsys)
+                          "--method", "atp-star", "--graddrop", "--verify-top", "3", "--json"], capsys)
     assert code == 0, err
     records = json.loads(out)
     assert len(records) == 3
@@ -173,15 +173,19 @@ def test_atp_star_with_verify_top_reports_both_scores(trained, capsys):
 
 
 def test_atp_star_without_graddrop_gives_the_same_estimates_and_no_score(trained, capsys):
-    """--no-graddrop skips GradDrop's backward passes: the estimates are those of the full gradient."""
+    """GradDrop is opt-in (--graddrop); without it (the default, or --no-graddrop, kept as its
+    alias) AtP* skips GradDrop's backward passes: the estimates are those of the full gradient."""
     args = ["patch", "--ckpt", str(trained), "--site", "all", "--pos", "key,value", "--n", "16", "--method", "atp-star",
             "--json"]
-    code, out, err = run(args, capsys)
+    code, out, err = run([*args, "--graddrop"], capsys)
     assert code == 0, err
     with_graddrop = json.loads(out)
-    code, out, err = run([*args, "--no-graddrop"], capsys)
+    code, out, err = run(args, capsys)
     assert code == 0, err
     without = json.loads(out)
+    code, out, err = run([*args, "--no-graddrop"], capsys)
+    assert code == 0, err
+    assert json.loads(out) == without
     assert len(without) == len(with_graddrop) > 0
     for a, b in zip(with_graddrop, without, strict=True):
         assert (a["site"], a["pos"]) == (b["site"], b["pos"]) and b["graddrop"] is None and a["graddrop"] >= 0
