@@ -11,7 +11,7 @@ Every activation of a `HookedLM` passes a TransformerLens hook point named by it
     blocks.{l}.attn.hook_{alias}      TransformerLens's ``attn_out`` for ``mixer_out``, or ``attn.hook_z``
                                       for attention's ``mixer.hook_z`` (`block_aliases`)
     blocks.{l}.ln1.hook_scale, ...    TransformerLens's names of what hookmech computes from a cache
-                                      rather than hooks (`TL_DERIVED`): norm scales, head results,
+                                      rather than hooks (`TL_SCALE`, `TL_RESULT`, `TL_POST`): norm scales, head results,
                                       MLP neurons (`HookedLM.derived_activation`)
 
 `parse_hook` reads a name back as a `HookName` (layer, part, inside name); `layer_of` gives the

@@ -48,6 +48,22 @@ def hook_in_use(point: HookPoint) -> bool:
     return bool(point.fwd_hooks or point.bwd_hooks)
 
 
+@contextmanager
+def hooks_silenced(module) -> Iterator[None]:
+    """Within the `with` block, no hook attached to a hook point inside `module` fires (and
+    `hook_in_use` says False there); every hook is back afterwards, also after an error. For a
+    second run of a module on a cached input that must not call its users' hooks again."""
+    points = [point for point in module.modules() if isinstance(point, HookPoint)]
+    saved = [(point, point._forward_hooks, point.fwd_hooks, point.bwd_hooks) for point in points]
+    for point in points:
+        point._forward_hooks, point.fwd_hooks, point.bwd_hooks = type(point._forward_hooks)(), [], []
+    try:
+        yield
+    finally:
+        for point, forward_hooks, fwd_hooks, bwd_hooks in saved:
+            point._forward_hooks, point.fwd_hooks, point.bwd_hooks = forward_hooks, fwd_hooks, bwd_hooks
+
+
 def pos_axis_of(hook_point: HookPoint) -> int | None:
     """Return the position axis of any hook point (TransformerLens's default is axis 1)."""
     return getattr(hook_point, "pos_axis", 1)

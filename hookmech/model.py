@@ -41,7 +41,7 @@ from .hook_names import (
     sublayer_hook,
 )
 from .hook_names import MLP as MLP_SUBLAYER
-from .hooks import AxisHookPoint
+from .hooks import AxisHookPoint, hooks_silenced
 from .mixers import REGISTRY
 from .mixers.base import Mixer, hook_in_use, kept, take_window
 from .mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
@@ -146,6 +146,7 @@ class Block(nn.Module):
         self.hook_mixer_in = AxisHookPoint()
         self.hook_mixer_out = AxisHookPoint()
         self.hook_resid_post = AxisHookPoint()
+        self.layer = layer
         self.has_mlp = cfg.mlp[layer]
         #: (n_heads, d_head) of the mixer (`ModelConfig.head_shape`), for its head results
         self.head_shape = cfg.head_shape(layer)
@@ -258,8 +259,9 @@ class Block(nn.Module):
         gated RMSNorm) is the run's own: the frozen-scale convention of TransformerLens's
         decompositions. A mixer without heads is one head: its output, bias included.
 
-        The projection's input is no hook's, so the mixer runs again on `mixer_in` (hooks inside
-        it fire)."""
+        The projection's input is no hook's, so the mixer runs again on `mixer_in`, with the hooks
+        inside it silenced; a HookmechError when that run's output is not `mixer_out` (a run edited
+        inside the mixer, whose head results cannot be recomputed from its input)."""
         axes = type(self.mixer).output_head_axes
         if not axes:
             return mixer_out[:, :, None, :]
@@ -267,15 +269,31 @@ class Block(nn.Module):
         captured: list[Tensor] = []
         handle = projection.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
         try:
-            self.mixer(mixer_in)
+            with hooks_silenced(self.mixer):
+                recomputed = self.mixer(mixer_in)
         finally:
             handle.remove()
+        self._check_recomputed(recomputed, mixer_out)
         if len(captured) != 1:
             raise HookmechError(
                 f"{type(self.mixer).__name__} called its output projection {len(captured)} times, not once"
             )
         inputs, weight = self._by_head(captured[0], axes), self._by_head(projection.weight, axes)
         return torch.einsum("bphd,mhd->bphm", inputs, weight)
+
+    def _check_recomputed(self, recomputed: Tensor, mixer_out: Tensor) -> None:
+        """Raise a HookmechError unless the mixer's output recomputed from its cached input is the
+        cached `mixer_out` to float round-off (the recomputation may take another path than the
+        run: a scan instead of a loop)."""
+        scale = mixer_out.abs().max().item()
+        gap = (recomputed.to(mixer_out.dtype) - mixer_out).abs().max().item()
+        if gap > 1e-4 * max(scale, 1e-6):
+            raise HookmechError(
+                f"attn.hook_result of block {self.layer}: the mixer's output recomputed from its cached input "
+                f"differs from the cached hook_mixer_out by {gap:.3g} (largest |output| {scale:.3g}): the run was "
+                "edited inside the mixer, and head results are computed from the mixer's input; read them from "
+                "a cache of an unedited run"
+            )
 
     def head_result_bias(self) -> Tensor:
         """Return what the mixer adds to its heads' `head_results` ``[d_model]``: its output
@@ -374,7 +392,15 @@ class AliasedActivationCache(ActivationCache):
         return super().__getitem__(key)
 
     def __contains__(self, key) -> bool:
-        return key in self.cache_dict or getattr(self.model, "hook_aliases", {}).get(key) in self.cache_dict
+        """True for what `cache[key]` returns: a hook, an alias of one, or a value computed from
+        the cached hooks (computing it, for the last)."""
+        if key in self.cache_dict or getattr(self.model, "hook_aliases", {}).get(key) in self.cache_dict:
+            return True
+        try:
+            self[key]
+        except (KeyError, HookmechError):
+            return False
+        return True
 
     def _full_name(self, key) -> str:
         """Return the hook name `key` means: itself, or TransformerLens's name for its shorthand
@@ -825,7 +851,24 @@ class HookedLM(HookedRootModule):
         for name in (name for name, _ in hooks if isinstance(name, str)):
             if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
                 raise unknown("hook", name, [*self.hook_dict, *self.hook_aliases])
+            self._check_heads_uniform(name)
         return super().run_with_hooks(*model_args, **kwargs)
+
+    def _check_heads_uniform(self, name: str) -> None:
+        """Raise a NoComponentError for TransformerLens's per-head name `name` (``attn.hook_*``)
+        on a model whose layers differ in head count: TransformerLens sizes every layer's head
+        axis by one `cfg.n_heads` (layer 0's), so its head sweeps and labels would silently skip
+        or mislabel the other layers' heads."""
+        parsed = parse_hook(name)
+        if parsed is None or parsed.part != TL_ATTN:
+            return
+        counts = [self.cfg.head_shape(layer)[0] for layer in range(self.cfg.n_layers)]
+        if len(set(counts)) > 1:
+            raise NoComponentError(
+                f"{name}: this model's layers have {counts} heads, and TransformerLens's per-head tools "
+                f"size every layer by one n_heads ({counts[0]}); use hookmech's own names "
+                "(blocks.{l}.mixer.hook_*) and `hookmech patch` for per-head patches"
+            )
 
     def _check_model_input(self, caller: str, model_args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """`check_tokens` on the input of `caller` unless it is a residual stream (`start_at_layer`)."""
@@ -952,6 +995,7 @@ class HookedLM(HookedRootModule):
         if part == (TL_NORMS[1], TL_SCALE):
             return self._block_norm_scale(name, block.ln2, read(block_hook(layer, "resid_mid")))
         if part == (TL_ATTN, TL_RESULT):
+            self._check_heads_uniform(name)
             return block.head_results(read(block_hook(layer, "mixer_in")), read(block_hook(layer, "mixer_out")))
         if part == (MLP_SUBLAYER, TL_POST):
             return block.mlp.neurons(read(block_hook(layer, "mlp_in")))

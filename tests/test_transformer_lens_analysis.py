@@ -434,3 +434,59 @@ def test_transformer_lens_names_are_aliases_never_hooks(ar_task, mixer):
     cache.stack_head_results()
     cache.compute_head_results()
     assert set(cache.keys()) == set(model.hook_dict)
+
+
+# -- head results are the cached run's, or refused -------------------------------------------
+def _two_head_attention(ar_task):
+    return make_model(ar_task, mixers="attention", d_model=16, layer_options=[{"n_heads": 2}] * 2).double().eval()
+
+
+def zero(activation, hook):
+    return activation * 0
+
+
+def test_head_results_of_a_run_edited_inside_the_mixer_are_refused_not_recomputed(ar_task):
+    model, batch = _two_head_attention(ar_task), ar_task.sample(4, seed=3)
+    with model.hooks(fwd_hooks=[("blocks.0.mixer.hook_v", zero)]):
+        _, cache = model.run_with_cache(batch.tokens)
+    with pytest.raises(hookmech.HookmechError, match="edited inside the mixer") as raised:
+        cache["blocks.0.attn.hook_result"]
+    assert "\n" not in str(raised.value)
+    assert cache["blocks.1.attn.hook_result"].shape[-2] == 2  # layer 1 was not edited
+
+
+def test_reading_head_results_fires_no_hook_and_leaves_every_hook_attached(ar_task):
+    model, batch = _two_head_attention(ar_task), ar_task.sample(4, seed=3)
+    _, cache = model.run_with_cache(batch.tokens)
+    calls = []
+    with model.hooks(fwd_hooks=[("blocks.0.mixer.hook_v", lambda a, hook: calls.append(1) or a * 0)]):
+        results = cache["blocks.0.attn.hook_result"]
+        assert not calls
+        model(batch.tokens)  # the user's hook is still attached after the read
+        assert calls
+    bias = model.blocks[0].head_result_bias()
+    # FLOAT64_SUM_TOL: the heads and the mixer output are one float64 sum in two orders
+    close(results.sum(-2) + bias, cache["blocks.0.hook_mixer_out"])
+
+
+def test_membership_agrees_with_reading(ar_task):
+    model, batch = _two_head_attention(ar_task), ar_task.sample(4, seed=3)
+    _, cache = model.run_with_cache(batch.tokens)
+    for name in ("blocks.0.attn.hook_result", "ln_final.hook_scale", "blocks.0.mlp.hook_post", "blocks.0.attn.hook_z"):
+        assert name in cache
+        cache[name]
+    mamba = make_model(ar_task, mixers="mamba", d_model=16)
+    _, mamba_cache = mamba.run_with_cache(batch.tokens)
+    assert "blocks.0.mlp.hook_post" not in mamba_cache and "blocks.0.attn.hook_z" not in mamba_cache
+
+
+def test_layers_with_different_head_counts_are_refused_by_transformer_lens_head_tools(ar_task):
+    model = make_model(ar_task, mixers="attention", d_model=16, layer_options=[{"n_heads": 1}, {"n_heads": 2}])
+    batch = ar_task.sample(4, seed=3)
+    _, cache = model.run_with_cache(batch.tokens)
+    with pytest.raises(NoComponentError, match=r"\[1, 2\] heads"):
+        tl_patching.get_act_patch_attn_head_out_all_pos(model, batch.corrupt_tokens, cache, lambda logits: logits.sum())
+    with pytest.raises(NoComponentError, match=r"\[1, 2\] heads"):
+        cache.stack_head_results()
+    # what does not depend on a head count still runs
+    tl_patching.get_act_patch_resid_pre(model, batch.corrupt_tokens, cache, lambda logits: logits.sum())
