@@ -99,9 +99,9 @@ def _heads(spec) -> str:
     """The head axis as the spec states it: its option, and what the option is."""
     if spec.heads is None:
         return "—"
-    if spec.heads.count:
-        return f"`{spec.heads.count}` (count)"
     split = f" of {spec.heads.split} × d_model" if spec.heads.split else ""
+    if spec.heads.count:
+        return f"`{spec.heads.count}` (count{split})"
     return f"`{spec.heads.width}` (width{split})"
 
 
