@@ -132,8 +132,8 @@ def generated_case(name: str, via: str) -> tuple:
     """A case of route `via` for mixer `name` built from what it declares (a mixer added later than
     the cases above): heads from its spec, its first head output, head input, state hook, conv hook."""
     cls = REGISTRY[name]
-    if via == "head":
-        return (f"head-{name}", name, head_options(name), f"L0.mixer.{cls.head_outputs[0]}[0]@key",
+    if via == "head":  # the sender at every position: a head input such as q is read at its own position only
+        return (f"head-{name}", name, head_options(name), f"L0.mixer.{cls.head_outputs[0]}[0]@whole",
                 f"L1.mixer.{cls.head_inputs[0]}@whole", "head")
     if via == "state":
         state = cls.state_hooks[0]
