@@ -27,7 +27,7 @@ import torch
 
 import hookmech
 from hookmech.config import build_config
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import SPECS
 from hookmech.patching import patch
 from hookmech.oracles import plain_loop_patch
 
@@ -67,6 +67,11 @@ def make_task(small: bool):
     return hookmech.tasks.make("ar", vocab_size=8192, num_kv_pairs=16)
 
 
+def benched_mixers() -> list[str]:
+    """Every mixer whose spec says the benches include it (`MixerSpec.bench`)."""
+    return [name for name, spec in SPECS.items() if spec.bench]
+
+
 def make_model(task, mixer: str, d_model: int = 64, n_layers: int = 2, seed: int = 0) -> hookmech.HookedLM:
     """A random-init model of `mixer` for `task`, on the CPU, in eval mode."""
     torch.manual_seed(seed)
@@ -78,7 +83,7 @@ def check_forwards(device: torch.device, task, n: int) -> list[Result]:
     """Every registered mixer: the logits of the same model and tokens on `device` and on the CPU."""
     tokens = task.sample(n, seed=0).tokens
     results = []
-    for mixer in REGISTRY:
+    for mixer in benched_mixers():
         model = make_model(task, mixer)
         with torch.no_grad():
             reference = model(tokens)
@@ -195,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cudnn.allow_tf32 = False
         print(f"device: {torch.cuda.get_device_name(device)}, torch {torch.__version__}")
     task = make_task(args.small_task)
-    mixers = ["attention", "mamba"] if args.quick else list(REGISTRY)
+    mixers = ["attention", "mamba"] if args.quick else benched_mixers()
     n_check, n_time, reps = (8, 16, 1) if args.quick else (32, args.n, 3)
     results = [
         *check_forwards(device, task, n_check),

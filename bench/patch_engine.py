@@ -29,7 +29,13 @@ from hookmech.patching import patch
 from hookmech.oracles import plain_loop_patch
 
 ROLES = ["key", "value", "query", "divider"]
-ALL_MIXERS = "attention,mamba,mamba2,deltanet,rwkv,based,h3,hyena,baseconv"
+
+
+def all_mixers() -> str:
+    """Every mixer whose spec says the benches include it (`MixerSpec.bench`), comma-separated."""
+    from hookmech.mixers import SPECS
+
+    return ",".join(name for name, spec in sorted(SPECS.items()) if spec.bench)
 
 
 def timed(run) -> tuple[float, object]:
@@ -40,7 +46,7 @@ def timed(run) -> tuple[float, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mixers", default=None, help=f"default: attention,mamba; with --paper-ar: {ALL_MIXERS}")
+    parser.add_argument("--mixers", default=None, help=f"default: attention,mamba; with --paper-ar: {all_mixers()}")
     parser.add_argument("--paper-ar", action="store_true", help="vocab 8192, 16 pairs, d_model 128, 2 layers")
     parser.add_argument("--n", type=int, default=320)
     parser.add_argument("--d-model", type=int, default=None, help="default: 64; 128 with --paper-ar")
@@ -50,7 +56,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="only the 2-layer, 4-position sweep")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    mixers = args.mixers or (ALL_MIXERS if args.paper_ar else "attention,mamba")
+    mixers = args.mixers or (all_mixers() if args.paper_ar else "attention,mamba")
     d_model = args.d_model or (128 if args.paper_ar else 64)
     vocab, pairs = (8192, 16) if args.paper_ar else (64, 4)
     task = hookmech.tasks.make("ar", vocab_size=vocab, num_kv_pairs=pairs)

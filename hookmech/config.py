@@ -24,8 +24,6 @@ INITS = ("normal", "mamba")
 #: what `build_config(init=...)` also takes: "zoology" picks what the paper's code (zoology's
 #: `_init_weights`, by block type) draws for these mixers, and is resolved to one of INITS
 INIT_CHOICES = (*INITS, "zoology")
-#: how mixers spell their head count (zoology and the reference implementations differ)
-HEAD_OPTIONS = ("n_heads", "num_heads")
 #: the option by which long-convolution mixers learn the longest sequence (zoology's l_max);
 #: the paper's code sets it to the task's context size
 CONTEXT_OPTION = "l_max"
@@ -124,15 +122,15 @@ class ModelConfig:
 
     # -- derived values (TransformerLens's names), not fields ------------------------------
     def head_shape(self, layer: int = 0) -> tuple[int, int]:
-        """Return ``(n_heads, d_head)`` of block `layer`'s mixer as it declares them
-        (`Mixer.head_shape`): the size of the ``head`` axis of its per-head hooks and the width
+        """Return ``(n_heads, d_head)`` of block `layer`'s mixer as its spec states them
+        (`MixerSpec.heads`): the size of the ``head`` axis of its per-head hooks and the width
         of one head there. A mixer without heads (mamba, baseconv, hyena) has one head of
         width d_model. n_heads * d_head is d_model except for mamba2 (its heads split d_inner)."""
-        from .mixers import REGISTRY
+        from .mixers import spec_of
 
         if not 0 <= layer < self.n_layers:
             raise UsageError(f"layer must be in 0..{self.n_layers - 1}, got {layer}")
-        return REGISTRY[self.mixers[layer]].head_shape(self.d_model, **self.mixer_kwargs[layer])
+        return spec_of(self.mixers[layer]).head_shape(self.d_model, self.mixer_kwargs[layer])
 
     @property
     def n_heads(self) -> int:
@@ -251,7 +249,7 @@ def build_config(
     `mlp`/`pos_emb` None mean "what the mixers declare"; `init` None means "normal", and
     "zoology" what the paper's code draws for these mixers (`resolve_init`).
     """
-    from .mixers import REGISTRY, check_mixer_options, mixer_options
+    from .mixers import REGISTRY, check_mixer_options, mixer_options, spec_of
 
     if n_layers <= 0:
         raise UsageError(f"n_layers must be > 0, got {n_layers}")
@@ -270,7 +268,7 @@ def build_config(
             raise unknown("mixer", name, REGISTRY)
         cls = REGISTRY[name]
         options = dict(options)
-        head_option = next((name for name in HEAD_OPTIONS if name in mixer_options(cls)), None)
+        head_option = spec_of(name).head_count_option()
         if n_heads is not None and head_option is not None and head_option not in options:
             options[head_option] = n_heads
         if CONTEXT_OPTION in mixer_options(cls) and CONTEXT_OPTION not in options:

@@ -41,8 +41,8 @@ from .hook_names import (
     sublayer_hook,
 )
 from .hook_names import MLP as MLP_SUBLAYER
-from .hooks import AxisHookPoint, hooks_silenced
-from .mixers import REGISTRY
+from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
+from .mixers import REGISTRY, spec_of
 from .mixers.base import Mixer, hook_in_use, kept, take_window
 from .mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
 from .path_routes import ActsReader, PathEnds, path_change, path_ends
@@ -150,6 +150,9 @@ class Block(nn.Module):
         self.has_mlp = cfg.mlp[layer]
         #: (n_heads, d_head) of the mixer (`ModelConfig.head_shape`), for its head results
         self.head_shape = cfg.head_shape(layer)
+        if spec_of(cfg.mixers[layer]).heads is not None:
+            # the head count its spec states, read by the ``[*]`` sites (`hookmech.hooks.axis_size`)
+            declare_sizes(self.mixer, head=self.head_shape[0])
         self.contexts: list[Context] | None = None  # see HookedLM.collecting_contexts
         if self.has_mlp:
             self.ln2 = make_norm(cfg.norms[layer], cfg.d_model)

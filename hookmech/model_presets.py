@@ -7,15 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import unknown
+from .mixers import SPECS
 
-#: preset -> the repeating pattern of (mixer, options) layers; layer l uses pattern[l % len(pattern)]
+#: preset -> the repeating pattern of (mixer, options) layers; layer l uses pattern[l % len(pattern)]:
+#: the presets the mixers' specs define (`MixerSpec.presets`: the Based model and the BaseConv model
+#: of paper 000; every other mixer its single-mixer model, every layer it with its defaults)
 MODEL_PRESETS: dict[str, tuple[tuple[str, dict[str, Any]], ...]] = {
-    # Based model: BaseConv with a short kernel, then Based linear attention, alternating
-    "based": (("baseconv", {"kernel_size": 3}), ("based", {})),
-    # BaseConv model: a short (k=3) and an implicit long convolution, alternating
-    "baseconv": (("baseconv", {"kernel_size": 3}), ("baseconv", {"kernel_size": -1})),
-    # the single-mixer models, for completeness: every layer the same mixer with its defaults
-    **{name: ((name, {}),) for name in ("attention", "h3", "hyena", "mamba", "mamba2", "deltanet", "rwkv")},
+    name: pattern for spec in SPECS.values() for name, pattern in spec.model_presets.items()
 }
 
 

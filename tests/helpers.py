@@ -53,6 +53,42 @@ def unit_variance(model: hookmech.HookedLM, seed: int = 1) -> hookmech.HookedLM:
     return model
 
 
+# -- the mixers, as their specs describe them (hookmech.mixers.SPECS) -----------------------
+def mixers_with_heads() -> list[str]:
+    """The registered mixers whose spec states a head axis (`MixerSpec.heads`), by name."""
+    from hookmech.mixers import SPECS
+
+    return sorted(name for name, spec in SPECS.items() if spec.heads is not None)
+
+
+def head_options(name: str, d_model: int = 16) -> dict:
+    """Options giving mixer `name` several heads at `d_model`, and a head shape other than its
+    defaults' (two heads, or four where its defaults give two), from its spec; {} without heads."""
+    from hookmech.mixers import SPECS
+
+    spec = SPECS[name]
+    if spec.heads is None:
+        return {}
+    options = spec.with_heads(2, d_model)
+    if spec.head_shape(d_model, options) == spec.head_shape(d_model, {}):
+        options = spec.with_heads(4, d_model)
+    return options
+
+
+def state_hooks_of() -> list[tuple[str, str]]:
+    """(mixer, state hook without "hook_") of every registered mixer with recurrent-state hooks."""
+    from hookmech.mixers import REGISTRY
+
+    return [(name, cls.state_hooks[0]) for name, cls in sorted(REGISTRY.items()) if cls.state_hooks]
+
+
+def example_configs() -> list[tuple[str, dict]]:
+    """(mixer, options) of every spec's examples (`MixerSpec.examples`), by mixer name."""
+    from hookmech.mixers import SPECS
+
+    return [(name, dict(options)) for name, spec in sorted(SPECS.items()) for options in spec.examples]
+
+
 # -- the command line and files ------------------------------------------------------------
 def run_cli(argv, capsys):
     """Run the `hookmech` CLI in-process (arguments may be paths); return (exit code, stdout, stderr)."""
@@ -215,6 +251,27 @@ def init_fingerprint(state: dict[str, torch.Tensor]) -> dict[str, list[float]]:
         picked = torch.linspace(0, values.numel() - 1, min(16, values.numel())).round().long()
         out[name] = [values.abs().sum().item(), (values * values).sum().item(), *values[picked].tolist()]
     return out
+
+
+def default_mixer_state(name: str) -> dict[str, torch.Tensor]:
+    """The seeded initialisation (torch seed 0) of mixer `name` with its defaults at d_model 16
+    (l_max 64 where it takes one): what "NAME" of the fingerprints pins."""
+    from hookmech.mixers import REGISTRY, mixer_options
+
+    options = {"l_max": 64} if "l_max" in mixer_options(REGISTRY[name]) else {}
+    torch.manual_seed(0)
+    return REGISTRY[name](d_model=16, **options).state_dict()
+
+
+def default_model_state(preset: str) -> dict[str, torch.Tensor]:
+    """The seeded initialisation (torch seed 0) of a 2-layer d_model-16 model of model preset
+    `preset`: what "model:PRESET" of the fingerprints pins."""
+    from hookmech.model_presets import expand_preset
+
+    mixers, options = expand_preset(preset, 2)
+    config = build_config(d_vocab=32, n_ctx=24, mixers=mixers, d_model=16, n_layers=2, layer_options=options)
+    torch.manual_seed(0)
+    return hookmech.HookedLM(config).state_dict()
 
 
 def assert_same_init(state: dict[str, torch.Tensor], key: str) -> None:

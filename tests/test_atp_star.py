@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import (ATTENTION_FIXTURE, CACHE_TOL, ENGINE_TOL, FINITE_DIFFERENCE_RTOL, FLOAT64_SUM_TOL, make_model,
+                     state_hooks_of,
                      unit_variance)
 
 from hookmech.cache import write_cache
@@ -293,16 +294,7 @@ def test_patch_to_next_mixer_is_a_patched_forward_at_each_position(ar_task, mixe
 
 
 # -- recurrent states: gradients that follow the re-propagated recurrence --------------------------
-@pytest.mark.parametrize(
-    "mixer, state_hook",
-    [
-        ("mamba", "hook_ssm_state"),
-        ("mamba2", "hook_ssm_state"),
-        ("rwkv", "hook_state"),
-        ("deltanet", "hook_state"),
-        ("based", "hook_kv_state"),
-    ],
-)
+@pytest.mark.parametrize("mixer, state_hook", [(mixer, f"hook_{state}") for mixer, state in state_hooks_of()])
 def test_state_gradients_follow_the_recurrence_of_a_real_edit(ar_task, mixer, state_hook):
     """Under `gradients_follow_edits`, ∂f/∂state at position s (f: a fixed linear read-out of the
     block's output) equals the central finite difference of real edits there, which the mixer

@@ -12,9 +12,10 @@ import torch
 import hookmech
 from hookmech import effective_attention
 from hookmech.errors import HookmechError, UsageError
+from hookmech.mixers import REGISTRY, SPECS, EffectiveAttentionMap
 from hookmech.mixers.base import Mixer
 
-from helpers import make_model
+from helpers import head_options, make_model
 
 TASK = SimpleNamespace(d_vocab=20, n_ctx=20)
 N_POS = 19  # more than one chunk of the chunked kernels below (chunk_size 8)
@@ -73,6 +74,30 @@ CASES = [
     ("baseconv", {"kernel_size": -1}),
     ("baseconv", {"kernel_size": -1, "implicit_long_conv": False}),
 ]
+
+
+
+
+def spec_reconstruction(values: str, output: str, per):
+    """A mixer's `MixerSpec.attention_values`: M applied to hook `values` is hook `output`."""
+    return (values, output), lambda M, a, mixer: (per(M, a[values]), a[output])
+
+
+# a mixer added after the nine above is checked by what its spec states, with its examples' options
+# and heads (a test below requires every mixer with a map here)
+for _name, _spec in sorted(SPECS.items()):
+    if _name not in RECONSTRUCTIONS and _spec.attention_values is not None:
+        _per = per_head if _spec.mixer.attention_axis == "head" else per_channel
+        RECONSTRUCTIONS[_name] = spec_reconstruction(*_spec.attention_values, _per)
+        CASES += [(_name, {**options, **head_options(_name)}) for options in _spec.examples]
+
+
+def test_every_mixer_with_a_map_is_checked():
+    for name, cls in REGISTRY.items():
+        if issubclass(cls, EffectiveAttentionMap):
+            assert name in RECONSTRUCTIONS and any(mixer == name for mixer, _ in CASES), (
+                f"{name}: give its spec attention_values (hookmech/mixers/mixer_spec.py)"
+            )
 
 
 def relative_error(approx, exact):

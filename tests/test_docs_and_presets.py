@@ -18,6 +18,15 @@ def test_site_reference_is_current():
         "docs/sites.md is stale: run python scripts/make_site_reference.py"
 
 
+def test_mixer_table_is_current():
+    script = runpy.run_path(str(REPO / "scripts" / "make_site_reference.py"))
+    page = REPO / "docs" / "mixers.md"
+    assert page.read_text() == script["render_mixer_page"](page.read_text()), \
+        "the table of docs/mixers.md is stale: run python scripts/make_site_reference.py"
+    for name in REGISTRY:
+        assert f"| `{name}` |" in page.read_text()
+
+
 def test_site_reference_lists_every_mixer():
     text = (REPO / "docs" / "sites.md").read_text()
     for name in REGISTRY:

@@ -1,14 +1,15 @@
 """Every-head sites (``L1.mixer.q[*]``) on every mixer with a head axis: the number of heads
-comes from the hook's declared axis sizes, whatever the mixer calls its option."""
+comes from the hook's declared axis sizes, as the mixer's spec states them (`MixerSpec.heads`),
+whatever the mixer calls its option."""
 from __future__ import annotations
 
 import pytest
 
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.patching import n_heads_of, patch
 from hookmech.oracles import plain_loop_patch
 
-from helpers import ENGINE_TOL, make_model
+from helpers import ENGINE_TOL, make_model, mixers_with_heads
 
 KEYS = ("p_clean", "p_corrupt", "p_patched", "metric_clean", "metric_corrupt", "metric_patched")
 
@@ -21,18 +22,18 @@ def head_hooks(model, layer: int) -> list[str]:
 
 
 def two_head_model(task, mixer: str):
-    # n_heads reaches the mixers that take n_heads / num_heads; h3, rwkv and mamba2 size heads by
-    # head_dim / head_size / headdim (mamba2: expand * d_model / headdim = 2)
-    per_layer = {"h3": {"head_dim": 8}, "rwkv": {"head_size": 8}, "mamba2": {"d_state": 8},
-                 "based": {"num_key_value_heads": 2}}.get(mixer, {})
-    options = {"layer_options": [per_layer] * 2} if per_layer else {}
-    return make_model(task, mixers=mixer, d_model=16, n_heads=2, **options)
+    """A d_model-16 model of `mixer` with two heads: the options its spec says give them (the
+    head count through ``n_heads`` where the mixer takes one, as ``--n-heads`` gives it)."""
+    options = SPECS[mixer].with_heads(2, 16) if SPECS[mixer].heads is not None else {}
+    count = SPECS[mixer].head_count_option()
+    options = {key: value for key, value in options.items() if key != count}
+    return make_model(task, mixers=mixer, d_model=16, n_heads=2, layer_options=[options] * 2)
 
 
-MIXERS_WITH_HEADS = ("attention", "based", "deltanet", "h3", "mamba2", "rwkv")
+MIXERS_WITH_HEADS = mixers_with_heads()
 
 
-def test_the_mixers_with_a_head_axis():
+def test_the_mixers_with_a_head_axis_are_those_whose_spec_states_heads():
     from hookmech.tasks import make
 
     task = make("ar", vocab_size=16, num_kv_pairs=3)

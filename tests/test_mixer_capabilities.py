@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ENGINE_TOL, make_model, unit_variance
+from helpers import ENGINE_TOL, make_model, state_hooks_of, unit_variance
 from torch import nn
 
 import hookmech
 from hookmech.errors import HookmechError, UsageError
 from hookmech.hooks import AxisHookPoint
-from hookmech.mixers import REGISTRY, MissingCapability, Mixer
+from hookmech.mixers import REGISTRY, SPECS, MissingCapability, Mixer, MixerSpec
 from hookmech.oracles import plain_loop_patch
 from hookmech.oracles.path_patching import path_patch_reference
 from hookmech.patching import atp_star_patch, attribution_patch, patch, path_patch
@@ -48,10 +48,25 @@ class CoreOnly(Mixer):
         return self.out_proj(mean * torch.sigmoid(gate))
 
 
+#: CoreOnly's spec: what the package needs to know of it besides its class
+CORE_ONLY_SPEC = MixerSpec(
+    name="core_only",
+    mixer=CoreOnly,
+    heads=None,
+    meanings={"v": "value branch", "mean": "running mean of v"},
+)
+
+
+def register_core_only(monkeypatch) -> None:
+    """Register `CoreOnly` as "core_only", with its spec, for the test."""
+    monkeypatch.setitem(SPECS, "core_only", CORE_ONLY_SPEC)
+    monkeypatch.setitem(REGISTRY, "core_only", CoreOnly)
+
+
 @pytest.fixture
 def core_only(monkeypatch, ar_task):
     """A 2-layer model of `CoreOnly` mixers (registered as "core_only" for the test)."""
-    monkeypatch.setitem(REGISTRY, "core_only", CoreOnly)
+    register_core_only(monkeypatch)
     return unit_variance(make_model(ar_task, mixers="core_only", d_model=16))
 
 
@@ -224,8 +239,7 @@ def test_atp_star_from_tokens_keeps_its_contexts_within_context_memory(ar_task, 
 
 
 # -- one predicate for "is this hook in use", one template for forward_with_context -------------
-@pytest.mark.parametrize(("mixer", "state"), [("mamba", "ssm_state"), ("mamba2", "ssm_state"), ("deltanet", "state"),
-                                              ("rwkv", "state"), ("based", "kv_state")])
+@pytest.mark.parametrize(("mixer", "state"), state_hooks_of())
 def test_a_backward_hook_on_a_state_hook_fires(ar_task, mixer, state):
     """A backward hook alone puts a hook in use (the activation must pass through it): the mixers that
     asked `is_active` (forward hooks only) skipped materialising the state and the hook never fired."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import CACHE_TOL, ENGINE_TOL, make_model, unit_variance
+from helpers import CACHE_TOL, ENGINE_TOL, head_options, make_model, unit_variance
 
 from hookmech.errors import UsageError
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS, PathRoutes
 from hookmech.patching import patch, path_patch
 from hookmech.oracles import path_patch_reference
 
@@ -115,6 +115,47 @@ CASES = [
 ]
 
 
+def declared_routes(name: str) -> dict[str, bool]:
+    """Which routes mixer `name` declares: resid always, the others where it has `PathRoutes`."""
+    cls = REGISTRY[name]
+    if not issubclass(cls, PathRoutes):
+        return {"resid": True, "head": False, "state": False, "conv": False}
+    return {
+        "resid": True,
+        "head": bool(cls.head_outputs and cls.head_inputs),
+        "state": bool(cls.state_readout),
+        "conv": bool(cls(d_model=16).conv_hooks()),
+    }
+
+
+def generated_case(name: str, via: str) -> tuple:
+    """A case of route `via` for mixer `name` built from what it declares (a mixer added later than
+    the cases above): heads from its spec, its first head output, head input, state hook, conv hook."""
+    cls = REGISTRY[name]
+    if via == "head":  # the sender at every position: a head input such as q is read at its own position only
+        return (f"head-{name}", name, head_options(name), f"L0.mixer.{cls.head_outputs[0]}[0]@whole",
+                f"L1.mixer.{cls.head_inputs[0]}@whole", "head")
+    if via == "state":
+        state = cls.state_hooks[0]
+        return (f"state-{name}", name, {}, f"L1.mixer.{state}@key+value", f"L1.mixer.{state}@whole", "state")
+    receiver = next(iter(cls(d_model=16).conv_hooks()))
+    return (f"conv-{name}", name, {}, f"L0.mixer.{receiver}@key", f"L0.mixer.{receiver}@value", "conv")
+
+
+def covered_routes(cases) -> set[tuple[str, str]]:
+    """(route, mixer) pairs the `cases` test."""
+    return {(case[5], name) for case in cases for name in ([case[1]] if isinstance(case[1], str) else case[1])}
+
+
+# every route a registered mixer declares that the cases above do not test (a mixer's spec is all it needs)
+CASES += [
+    generated_case(name, via)
+    for name in sorted(REGISTRY)
+    for via, declared in declared_routes(name).items()
+    if declared and (via, name) not in covered_routes(CASES)
+]
+
+
 @pytest.mark.parametrize(
     ("mixers", "options", "sender", "receiver", "via"), [case[1:] for case in CASES], ids=[case[0] for case in CASES]
 )
@@ -135,17 +176,17 @@ def test_path_patch_equals_the_two_pass_reference(ar_task, mixers, options, send
 
 def test_every_path_kind_has_a_case_for_every_mixer_that_has_it(ar_task):
     """The cases above cover, per route, every registered mixer that declares it."""
-    covered = {(case[5], name) for case in CASES for name in ([case[1]] if isinstance(case[1], str) else case[1])}
-    for name, cls in REGISTRY.items():
-        mixer = cls(d_model=16)
-        declared = {
-            "resid": True,
-            "head": bool(cls.head_outputs),
-            "state": bool(cls.state_hooks),
-            "conv": bool(mixer.conv_hooks()),
-        }
-        for via, exists in declared.items():
+    covered = covered_routes(CASES)
+    for name in REGISTRY:
+        for via, exists in declared_routes(name).items():
             assert not exists or (via, name) in covered, (via, name)
+
+
+def test_every_mixer_with_a_state_route_has_its_reference_loop():
+    """The two-pass reference of a `state` route is the loop in the mixer's spec (`MixerSpec.state_loop`)."""
+    for name, spec in SPECS.items():
+        if declared_routes(name)["state"]:
+            assert spec.state_loop is not None and spec.state_loop.readout == REGISTRY[name].state_readout, name
 
 
 def test_path_patch_takes_a_metric_and_writes_rows(ar_task):

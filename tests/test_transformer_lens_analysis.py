@@ -23,27 +23,35 @@ from transformer_lens import patching as tl_patching
 import hookmech
 from hookmech.config import build_config
 from hookmech.errors import NoComponentError, UsageError
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.patching import patch
 from hookmech.sites import resolve_sites
 
-from helpers import ENGINE_TOL, FLOAT64_SUM_TOL, REPO, make_model, unit_variance
+from helpers import ENGINE_TOL, FLOAT64_SUM_TOL, REPO, head_options, make_model, mixers_with_heads, unit_variance
 
 FIXTURES = {name: REPO / "fixtures" / f"{name}.safetensors" for name in ("attention_ar_cpu", "mamba_ar_cpu")}
 #: a Mamba model with MLP blocks and a final RMSNorm: TransformerLens's "RMS" normalisation throughout
 RMS_FINAL = "mamba_mlp_rms_final"
 ANALYSED = [*FIXTURES, *sorted(REGISTRY), RMS_FINAL]
-#: options giving each mixer with heads two of them
-HEAD_OPTIONS = {"attention": {"n_heads": 2}, "based": {"num_heads": 2, "num_key_value_heads": 2},
-                "deltanet": {"num_heads": 2}, "h3": {"head_dim": 4}, "rwkv": {"head_size": 8}, "mamba2": {"headdim": 8}}
+#: options giving each mixer with heads (its spec's `heads`) several of them
+HEAD_OPTIONS = {name: head_options(name) for name in mixers_with_heads()}
+
+
+def tl_alias(name: str, tl_hook: str) -> str | None:
+    """The inside hook (without "hook_") that TransformerLens's ``attn.{tl_hook}`` is an alias of in
+    mixer `name` (`Mixer.block_hook_aliases`), or None."""
+    target = REGISTRY[name].block_hook_aliases.get(f"attn.{tl_hook}")
+    return None if target is None else target.removeprefix("mixer.hook_")
+
+
 #: the inside hook TransformerLens's attn.hook_z is, per mixer with a per-head output
-HEAD_OUTPUT = {"attention": "z", "based": "y", "deltanet": "y", "rwkv": "output", "mamba2": "y"}
+HEAD_OUTPUT = {name: tl_alias(name, "hook_z") for name in sorted(REGISTRY) if tl_alias(name, "hook_z")}
 #: the mixers whose output projection's input splits by heads (h3 has heads but no hook of its output)
-HEADED = {*HEAD_OUTPUT, "h3"}
+HEADED = {name for name, cls in REGISTRY.items() if cls.output_head_axes}
 #: the inside hooks TransformerLens's attn.hook_q, hook_k, hook_v are, per mixer with them
-QKV = {name: {"q": "q", "k": "k", "v": "v"} for name in ("attention", "based", "deltanet", "h3")}
-QKV["rwkv"] = {"q": "r", "k": "k", "v": "v"}
-WITHOUT_MLP = ["mamba", "mamba2"]
+QKV = {name: {tl: tl_alias(name, f"hook_{tl}") for tl in "qkv"} for name in sorted(REGISTRY)
+       if all(tl_alias(name, f"hook_{tl}") for tl in "qkv")}
+WITHOUT_MLP = sorted(name for name, cls in REGISTRY.items() if not cls.block_mlp)
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -170,28 +178,13 @@ def test_tokens_to_residual_directions_fold_in_the_final_norms_weight(run):
 def out_proj_input(model: hookmech.HookedLM, cache, layer: int, mixer: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The input of layer `layer`'s output projection per head ``[batch, pos, head, d_head]`` as the
     mixer computes it from its cached hooks, and the projection's weight per head ``[d_model,
-    head, d_head]``: written out here per mixer, from each mixer's forward."""
-    block = model.blocks[layer].mixer
-    hook = lambda inside: cache[f"blocks.{layer}.mixer.hook_{inside}"]  # noqa: E731
-    weight = block.out_proj.weight
-    n_heads, d_head = model.cfg.head_shape(layer)
-    by_head = weight.unflatten(1, (n_heads, d_head))
-    if mixer == "attention":
-        return hook("z"), by_head
-    if mixer == "based":
-        return hook("y"), by_head
-    if mixer == "deltanet":
-        return block.o_norm(hook("y")), by_head
-    if mixer == "rwkv":
-        out = hook("output")
-        normed = block.ln_x(out.flatten(2).flatten(0, 1)).view(*out.shape[:2], -1)
-        return (normed * hook("gate")).unflatten(-1, (n_heads, d_head)), by_head  # the gate after its SiLU
-    if mixer == "mamba2":
-        return block.norm(hook("y").flatten(2), hook("gate")).unflatten(-1, (n_heads, d_head)), by_head
-    if mixer == "h3":  # q · ssm per head, laid out (d_v, head) for out_proj
-        read_out = torch.einsum("bthk,bthkv->bthv", hook("q"), hook("ssm"))
-        return read_out, weight.unflatten(1, (d_head, n_heads)).transpose(1, 2)
-    raise AssertionError(f"no head computation written for {mixer}")
+    head, d_head]``: written out per mixer, from each mixer's forward, in its spec
+    (`MixerSpec.head_results`)."""
+    head_results = SPECS[mixer].head_results
+    assert head_results is not None, f"no head computation written for {mixer} (MixerSpec.head_results)"
+    inputs, weight = head_results(model.blocks[layer].mixer, lambda inside: cache[f"blocks.{layer}.mixer.hook_{inside}"])
+    assert inputs.shape[-2:] == weight.shape[1:] == model.cfg.head_shape(layer)
+    return inputs, weight
 
 
 def test_stack_head_results_are_what_each_head_writes(run):

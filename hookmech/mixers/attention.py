@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hook_names import hook_attribute
-from ..hooks import AxisHookPoint, declare_sizes
+from ..hooks import AxisHookPoint
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -30,6 +30,7 @@ from ..shapes import (
 )
 from .base import Mixer, pattern_effects_by_rows, splice, take_window, window_index
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
+from .mixer_spec import Heads, MixerSpec
 from .short_conv import ShortConv
 
 
@@ -58,11 +59,6 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         "attn.hook_z": "mixer.hook_z",
     }
     output_head_axes = "head d_head"
-
-    @classmethod
-    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
-        n_heads = cls._option("n_heads", options)
-        return n_heads, d_model // n_heads
 
     output_projections = ("out_proj",)
 
@@ -95,7 +91,6 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         self.hook_attn_scores = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
         self.hook_pattern = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
         self.hook_z = AxisHookPoint(head_axes)
-        declare_sizes(self, head=n_heads)
 
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
@@ -286,3 +281,31 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         """[query_pos, key_pos] True where the query may attend: causal, within the window."""
         positions = torch.arange(n_pos, device=device)
         return self._allowed(positions[:, None], positions[None, :])
+
+
+def _head_results(mixer: Attention, hook) -> tuple[Tensor, Tensor]:
+    """z per head, and out_proj's weight per head (`MixerSpec.head_results`)."""
+    return hook("z"), mixer.out_proj.weight.unflatten(1, (mixer.n_heads, mixer.d_head))
+
+
+SPEC = MixerSpec(
+    name="attention",
+    mixer=Attention,
+    heads=Heads(count="n_heads"),
+    meanings={
+        "q": "queries (after the optional q convolution)",
+        "k": "keys (after the optional k convolution)",
+        "v": "values (after the optional v convolution)",
+        "attn_scores": "q·k/√d_head with the causal/window mask (-inf)",
+        "pattern": "softmax of the scores: where each query attends",
+        "z": "attention-weighted values, per head",
+    },
+    examples=(
+        {},
+        {"n_heads": 2, "window": 3},
+        {"n_heads": 2, "qkv_conv": "qk", "conv_size": 3},
+        {"bias": False, "out_bias": False},
+    ),
+    bench_hooks=("q", "k", "v"),
+    head_results=_head_results,
+)

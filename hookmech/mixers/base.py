@@ -56,25 +56,13 @@ class Mixer(nn.Module):
     #: lists them as hooks of its own
     block_hook_aliases: ClassVar[dict[str, str]] = {"hook_attn_out": "hook_mixer_out"}
     #: how the input of the mixer's output projection (its one `output_projections` entry) splits
-    #: into its `head_shape` heads: "head d_head" (head by head, attention's z flattened), "d_head
+    #: into its heads (`MixerSpec.heads`): "head d_head" (head by head, attention's z flattened), "d_head
     #: head" (channel-major), or "" (no heads: the mixer's output is one head). TransformerLens's head
     #: results (``blocks.{l}.attn.hook_result``) are that projection applied head by head
     output_head_axes: ClassVar[str] = ""
     #: the inside hooks holding the recurrent state after each position (``("ssm_state",)``,
     #: without the "hook_" prefix); a mixer declaring them defines `state_from_context`
     state_hooks: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def head_shape(cls, d_model: int, **options: Any) -> tuple[int, int]:
-        """Return ``(n_heads, d_head)`` of this mixer built with `options`: the size of the
-        ``head`` axis of its per-head hooks and the width of one head there. Default, for a
-        mixer without heads: one head as wide as the model, ``(1, d_model)``."""
-        return 1, d_model
-
-    @classmethod
-    def _option(cls, name: str, options: dict[str, Any]) -> Any:
-        """Return option `name` as given in `options`, else the class's default."""
-        return options[name] if name in options else mixer_options(cls)[name]
 
     if TYPE_CHECKING:  # declared for mypy and readers; each mixer defines it (nn.Module's raises)
 

@@ -32,6 +32,7 @@ from ..shapes import (
 from .base import Mixer, kept, splice, take_window, window_of
 from .capabilities import EffectiveAttentionMap, PathRoutes
 from .long_conv import ImplicitFilter, fft_causal_conv, resumed_causal_conv
+from .mixer_spec import MixerSpec
 from .operators import toeplitz
 from .short_conv import CONV_BIAS_INITS, ShortConv
 
@@ -211,3 +212,24 @@ class BaseConv(Mixer, PathRoutes, EffectiveAttentionMap):
             return kept(take_window(fft_causal_conv(full, self.hook_filter(h)), start, width) + x, keep)
         base_in, base_out = (window_of(context[name], rows, start, width) for name in ("u", "conv"))
         return resumed_causal_conv(x, base_in, base_out, h, keep) + kept(x, keep)
+
+
+SPEC = MixerSpec(
+    name="baseconv",
+    mixer=BaseConv,
+    heads=None,
+    meanings={
+        "proj": "linear branch W u",
+        "conv": "convolution branch (short kernel, or implicit long filter)",
+        "filter": "implicit long-convolution filter (no batch or position axis)",
+    },
+    examples=(
+        {"l_max": 16},
+        {"l_max": 16, "kernel_size": 4, "use_act": True},
+        {"kernel_size": -1, "l_max": 16},
+        {"kernel_size": -1, "l_max": 16, "implicit_long_conv": False, "use_act": True},
+    ),
+    # BaseConv model: a short (k=3) and an implicit long convolution, alternating
+    presets={"baseconv": (("baseconv", {"kernel_size": 3}), ("baseconv", {"kernel_size": -1}))},
+    bench_hooks=("proj", "conv"),
+)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..errors import UsageError
 from ..hook_names import hook_attribute, inside_name
-from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
+from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -41,6 +41,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, pattern_effects_by_rows, splice, state_before, window_index
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
+from .mixer_spec import Heads, MixerSpec, StateLoop
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
 
@@ -86,11 +87,6 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     code passes ``bias=False``) into ``**kwargs`` and ignores it; its projections are always
     bias-free, and so are ours. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
-
-    @classmethod
-    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
-        n_heads = cls._option("num_heads", options)
-        return n_heads, d_model // n_heads  # the value heads (q and k have feature_dim)
 
     output_projections = ("out_proj",)
     #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections, and y for its z
@@ -149,7 +145,6 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         self.hook_kv_state = AxisHookPoint("batch pos head feature d_head")
         self.hook_k_state = AxisHookPoint("batch pos head feature")
         self.hook_y = AxisHookPoint("batch pos head d_head")
-        declare_sizes(self, head=num_heads)
 
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
@@ -423,3 +418,57 @@ def propagate_additive(updates: Tensor, hook: AxisHookPoint, initial: Tensor | N
     if initial is not None:
         states = states + initial.unsqueeze(1) if states.requires_grad else states.add_(initial.unsqueeze(1))
     return hook_state_with_propagation(hook, states, rescan, carry, initial)
+
+
+def _state_loop(mixer: Based, acts, senders: Tensor) -> Tensor:
+    """`StateLoop.loop` of Based: S_t = S_{t-1} + φ(k_t) v_tᵀ and z_t = z_{t-1} + φ(k_t), read out
+    as φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps) (hook_y), one position at a time."""
+    phi_q, phi_k, v = (acts(name, "corrupt") for name in ("phi_q", "phi_k", "v"))
+    phi_k_l, v_l = acts("phi_k", "clean"), acts("v", "clean")
+    S = v.new_zeros(v.shape[0], v.shape[2], phi_k.shape[3], v.shape[3])  # [N, head, feature, d_head]
+    z = v.new_zeros(v.shape[0], v.shape[2], phi_k.shape[3])
+    out = []
+    for t in range(v.shape[1]):
+        sender = senders[:, t, None, None]
+        S = S + torch.where(
+            sender[..., None],
+            phi_k_l[:, t, :, :, None] * v_l[:, t, :, None, :],
+            phi_k[:, t, :, :, None] * v[:, t, :, None, :],
+        )
+        z = z + torch.where(sender, phi_k_l[:, t], phi_k[:, t])
+        numerator = (phi_q[:, t, :, :, None] * S).sum(-2)
+        out.append(numerator / ((phi_q[:, t] * z).sum(-1)[..., None] + mixer.eps))
+    return torch.stack(out, dim=1)
+
+
+def _head_results(mixer: Based, hook) -> tuple[Tensor, Tensor]:
+    """y per head, and out_proj's weight per head (`MixerSpec.head_results`)."""
+    return hook("y"), mixer.out_proj.weight.unflatten(1, (mixer.num_heads, mixer.d_head))
+
+
+SPEC = MixerSpec(
+    name="based",
+    mixer=Based,
+    heads=Heads(count="num_heads", same_as_count=("num_key_value_heads",)),
+    meanings={
+        "q": "query projection (feature_dim)",
+        "k": "key projection (feature_dim)",
+        "v": "value projection",
+        "phi_q": "Taylor-exp feature map of q: [1, q/d^¼, q⊗q/(√2·√d)]",
+        "phi_k": "Taylor-exp feature map of k",
+        "kv_state": "recurrent state Σ φ(k)ᵀv up to each position",
+        "k_state": "normaliser state Σ φ(k)",
+        "y": "linear-attention output per head",
+    },
+    examples=(
+        {},
+        {"num_heads": 2, "num_key_value_heads": 2, "feature_dim": 4},
+        {"train_view": "linear", "chunk_size": 4},
+        {"train_view": "linear", "chunk_size": 1},
+    ),
+    # Based model: BaseConv with a short kernel, then Based linear attention, alternating
+    presets={"based": (("baseconv", {"kernel_size": 3}), ("based", {}))},
+    bench_hooks=("q", "k", "v", "kv_state"),
+    state_loop=StateLoop("y", _state_loop),
+    head_results=_head_results,
+)

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
+from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -43,6 +43,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, needs_grad, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
+from .mixer_spec import Heads, MixerSpec, StateLoop
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -60,11 +61,6 @@ class DeltaNet(Mixer, PathRoutes, EffectiveAttentionMap):
     recurrence from the patched position on;
     ``hook_y``: ``[batch, pos, head, d_head]``, o_t = S_t q_t before the output norm.
     """
-
-    @classmethod
-    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
-        n_heads = cls._option("num_heads", options)
-        return n_heads, d_model // n_heads
 
     output_projections = ("out_proj",)
     #: TransformerLens's names (`Mixer.block_hook_aliases`): q, k, v, and y for its z
@@ -120,7 +116,6 @@ class DeltaNet(Mixer, PathRoutes, EffectiveAttentionMap):
         self.hook_beta = AxisHookPoint("batch pos head")
         self.hook_state = AxisHookPoint("batch pos head d_head_v d_head_k")
         self.hook_y = AxisHookPoint(head_axes)
-        declare_sizes(self, head=num_heads)
 
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
@@ -464,3 +459,54 @@ def delta_rule_chunked(
         state = state + new_values.transpose(-1, -2) @ ck
     o = torch.cat(outputs, dim=1)
     return o, (torch.cat(all_states, dim=1) if return_states else state)
+
+
+def _state_loop(mixer: DeltaNet, acts, senders: Tensor) -> Tensor:
+    """`StateLoop.loop` of DeltaNet: S_t = S_{t-1} (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, read out as
+    S_t q_t (hook_y), one position at a time."""
+    q, k, v, beta = (acts(name, "corrupt") for name in ("q", "k", "v", "beta"))
+    k_l, v_l, beta_l = (acts(name, "clean") for name in ("k", "v", "beta"))
+    S = v.new_zeros(v.shape[0], v.shape[2], v.shape[3], k.shape[3])  # [N, head, d_v, d_k]
+    out = []
+    for t in range(v.shape[1]):
+        corrupt_write = beta[:, t, :, None, None] * v[:, t, :, :, None] * k[:, t, :, None, :]
+        clean_write = beta_l[:, t, :, None, None] * v_l[:, t, :, :, None] * k_l[:, t, :, None, :]
+        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
+        kept = S - beta[:, t, :, None, None] * (S @ k[:, t, :, :, None]) * k[:, t, :, None, :]  # S (I - β k kᵀ)
+        S = kept + write
+        out.append((S @ q[:, t, :, :, None])[..., 0])
+    return torch.stack(out, dim=1)
+
+
+def _head_results(mixer: DeltaNet, hook) -> tuple[Tensor, Tensor]:
+    """The output norm of y per head, and out_proj's weight per head (`MixerSpec.head_results`)."""
+    return mixer.o_norm(hook("y")), mixer.out_proj.weight.unflatten(1, (mixer.num_heads, mixer.d_head))
+
+
+SPEC = MixerSpec(
+    name="deltanet",
+    mixer=DeltaNet,
+    heads=Heads(count="num_heads"),
+    meanings={
+        "q": "queries (short conv, SiLU, L2-normalised)",
+        "k": "keys (short conv, SiLU, L2-normalised)",
+        "v": "values (short conv, SiLU)",
+        "beta": "writing strength β = sigmoid(W x) per head",
+        "state": "S_t = S_{t-1} − β_t (S_{t-1} k_t − v_t) k_tᵀ (after position t); patching propagates",
+        "y": "output S_t q_t per head",
+    },
+    notes=(
+        "TransformerLens's GatedDeltaNet bridge names q, k and β `hook_ssm_C`, `hook_ssm_B` and `hook_ssm_write`, "
+        "on a gated variant at `blocks.{l}.linear_attn`, whose `hook_ssm_state` is [batch, pos, head, d_head_k, "
+        "d_head_v] (this mixer's `state` transposed): not aliased."
+    ),
+    examples=(
+        {},
+        {"chunk_size": 4, "num_heads": 2},
+        {"mode": "recurrent", "conv_size": 0, "use_beta": False, "output_norm": False},
+        {"bias": True, "chunk_size": 4},
+    ),
+    bench_hooks=("q", "k", "v", "state"),
+    state_loop=StateLoop("y", _state_loop),
+    head_results=_head_results,
+)

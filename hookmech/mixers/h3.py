@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
+from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Acts,
     Context,
@@ -40,6 +40,7 @@ from ..shapes import (
 from .base import Mixer, kept, splice, take_window, window_of
 from .capabilities import EffectiveAttentionMap, PathRoutes
 from .long_conv import fft_causal_conv, resumed_causal_conv
+from .mixer_spec import Heads, MixerSpec
 from .operators import toeplitz
 
 #: where a window sits: ``(rows, start, keep)`` of `Mixer.forward_from`
@@ -130,11 +131,6 @@ class H3(Mixer, PathRoutes, EffectiveAttentionMap):
     keep their biases. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
 
-    @classmethod
-    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
-        head_dim = cls._option("head_dim", options)
-        return d_model // head_dim, head_dim
-
     output_projections = ("out_proj",)
     #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections (no per-head output
     #: is hooked: out_proj's input, q·ssm, has no hook)
@@ -174,7 +170,6 @@ class H3(Mixer, PathRoutes, EffectiveAttentionMap):
         self.hook_ssm = AxisHookPoint("batch pos head d_k d_v")
         self.hook_shift_filter = AxisHookPoint("lag head d_head", pos_axis=None)
         self.hook_ssm_filter = AxisHookPoint("lag head", pos_axis=None)
-        declare_sizes(self, head=self.n_heads)
 
     #: `head` receivers (`PathRoutes.head_inputs`): the projections, per head
     head_inputs = ("q", "k", "v")
@@ -323,3 +318,30 @@ class H3(Mixer, PathRoutes, EffectiveAttentionMap):
         full_kv = splice(self._outer(shifted, full_v), torch.arange(len(rows), device=rows.device), kv, start)
         kv_conv = fft_causal_conv(full_kv, self.hook_ssm_filter(kernels[1])[..., None, None])
         return self.hook_ssm(kept(self._ssm(take_window(kv_conv, start, width), kv), keep))
+
+
+def _head_results(mixer: H3, hook) -> tuple[Tensor, Tensor]:
+    """q · ssm per head, and out_proj's weight per head, laid out (d_v, head) for out_proj
+    (`MixerSpec.head_results`)."""
+    read_out = torch.einsum("bthk,bthkv->bthv", hook("q"), hook("ssm"))
+    return read_out, mixer.out_proj.weight.unflatten(1, (mixer.head_dim, mixer.n_heads)).transpose(1, 2)
+
+
+SPEC = MixerSpec(
+    name="h3",
+    mixer=H3,
+    heads=Heads(width="head_dim"),
+    meanings={
+        "q": "query projection per head",
+        "k": "key projection per head",
+        "v": "value projection per head",
+        "shift": "shift-SSM output of k (remembers recent keys)",
+        "shift_filter": "shift-SSM kernel (no batch or position axis)",
+        "kv": "outer product shift(k)ᵀ v per head",
+        "ssm": "diagonal-SSM output of the kv products",
+        "ssm_filter": "diagonal-SSM kernel (no batch or position axis)",
+    },
+    examples=({"l_max": 16}, {"l_max": 5, "head_dim": 1}, {"l_max": 16, "d_state": 4, "head_dim": 4}),
+    bench_hooks=("q", "k", "v", "kv"),
+    head_results=_head_results,
+)

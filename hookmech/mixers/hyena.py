@@ -38,6 +38,7 @@ from ..shapes import (
 from .base import Mixer, kept, splice, take_window, window_of
 from .capabilities import EffectiveAttentionMap, PathRoutes
 from .long_conv import ImplicitFilter, fft_causal_conv, resumed_causal_conv
+from .mixer_spec import MixerSpec
 from .operators import toeplitz
 from .short_conv import CONV_BIAS_INITS, ShortConv
 
@@ -206,3 +207,25 @@ class Hyena(Mixer, PathRoutes, EffectiveAttentionMap):
             return kept(take_window(fft_causal_conv(full, self.hook_filter(h)), start, width), keep)
         base_in, base_out = (window_of(context[name], rows, start, width) for name in ("conv_in", "conv_out"))
         return resumed_causal_conv(v, base_in, base_out, h, keep)
+
+
+SPEC = MixerSpec(
+    name="hyena",
+    mixer=Hyena,
+    heads=None,
+    meanings={
+        "short_conv": "in-projection after the short (3) convolution: x1, x2, v stacked",
+        "x1": "first gate",
+        "x2": "second gate",
+        "v": "value branch",
+        "filter": "implicit long filter (no batch or position axis)",
+        "long_conv": "long convolution of x2·v",
+        "y": "gated output x1·long_conv",
+    },
+    examples=(
+        {"l_max": 16},
+        {"l_max": 16, "filter_bias": True, "short_filter_order": 5},
+        {"l_max": 64, "bias": True, "train_filter_z": True, "conv_bias_init": "torch"},
+    ),
+    bench_hooks=("x1", "x2", "v"),
+)

@@ -47,6 +47,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, row_blocks, splice, state_before, take_window
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
+from .mixer_spec import MixerSpec, StateLoop
 from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan
 from .short_conv import causal_taps
@@ -607,3 +608,49 @@ def _check_options(d_state, d_conv, expand, dt_rank, dt_min, dt_max, dt_init) ->
         raise UsageError(f"mamba: need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
     if dt_init not in ("random", "constant"):
         raise UsageError(f"mamba: dt_init must be 'random' or 'constant', got {dt_init!r}")
+
+
+def _state_loop(mixer: Mamba, acts, senders: Tensor) -> Tensor:
+    """`StateLoop.loop` of Mamba: h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t u_t, read out as C_t h_t + D u_t
+    (hook_y), one position at a time."""
+    A = -torch.exp(mixer.A_log)
+    delta, u, B, C = (acts(name, "corrupt") for name in ("delta", "conv_act", "B", "C"))
+    delta_l, u_l, B_l = (acts(name, "clean") for name in ("delta", "conv_act", "B"))
+    h = u.new_zeros(u.shape[0], u.shape[2], A.shape[1])
+    out = []
+    for t in range(u.shape[1]):
+        corrupt_write = (delta[:, t] * u[:, t])[:, :, None] * B[:, t, None, :]
+        clean_write = (delta_l[:, t] * u_l[:, t])[:, :, None] * B_l[:, t, None, :]
+        write = torch.where(senders[:, t, None, None], clean_write, corrupt_write)
+        h = torch.exp(delta[:, t, :, None] * A) * h + write
+        out.append((h * C[:, t, None, :]).sum(-1) + mixer.D * u[:, t])
+    return torch.stack(out, dim=1)
+
+
+SPEC = MixerSpec(
+    name="mamba",
+    mixer=Mamba,
+    heads=None,
+    meanings={
+        "in_x": "x branch of in_proj",
+        "gate": "z branch of in_proj (SiLU gate)",
+        "conv": "short causal convolution of x",
+        "conv_act": "SiLU(conv): the SSM input u",
+        "delta": "Δ = softplus(dt_proj(·)) per channel",
+        "B": "input matrix B_t",
+        "C": "output matrix C_t",
+        "ssm_state": "h_t = exp(ΔA) h_{t-1} + Δ B u (after position t); patching propagates",
+        "y": "SSM output before the gate (includes D·u)",
+    },
+    notes=(
+        "TransformerLens's Mamba bridge: its `mixer.hook_ssm_out` is the block's `hook_mixer_out` (an alias above). "
+        "Its `mixer.hook_ssm_state` shares this mixer's name, not its axes or its patch: TransformerLens's is "
+        "[batch, d_inner, pos, d_state] (position axis 2), fires only on its eager-scan path, and a patch there "
+        "changes that position's read-out only; hookmech's propagates through the recurrence. Its `hook_ssm_dt` "
+        "(dt_proj's output, before the softplus of `delta`), `hook_in_proj`, `hook_conv` (channel-first, "
+        "untruncated), `hook_x_proj` and `hook_ssm_write` (Δ·B·x) mean nothing a hookmech hook holds: no alias."
+    ),
+    examples=({}, {"d_conv": 0}, {"d_conv": 2, "gate": False}),
+    bench_hooks=("B", "C", "ssm_state"),
+    state_loop=StateLoop("y", _state_loop),
+)

@@ -42,6 +42,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, needs_grad, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
+from .mixer_spec import Heads, MixerSpec, StateLoop
 from .operators import causal_decay
 from .selective_scan import linear_scan
 from .short_conv import ShortConv, causal_taps
@@ -258,12 +259,6 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
     }
     output_head_axes = "head d_head"
 
-    @classmethod
-    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
-        # the heads split d_inner = expand * d_model, not d_model
-        headdim = cls._option("headdim", options)
-        return cls._option("expand", options) * d_model // headdim, headdim
-
     def __init__(
         self,
         d_model: int,
@@ -328,7 +323,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         self.hook_C = AxisHookPoint("batch pos group d_state")
         self.hook_ssm_state = AxisHookPoint("batch pos head headdim d_state")
         self.hook_y = AxisHookPoint("batch pos head headdim")
-        declare_sizes(self, head=n_heads, group=ngroups)
+        declare_sizes(self, group=ngroups)
 
     def forward(self, u: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]`` of ``u [batch, pos, d_model]``."""
@@ -545,3 +540,62 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
 
         states = hook_state_with_propagation(self.hook_ssm_state, states, rescan, carry, initial)
         return torch.einsum("blhpn,blhn->blhp", states, _expand_groups(C, self.n_heads))
+
+
+def _state_loop(mixer: Mamba2, acts, senders: Tensor) -> Tensor:
+    """`StateLoop.loop` of Mamba-2: h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_tᵀ per head, read out as
+    h_t C_t + D x_t (hook_y), one position at a time."""
+    A = -torch.exp(mixer.A_log)
+    delta, x, B, C = (acts(name, "corrupt") for name in ("delta", "conv_act", "B", "C"))
+    delta_l, x_l, B_l = (acts(name, "clean") for name in ("delta", "conv_act", "B"))
+    per_head = x.shape[2] // B.shape[2]
+    B, C, B_l = (t.repeat_interleave(per_head, dim=2) for t in (B, C, B_l))
+    h = x.new_zeros(*x.shape[:1], *x.shape[2:], B.shape[-1])  # [N, head, headdim, d_state]
+    out = []
+    for t in range(x.shape[1]):
+        corrupt_write = (delta[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
+        clean_write = (delta_l[:, t, :, None] * x_l[:, t])[..., None] * B_l[:, t, :, None, :]
+        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
+        h = torch.exp(delta[:, t] * A)[:, :, None, None] * h + write
+        out.append((h * C[:, t, :, None, :]).sum(-1) + mixer.D[:, None] * x[:, t])
+    return torch.stack(out, dim=1)
+
+
+def _head_results(mixer: Mamba2, hook) -> tuple[Tensor, Tensor]:
+    """The gated RMSNorm of y, per head, and out_proj's weight per head (`MixerSpec.head_results`)."""
+    normed = mixer.norm(hook("y").flatten(2), hook("gate"))
+    by_head = (mixer.n_heads, mixer.headdim)
+    return normed.unflatten(-1, by_head), mixer.out_proj.weight.unflatten(1, by_head)
+
+
+SPEC = MixerSpec(
+    name="mamba2",
+    mixer=Mamba2,
+    heads=Heads(width="headdim", split="expand"),
+    meanings={
+        "in_x": "x branch of in_proj",
+        "gate": "z branch (gated RMSNorm)",
+        "conv": "short convolution over x, B, C",
+        "conv_act": "SiLU(conv) x per head",
+        "delta": "dt per head (after softplus)",
+        "B": "B_t per group",
+        "C": "C_t per group",
+        "ssm_state": "h_t = exp(dt·A) h_{t-1} + dt x Bᵀ per head (after position t); patching propagates",
+        "y": "SSD output per head (includes D·x)",
+    },
+    notes=(
+        "TransformerLens's Mamba-2 bridge: its `mixer.hook_ssm_out` is the block's `hook_mixer_out` (an alias "
+        "above); its `mixer.hook_ssm_state` is this mixer's, with the same axes [batch, pos, head, headdim, "
+        "d_state] (TransformerLens fires it only on its eager-scan path, where a patch changes that position's "
+        "read-out only; hookmech's propagates). Its `hook_in_proj`, `hook_conv` (over x, B, C, channel-first), "
+        "`hook_inner_norm` (the gated norm's output) and `hook_ssm_write` have no hookmech hook: no alias."
+    ),
+    examples=(
+        {},
+        {"d_conv": 0, "chunk_size": 3},
+        {"ngroups": 2, "headdim": 8, "chunk_size": 5, "bias": True, "conv_bias": False},
+    ),
+    bench_hooks=("B", "C", "ssm_state"),
+    state_loop=StateLoop("y", _state_loop),
+    head_results=_head_results,
+)

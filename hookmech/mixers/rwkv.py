@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
+from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
     EffectiveAttention,
@@ -42,6 +42,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, needs_grad, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
+from .mixer_spec import Heads, MixerSpec, StateLoop
 from .operators import causal_decay
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
@@ -219,11 +220,6 @@ class RWKV6(Mixer, PathRoutes, EffectiveAttentionMap):
     }
     output_head_axes = "head d_head"
 
-    @classmethod
-    def head_shape(cls, d_model: int, **options) -> tuple[int, int]:
-        head_size = cls._option("head_size", options)
-        return d_model // head_size, head_size
-
     def __init__(
         self,
         d_model: int,
@@ -264,7 +260,6 @@ class RWKV6(Mixer, PathRoutes, EffectiveAttentionMap):
         self.hook_gate = AxisHookPoint("batch pos d_model")
         self.hook_state = AxisHookPoint("batch pos head d_head_k d_head_v")
         self.hook_output = AxisHookPoint(head_axes)
-        declare_sizes(self, head=self.n_heads)
 
     @torch.no_grad()
     def _init_time_parameters(self, d_model: int, mix_lora: int, decay_lora: int, depth: float) -> None:
@@ -462,3 +457,49 @@ class RWKV6(Mixer, PathRoutes, EffectiveAttentionMap):
         before = torch.cat([first, states[:, :-1]], dim=1)  # S_{t-1}
         bonus = torch.einsum("blhk,hk,blhk->blh", r, u, k)[..., None] * v
         return torch.einsum("blhk,blhkv->blhv", r, before) + bonus
+
+
+def _state_loop(mixer: RWKV6, acts, senders: Tensor) -> Tensor:
+    """`StateLoop.loop` of RWKV-6: position t reads r_t (S_{t-1} + diag(u) k_tᵀ v_t) (hook_output),
+    then S_t = diag(exp(−exp(w_t))) S_{t-1} + k_tᵀ v_t, one position at a time."""
+    r, k, v, w = (acts(name, "corrupt") for name in ("r", "k", "v", "decay"))
+    k_l, v_l = acts("k", "clean"), acts("v", "clean")
+    bonus = mixer.time_faaaa
+    S = v.new_zeros(v.shape[0], v.shape[2], k.shape[3], v.shape[3])  # [N, head, d_k, d_v]
+    out = []
+    for t in range(v.shape[1]):
+        corrupt_write = k[:, t, :, :, None] * v[:, t, :, None, :]
+        clean_write = k_l[:, t, :, :, None] * v_l[:, t, :, None, :]
+        out.append(((S + bonus[..., None] * corrupt_write) * r[:, t, :, :, None]).sum(-2))
+        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
+        S = torch.exp(-torch.exp(w[:, t]))[..., None] * S + write
+    return torch.stack(out, dim=1)
+
+
+def _head_results(mixer: RWKV6, hook) -> tuple[Tensor, Tensor]:
+    """The group norm of the output times the gate (after its SiLU), per head, and out_proj's weight
+    per head (`MixerSpec.head_results`)."""
+    out = hook("output")
+    normed = mixer.ln_x(out.flatten(2).flatten(0, 1)).view(*out.shape[:2], -1)
+    by_head = (mixer.n_heads, mixer.head_size)
+    return (normed * hook("gate")).unflatten(-1, by_head), mixer.out_proj.weight.unflatten(1, by_head)
+
+
+SPEC = MixerSpec(
+    name="rwkv",
+    mixer=RWKV6,
+    heads=Heads(width="head_size"),
+    meanings={
+        "r": "receptance",
+        "k": "key",
+        "v": "value",
+        "decay": "raw data-dependent decay w_t (factor exp(−exp(w)))",
+        "gate": "output gate g, after its SiLU",
+        "state": "wkv state S_t = diag(decay) S_{t-1} + k_tᵀ v_t; patching propagates",
+        "output": "r·(S_{t-1} + diag(u) kᵀv) per head, before group norm",
+    },
+    examples=({}, {"chunk_size": 3}, {"bias": True}),
+    bench_hooks=("r", "k", "v", "state"),
+    state_loop=StateLoop("output", _state_loop),
+    head_results=_head_results,
+)

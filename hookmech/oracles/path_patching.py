@@ -20,7 +20,8 @@ How each route is recorded (docs/guide.md §10 defines them):
             convolution only, so at position j exactly the taps from the sender positions differ;
     state   the recurrence written out position by position from the two runs' hooked
             activations: the corrupt run's transitions, its writes except at the sender
-            positions (the clean run's there), its read-out (`_STATE_LOOPS`, one per mixer).
+            positions (the clean run's there), its read-out (each mixer's `MixerSpec.state_loop`,
+            written beside the mixer's class).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ import torch
 from torch import Tensor
 
 from ..cache import answer_probs
+from ..errors import HookmechError
 from ..hook_names import MIXER, block_hook, mixer_hook, parse_hook
+from ..mixers import spec_of
 from ..patching.metrics import corrupt_answers
 from ..patching.targets import Target, parse_sites
 from ..sites import PositionPatch, position_patches
@@ -179,104 +182,15 @@ def _record_conv(model, batch, clean, corrupt, target: Target, senders: Tensor, 
 def _record_state(model, batch, clean, corrupt, target: Target, senders: Tensor, receiver: str):
     layer = _layer(receiver)
     mixer = model.blocks[layer].mixer
-    readout, loop = _STATE_LOOPS[type(mixer).__name__]
+    state_loop = spec_of(model.cfg.mixers[layer]).state_loop
+    if state_loop is None:
+        raise HookmechError(
+            f"mixer {model.cfg.mixers[layer]!r} declares no state loop in its spec (MixerSpec.state_loop)"
+        )
+    readout, loop = state_loop.readout, state_loop.loop
     return mixer_hook(layer, readout), loop(
         mixer, lambda name, which: (clean if which == "clean" else corrupt)[mixer_hook(layer, name)], senders
     )
 
-
-# -- the recurrences, one position at a time: (read-out hook, loop) per mixer class -----------------
-# Each loop returns the read-out at every position when the writes of the `senders` positions
-# [N, T] are the clean run's and everything else (transitions, other writes, read-outs) the corrupt run's.
-
-
-def _mamba_state(mixer, acts, senders):
-    A = -torch.exp(mixer.A_log)
-    delta, u, B, C = (acts(name, "corrupt") for name in ("delta", "conv_act", "B", "C"))
-    delta_l, u_l, B_l = (acts(name, "clean") for name in ("delta", "conv_act", "B"))
-    h = u.new_zeros(u.shape[0], u.shape[2], A.shape[1])
-    out = []
-    for t in range(u.shape[1]):
-        corrupt_write = (delta[:, t] * u[:, t])[:, :, None] * B[:, t, None, :]
-        clean_write = (delta_l[:, t] * u_l[:, t])[:, :, None] * B_l[:, t, None, :]
-        write = torch.where(senders[:, t, None, None], clean_write, corrupt_write)
-        h = torch.exp(delta[:, t, :, None] * A) * h + write
-        out.append((h * C[:, t, None, :]).sum(-1) + mixer.D * u[:, t])
-    return torch.stack(out, dim=1)
-
-
-def _mamba2_state(mixer, acts, senders):
-    A = -torch.exp(mixer.A_log)
-    delta, x, B, C = (acts(name, "corrupt") for name in ("delta", "conv_act", "B", "C"))
-    delta_l, x_l, B_l = (acts(name, "clean") for name in ("delta", "conv_act", "B"))
-    per_head = x.shape[2] // B.shape[2]
-    B, C, B_l = (t.repeat_interleave(per_head, dim=2) for t in (B, C, B_l))
-    h = x.new_zeros(*x.shape[:1], *x.shape[2:], B.shape[-1])  # [N, head, headdim, d_state]
-    out = []
-    for t in range(x.shape[1]):
-        corrupt_write = (delta[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
-        clean_write = (delta_l[:, t, :, None] * x_l[:, t])[..., None] * B_l[:, t, :, None, :]
-        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
-        h = torch.exp(delta[:, t] * A)[:, :, None, None] * h + write
-        out.append((h * C[:, t, :, None, :]).sum(-1) + mixer.D[:, None] * x[:, t])
-    return torch.stack(out, dim=1)
-
-
-def _deltanet_state(mixer, acts, senders):
-    q, k, v, beta = (acts(name, "corrupt") for name in ("q", "k", "v", "beta"))
-    k_l, v_l, beta_l = (acts(name, "clean") for name in ("k", "v", "beta"))
-    S = v.new_zeros(v.shape[0], v.shape[2], v.shape[3], k.shape[3])  # [N, head, d_v, d_k]
-    out = []
-    for t in range(v.shape[1]):
-        corrupt_write = beta[:, t, :, None, None] * v[:, t, :, :, None] * k[:, t, :, None, :]
-        clean_write = beta_l[:, t, :, None, None] * v_l[:, t, :, :, None] * k_l[:, t, :, None, :]
-        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
-        kept = S - beta[:, t, :, None, None] * (S @ k[:, t, :, :, None]) * k[:, t, :, None, :]  # S (I - β k kᵀ)
-        S = kept + write
-        out.append((S @ q[:, t, :, :, None])[..., 0])
-    return torch.stack(out, dim=1)
-
-
-def _rwkv_state(mixer, acts, senders):
-    r, k, v, w = (acts(name, "corrupt") for name in ("r", "k", "v", "decay"))
-    k_l, v_l = acts("k", "clean"), acts("v", "clean")
-    bonus = mixer.time_faaaa
-    S = v.new_zeros(v.shape[0], v.shape[2], k.shape[3], v.shape[3])  # [N, head, d_k, d_v]
-    out = []
-    for t in range(v.shape[1]):
-        corrupt_write = k[:, t, :, :, None] * v[:, t, :, None, :]
-        clean_write = k_l[:, t, :, :, None] * v_l[:, t, :, None, :]
-        out.append(((S + bonus[..., None] * corrupt_write) * r[:, t, :, :, None]).sum(-2))
-        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
-        S = torch.exp(-torch.exp(w[:, t]))[..., None] * S + write
-    return torch.stack(out, dim=1)
-
-
-def _based_state(mixer, acts, senders):
-    phi_q, phi_k, v = (acts(name, "corrupt") for name in ("phi_q", "phi_k", "v"))
-    phi_k_l, v_l = acts("phi_k", "clean"), acts("v", "clean")
-    S = v.new_zeros(v.shape[0], v.shape[2], phi_k.shape[3], v.shape[3])  # [N, head, feature, d_head]
-    z = v.new_zeros(v.shape[0], v.shape[2], phi_k.shape[3])
-    out = []
-    for t in range(v.shape[1]):
-        sender = senders[:, t, None, None]
-        S = S + torch.where(
-            sender[..., None],
-            phi_k_l[:, t, :, :, None] * v_l[:, t, :, None, :],
-            phi_k[:, t, :, :, None] * v[:, t, :, None, :],
-        )
-        z = z + torch.where(sender, phi_k_l[:, t], phi_k[:, t])
-        numerator = (phi_q[:, t, :, :, None] * S).sum(-2)
-        out.append(numerator / ((phi_q[:, t] * z).sum(-1)[..., None] + mixer.eps))
-    return torch.stack(out, dim=1)
-
-
-_STATE_LOOPS = {
-    "Mamba": ("y", _mamba_state),
-    "Mamba2": ("y", _mamba2_state),
-    "DeltaNet": ("y", _deltanet_state),
-    "RWKV6": ("output", _rwkv_state),
-    "Based": ("y", _based_state),
-}
 
 _RECORDERS = {"resid": _record_resid, "head": _record_head, "conv": _record_conv, "state": _record_state}

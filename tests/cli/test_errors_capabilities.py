@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from helpers import ATTENTION_FIXTURE as FIXTURE
 from helpers import make_model, run_cli
-from test_mixer_capabilities import CoreOnly
+from test_mixer_capabilities import register_core_only
 
 import hookmech
-from hookmech.mixers import REGISTRY
 
 PATCH = ["patch", "--ckpt", "{ckpt}", "--n", "4"]
 CORE = ["patch", "--ckpt", "{tmp}/core.safetensors", "--n", "4"]
@@ -23,7 +22,7 @@ CORE = ["patch", "--ckpt", "{tmp}/core.safetensors", "--n", "4"]
 
 @pytest.fixture(autouse=True)
 def _core_only_registered(monkeypatch):
-    monkeypatch.setitem(REGISTRY, "core_only", CoreOnly)
+    register_core_only(monkeypatch)
 
 
 def _nothing(tmp: Path) -> None:

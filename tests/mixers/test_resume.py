@@ -18,43 +18,14 @@ import pytest
 import torch
 
 from hookmech.hooks import AxisHookPoint
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.mixers.base import Mixer, kept, splice, state_before, take_window
 
-# (registry name, options): the defaults plus every option that changes the resumed path
-CONFIGS = [
-    ("attention", {}),
-    ("attention", {"n_heads": 2, "window": 3}),
-    ("attention", {"n_heads": 2, "qkv_conv": "qk", "conv_size": 3}),
-    ("attention", {"bias": False, "out_bias": False}),
-    ("mamba", {}),
-    ("mamba", {"d_conv": 0}),
-    ("mamba", {"d_conv": 2, "gate": False}),
-    ("mamba2", {}),
-    ("mamba2", {"d_conv": 0, "chunk_size": 3}),
-    ("mamba2", {"ngroups": 2, "headdim": 8, "chunk_size": 5, "bias": True, "conv_bias": False}),
-    ("baseconv", {"l_max": 16}),
-    ("baseconv", {"l_max": 16, "kernel_size": 4, "use_act": True}),
-    ("baseconv", {"kernel_size": -1, "l_max": 16}),
-    ("baseconv", {"kernel_size": -1, "l_max": 16, "implicit_long_conv": False, "use_act": True}),
-    ("hyena", {"l_max": 16}),
-    ("hyena", {"l_max": 16, "filter_bias": True, "short_filter_order": 5}),
-    ("hyena", {"l_max": 64, "bias": True, "train_filter_z": True, "conv_bias_init": "torch"}),
-    ("h3", {"l_max": 16}),
-    ("h3", {"l_max": 5, "head_dim": 1}),
-    ("h3", {"l_max": 16, "d_state": 4, "head_dim": 4}),
-    ("based", {}),
-    ("based", {"num_heads": 2, "num_key_value_heads": 2, "feature_dim": 4}),
-    ("based", {"train_view": "linear", "chunk_size": 4}),
-    ("based", {"train_view": "linear", "chunk_size": 1}),
-    ("deltanet", {}),
-    ("deltanet", {"chunk_size": 4, "num_heads": 2}),
-    ("deltanet", {"mode": "recurrent", "conv_size": 0, "use_beta": False, "output_norm": False}),
-    ("deltanet", {"bias": True, "chunk_size": 4}),
-    ("rwkv", {}),
-    ("rwkv", {"chunk_size": 3}),
-    ("rwkv", {"bias": True}),
-]
+from helpers import example_configs
+
+# (registry name, options): each mixer's spec's examples (`MixerSpec.examples`): the defaults plus
+# every option that changes the resumed path
+CONFIGS = example_configs()
 IDS = [f"{name}-{'-'.join(f'{k}={v}' for k, v in opts.items()) or 'default'}" for name, opts in CONFIGS]
 N_ROWS, N_POS, D_MODEL = 5, 12, 16
 
@@ -71,7 +42,7 @@ def make_mixer(name: str, options: dict) -> Mixer:
 
 
 def test_every_registered_mixer_is_covered():
-    assert {name for name, _ in CONFIGS} == set(REGISTRY)
+    assert {name for name, _ in CONFIGS} == set(REGISTRY) == set(SPECS)
 
 
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
@@ -125,7 +96,10 @@ def test_keep_returns_the_kept_outputs_only(name, options):
     torch.testing.assert_close(only, take_window(whole, keep, 1), rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize(("name", "options"), CONFIGS[:1] + CONFIGS[3:4], ids=IDS[:1] + IDS[3:4])
+FIRST_CONFIGS = [(name, dict(spec.examples[0])) for name, spec in sorted(SPECS.items())]
+
+
+@pytest.mark.parametrize(("name", "options"), FIRST_CONFIGS, ids=[name for name, _ in FIRST_CONFIGS])
 def test_context_rows_follow_the_rows_argument(name, options):
     """Rows are looked up in the context: resuming row 2 from its own unchanged input
     reproduces row 2's output, not another row's."""
@@ -272,8 +246,17 @@ def test_forward_with_context_fires_the_inside_hooks_in_use(name, options, with_
 
 
 # -- inside hooks on the window (`Mixer.window_hooks`) of the long-convolution mixers ----------
-CONV_CONFIGS = [(name, options) for name, options in CONFIGS if name in ("h3", "hyena", "baseconv")]
-CONV_IDS = [ident for ident, (name, _) in zip(IDS, CONFIGS, strict=True) if name in ("h3", "hyena", "baseconv")]
+def has_filter_hooks(name: str, options: dict) -> bool:
+    """Whether the mixer has an inside hook without a position axis (a long convolution's filter)."""
+    mixer = REGISTRY[name](d_model=D_MODEL, **options)
+    return any(isinstance(point, AxisHookPoint) and point.pos_axis is None for point in mixer.modules())
+
+
+# the long-convolution mixers (h3, hyena, baseconv): those with a filter hook in one of their examples
+CONV_MIXERS = {name for name, options in CONFIGS if has_filter_hooks(name, options)}
+CONV_CASES = [(ident, config) for ident, config in zip(IDS, CONFIGS, strict=True) if config[0] in CONV_MIXERS]
+CONV_CONFIGS = [config for _, config in CONV_CASES]
+CONV_IDS = [ident for ident, _ in CONV_CASES]
 
 
 def inside_hooks(mixer: Mixer, positional: bool) -> dict[str, AxisHookPoint]:

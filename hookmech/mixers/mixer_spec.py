@@ -1,0 +1,169 @@
+"""What the package knows of a mixer besides its class, declared once, beside the class: a
+`MixerSpec`.
+
+Each mixer's module ends with ``SPEC = MixerSpec(...)``; `hookmech.mixers` collects every module's
+``SPEC`` into `SPECS` (and `REGISTRY`, name -> class). From the specs come: the registry, the
+head axis of every model (`ModelConfig.head_shape`, ``--n-heads``, the ``[*]`` sites' head count),
+the model presets (`hookmech.model_presets`), the state routes of the path-patching reference
+(`hookmech.oracles.path_patching`), the site reference and the mixer table of the docs
+(``scripts/make_site_reference.py``), the benches' mixer lists and the tests' parametrisation.
+Options and their types are the class's constructor signature; a spec does not repeat them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from ..errors import HookmechError
+from .base import mixer_options
+
+if TYPE_CHECKING:
+    from .base import Mixer
+
+#: a model preset's repeating pattern of layers: (mixer name, options) per layer (`hookmech.model_presets`)
+PresetPattern = tuple[tuple[str, dict[str, Any]], ...]
+#: a state route's reference loop (`StateLoop.loop`): (mixer, acts, senders) -> the read-out at
+#: every position ``[N, T, ...]``; ``acts(hook, "clean" | "corrupt")`` is that run's inside hook
+#: (its name without "hook_") and `senders` ``[N, T]`` the positions whose writes are the clean run's
+#: (typed loosely: each loop takes its own mixer class)
+StateLoopFn = Callable[..., Tensor]
+#: (mixer, hook) -> (the input of the output projection per head ``[batch, pos, head, d_head]``,
+#: the projection's weight per head ``[d_model, head, d_head]``), from the run's cached inside
+#: hooks (``hook(name)``, without "hook_"): TransformerLens's head results, written out plainly
+HeadResultsFn = Callable[..., tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
+class Heads:
+    """How a mixer's options give the head axis of its per-head hooks: ``(n_heads, d_head)``.
+
+    One of `count` (the option that is the number of heads; it receives ``--n-heads``) and
+    `width` (the option that is one head's width: the heads are as many as fit) is set. The heads
+    split d_model, or, with `split`, d_model times that option (Mamba-2's ``expand``: its heads
+    split d_inner). `same_as_count`: options that must equal the head count (Based's
+    ``num_key_value_heads``), set with it where a test asks for a number of heads.
+    """
+
+    count: str = ""
+    width: str = ""
+    split: str = ""
+    same_as_count: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if bool(self.count) == bool(self.width):
+            raise HookmechError("Heads: give exactly one of count (the head-count option) and width (the head width's)")
+
+    def shape(self, d_model: int, options: Mapping[str, Any]) -> tuple[int, int]:
+        """Return ``(n_heads, d_head)`` of a mixer built with `options` (every option, defaults
+        filled in: `MixerSpec.options_with`)."""
+        inner = int(d_model * options[self.split]) if self.split else d_model
+        if self.count:
+            n_heads = int(options[self.count])
+            return n_heads, inner // max(n_heads, 1)
+        d_head = int(options[self.width])
+        return inner // max(d_head, 1), d_head
+
+    def options_for(self, n_heads: int, d_model: int, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Return the options (on top of `options`, defaults filled in) that give `n_heads` heads at
+        `d_model`: what the tests build multi-head models with."""
+        if self.count:
+            return {self.count: n_heads, **{name: n_heads for name in self.same_as_count}}
+        inner = int(d_model * options[self.split]) if self.split else d_model
+        return {self.width: inner // n_heads}
+
+
+@dataclass(frozen=True)
+class StateLoop:
+    """The recurrence of a mixer's `state` route, one position at a time: the reference that path
+    patching's `state` routes are tested against (`hookmech.oracles.path_patch_reference`).
+
+    `readout`: the inside hook the route changes (`PathRoutes.state_readout`); `loop`: (mixer, acts,
+    senders) -> that hook at every position when the writes of the `senders` positions ``[N, T]``
+    are the clean run's and everything else (transitions, other writes, read-outs) the corrupt
+    run's; ``acts(hook, which)`` reads inside hook `hook` of run `which` ("clean" or "corrupt").
+    """
+
+    readout: str
+    loop: StateLoopFn
+
+
+@dataclass(frozen=True)
+class MixerSpec:
+    """Everything the package needs to know of one mixer besides its class, in one place.
+
+    - `name`: the registry name (``--mixer NAME``); `mixer`: the class, built as
+      ``mixer(d_model=..., **options)``; its keyword options, their defaults and types are its
+      constructor's signature (`options`).
+    - `heads`: its head axis (`Heads`), or None for a mixer without heads (one head as wide as the
+      model). Stated here only: the model config, ``--n-heads`` and the hooks' head sizes read it.
+    - `meanings`: each inside hook (its name without "hook_") -> what it holds (docs/sites.md);
+      every inside hook has one (a test checks). `notes`: a paragraph the site reference adds
+      after the mixer's table (TransformerLens's names that mean something else).
+    - `examples`: option sets the tests build it with (the first is its defaults' stand-in: ``{}``,
+      or what a 16-wide model of 12 positions needs); every option that changes a code path.
+    - `presets`: the model presets (``--preset NAME``) this spec defines, name -> pattern of layers;
+      None: one, the mixer's name, with every layer this mixer and its defaults.
+    - `bench`: whether the benches include it; `bench_hooks`: the inside hooks they patch
+      (its state and its q/k/v-like hooks).
+    - `state_loop`: the reference of its `state` path route (`StateLoop`), where it has one.
+    - `head_results`: where its output projection's input splits into heads
+      (`Mixer.output_head_axes`), that input per head written out from the cached hooks.
+    - `attention_values`: for a mixer with an `EffectiveAttentionMap` whose map gives one inside
+      hook exactly from another, ``(values, output)``: ``output[b, t, h] = Σ_s M[b, h, t, s]
+      values[b, s, h]`` (h: a head or a channel, `EffectiveAttentionMap.attention_axis`), which the
+      tests check (the nine first mixers' maps, some with a skip or a product, are checked by hand).
+    """
+
+    name: str
+    mixer: type[Mixer]
+    heads: Heads | None
+    meanings: Mapping[str, str]
+    notes: str = ""
+    examples: tuple[dict[str, Any], ...] = ({},)
+    presets: Mapping[str, PresetPattern] | None = None
+    bench: bool = True
+    bench_hooks: tuple[str, ...] = ()
+    state_loop: StateLoop | None = None
+    head_results: HeadResultsFn | None = None
+    attention_values: tuple[str, str] | None = None
+    #: filled in from `presets` (None: the mixer's own single-mixer preset)
+    model_presets: Mapping[str, PresetPattern] = field(init=False)
+
+    def __post_init__(self) -> None:
+        own: Mapping[str, PresetPattern] = {self.name: ((self.name, {}),)}
+        object.__setattr__(self, "model_presets", own if self.presets is None else dict(self.presets))
+        if not self.examples:
+            raise HookmechError(f"mixer spec {self.name!r}: examples must hold at least one option set")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Return the mixer's keyword options (besides d_model) with their defaults."""
+        return mixer_options(self.mixer)
+
+    def options_with(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Return every option of the mixer: `options` over the defaults."""
+        return {**self.options, **options}
+
+    def head_shape(self, d_model: int, options: Mapping[str, Any]) -> tuple[int, int]:
+        """Return ``(n_heads, d_head)`` of the mixer built with `options` at `d_model`: the size
+        of the ``head`` axis of its per-head hooks and the width of one head there; ``(1, d_model)``
+        for a mixer without heads (`heads` None)."""
+        if self.heads is None:
+            return 1, d_model
+        return self.heads.shape(d_model, self.options_with(options))
+
+    def head_count_option(self) -> str | None:
+        """Return the option that receives ``--n-heads`` (`Heads.count`), or None."""
+        return self.heads.count if self.heads is not None and self.heads.count else None
+
+    def with_heads(self, n_heads: int, d_model: int, options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Return `options` with those giving `n_heads` heads at `d_model` on top (`Heads.options_for`);
+        a HookmechError for a mixer without heads."""
+        if self.heads is None:
+            raise HookmechError(f"mixer {self.name!r} has no heads")
+        options = dict(options or {})
+        return {**options, **self.heads.options_for(n_heads, d_model, self.options_with(options))}

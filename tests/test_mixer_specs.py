@@ -1,0 +1,128 @@
+"""One spec per mixer (`hookmech.mixers.mixer_spec.MixerSpec`): every registered mixer has one, and what
+it states (the meaning of each inside hook, the head axis, the references the tests use, the
+benches' hooks) is what the mixer's class and its forward show."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+import torch
+
+import hookmech.mixers
+from hookmech.config import build_config
+from hookmech.errors import HookmechError, UsageError
+from hookmech.hooks import AxisHookPoint
+from hookmech.mixers import REGISTRY, SPECS, Heads, Mixer, MixerSpec, PathRoutes, spec_of
+from hookmech.model import HookedLM
+
+from helpers import head_options
+
+
+def test_every_registered_mixer_has_its_spec():
+    assert set(REGISTRY) == set(SPECS)
+    for name, spec in SPECS.items():
+        assert spec.name == name and REGISTRY[name] is spec.mixer
+
+
+def test_every_mixer_class_of_the_package_has_a_spec():
+    """A mixer written into hookmech/mixers/ without a ``SPEC`` beside it is never registered: caught here."""
+    specified = {spec.mixer for spec in SPECS.values()}
+    package = hookmech.mixers
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Mixer) and cls is not Mixer and cls.__module__ == module.__name__:
+                assert cls in specified, f"{cls.__module__}.{cls.__name__} has no MixerSpec"
+
+
+def test_a_mixer_registered_without_a_spec_is_refused_by_name(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "unspecified", REGISTRY["mamba"])
+    with pytest.raises(HookmechError, match="'unspecified' is registered without a spec"):
+        build_config(d_vocab=8, n_ctx=8, mixers="unspecified", d_model=16, n_layers=1).head_shape(0)
+    with pytest.raises(UsageError, match="unknown mixer 'nosuch'"):
+        spec_of("nosuch")
+
+
+def test_heads_state_a_count_or_a_width():
+    with pytest.raises(HookmechError, match="exactly one"):
+        Heads()
+    with pytest.raises(HookmechError, match="exactly one"):
+        Heads(count="n_heads", width="head_size")
+    with pytest.raises(HookmechError, match="at least one"):
+        MixerSpec(name="x", mixer=Mixer, heads=None, meanings={}, examples=())
+
+
+def inside_hooks(name: str, options: dict) -> dict[str, AxisHookPoint]:
+    """The inside hooks (without "hook_") of a 1-layer d_model-16 model of mixer `name` with `options`."""
+    torch.manual_seed(0)
+    model = HookedLM(build_config(d_vocab=8, n_ctx=12, mixers=name, d_model=16, n_layers=1, layer_options=[options]))
+    prefix = "blocks.0.mixer.hook_"
+    return {hook[len(prefix):]: point for hook, point in model.hook_dict.items() if hook.startswith(prefix)}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_spec_gives_every_inside_hook_its_meaning(name):
+    spec = SPECS[name]
+    seen = set()
+    for options in spec.examples:
+        hooks = set(inside_hooks(name, options))
+        assert hooks <= set(spec.meanings), (options, hooks - set(spec.meanings))
+        seen |= hooks
+    assert seen == set(spec.meanings), set(spec.meanings) - seen
+    assert set(spec.bench_hooks) <= seen and spec.bench_hooks, "the benches' hooks are inside hooks"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_head_axis_is_the_one_the_spec_states(name):
+    """Hooks with a head axis exist where the spec states heads, and have the stated count (measured
+    by one forward, and declared for ``[*]`` sites); d_head is the width of a per-head output."""
+    spec = SPECS[name]
+    options = head_options(name)
+    torch.manual_seed(0)
+    cfg = build_config(d_vocab=8, n_ctx=12, mixers=name, d_model=16, n_layers=1, layer_options=[options])
+    model = HookedLM(cfg)
+    _, cache = model.run_with_cache(torch.zeros(1, 5, dtype=torch.long))
+    n_heads, d_head = cfg.head_shape(0)
+    headed = {hook: point for hook, point in model.hook_dict.items() if "head" in point.axes.split()}
+    assert bool(headed) == (spec.heads is not None)
+    if spec.heads is None:
+        assert (n_heads, d_head) == (1, 16)
+        return
+    assert n_heads > 1
+    for hook, point in headed.items():
+        axes = point.axes.split()
+        assert point.sizes["head"] == n_heads, hook
+        if hook in cache:
+            assert cache[hook].shape[axes.index("head")] == n_heads, hook
+    if spec.mixer.output_head_axes:
+        out_proj = getattr(model.blocks[0].mixer, spec.mixer.output_projections[0])
+        assert out_proj.in_features == n_heads * d_head
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_n_heads_reaches_the_head_count_option_only(name):
+    spec = SPECS[name]
+    cfg = build_config(d_vocab=8, n_ctx=12, mixers=name, d_model=16, n_layers=1, n_heads=2)
+    count = spec.head_count_option()
+    assert cfg.mixer_kwargs[0].get(count) == 2 if count else "n_heads" not in cfg.mixer_kwargs[0]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_references_the_tests_need_are_in_the_spec(name):
+    """A `state` route's reference loop (path patching) and the per-head output projection input
+    (TransformerLens's head results) are written beside the mixer, where it has them."""
+    spec, cls = SPECS[name], SPECS[name].mixer
+    has_state_route = issubclass(cls, PathRoutes) and bool(cls.state_readout)
+    assert (spec.state_loop is not None) == has_state_route
+    if spec.state_loop is not None:
+        assert spec.state_loop.readout == cls.state_readout
+    assert (spec.head_results is not None) == bool(cls.output_head_axes)
+
+
+def test_model_presets_come_from_the_specs():
+    from hookmech.model_presets import MODEL_PRESETS
+
+    assert MODEL_PRESETS == {name: p for spec in SPECS.values() for name, p in spec.model_presets.items()}
+    assert MODEL_PRESETS["based"] == (("baseconv", {"kernel_size": 3}), ("based", {}))
