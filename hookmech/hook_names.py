@@ -123,6 +123,14 @@ def block_path(layer: int, path: str) -> str:
     return f"blocks.{layer}.{path}"
 
 
+def tl_attention_aliases(**inside_hooks: str) -> dict[str, str]:
+    """Return TransformerLens's attention names of a mixer's inside hooks, as paths inside the
+    block (`Mixer.block_hook_aliases` takes them): ``tl_attention_aliases(q="q", z="y")`` is
+    ``{"attn.hook_q": "mixer.hook_q", "attn.hook_z": "mixer.hook_y"}`` (keyword: TransformerLens's
+    name; value: the mixer's own inside hook)."""
+    return {f"{TL_ATTN}.{hook_attribute(tl)}": f"{MIXER}.{hook_attribute(ours)}" for tl, ours in inside_hooks.items()}
+
+
 def hook_attribute(name: str) -> str:
     """Return the attribute holding the hook point named `name` in its module (``q`` -> ``hook_q``)."""
     return _ATTRIBUTE_PREFIX + name

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hook_names import hook_attribute
+from ..hook_names import hook_attribute, tl_attention_aliases
 from ..hooks import AxisHookPoint
 from ..shapes import (
     Context,
@@ -51,12 +51,7 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     #: TransformerLens's names (`Mixer.block_hook_aliases`): its attention hooks are these
     block_hook_aliases = {
         **Mixer.block_hook_aliases,
-        "attn.hook_q": "mixer.hook_q",
-        "attn.hook_k": "mixer.hook_k",
-        "attn.hook_v": "mixer.hook_v",
-        "attn.hook_attn_scores": "mixer.hook_attn_scores",
-        "attn.hook_pattern": "mixer.hook_pattern",
-        "attn.hook_z": "mixer.hook_z",
+        **tl_attention_aliases(q="q", k="k", v="v", attn_scores="attn_scores", pattern="pattern", z="z"),
     }
     output_head_axes = "head d_head"
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hook_names import hook_attribute, inside_name
+from ..hook_names import hook_attribute, inside_name, tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -90,13 +90,7 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
 
     output_projections = ("out_proj",)
     #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections, and y for its z
-    block_hook_aliases = {
-        **Mixer.block_hook_aliases,
-        "attn.hook_q": "mixer.hook_q",
-        "attn.hook_k": "mixer.hook_k",
-        "attn.hook_v": "mixer.hook_v",
-        "attn.hook_z": "mixer.hook_y",
-    }
+    block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="q", k="k", v="v", z="y")}
     output_head_axes = "head d_head"
 
     def __init__(

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
+from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import Context, EffectiveAttention, KeptWindow, Resid, RowInts, RunActs, RunMask, RunResid, Window
 from .base import Mixer, kept, needs_grad, replay_before, state_before
@@ -68,13 +69,7 @@ class GatedLinearAttention(Mixer, PathRoutes, EffectiveAttentionMap):
 
     output_projections = ("out_proj",)
     #: TransformerLens's names (`Mixer.block_hook_aliases`): q, k, v, and y for its z
-    block_hook_aliases = {
-        **Mixer.block_hook_aliases,
-        "attn.hook_q": "mixer.hook_q",
-        "attn.hook_k": "mixer.hook_k",
-        "attn.hook_v": "mixer.hook_v",
-        "attn.hook_z": "mixer.hook_y",
-    }
+    block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="q", k="k", v="v", z="y")}
     output_head_axes = "head d_head"
 
     def __init__(

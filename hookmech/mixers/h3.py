@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
+from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Acts,
@@ -134,12 +135,7 @@ class H3(Mixer, PathRoutes, EffectiveAttentionMap):
     output_projections = ("out_proj",)
     #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections (no per-head output
     #: is hooked: out_proj's input, q·ssm, has no hook)
-    block_hook_aliases = {
-        **Mixer.block_hook_aliases,
-        "attn.hook_q": "mixer.hook_q",
-        "attn.hook_k": "mixer.hook_k",
-        "attn.hook_v": "mixer.hook_v",
-    }
+    block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="q", k="k", v="v")}
     output_head_axes = "d_head head"  # zoology orders out_proj's input (d_v, head)
 
     def __init__(

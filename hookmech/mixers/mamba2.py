@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
+from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
 from ..shapes import (
     Context,
@@ -254,7 +255,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
     #: ``mixer.hook_ssm_out`` (its ``hook_ssm_state`` is already this mixer's, same axes)
     block_hook_aliases = {
         **Mixer.block_hook_aliases,
-        "attn.hook_z": "mixer.hook_y",
+        **tl_attention_aliases(z="y"),
         "mixer.hook_ssm_out": "hook_mixer_out",
     }
     output_head_axes = "head d_head"

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
+from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -211,13 +212,7 @@ class RWKV6(Mixer, PathRoutes, EffectiveAttentionMap):
     output_projections = ("out_proj",)
     #: TransformerLens's names (`Mixer.block_hook_aliases`): the receptance reads the state as a
     #: query does; the output before the group norm is its z
-    block_hook_aliases = {
-        **Mixer.block_hook_aliases,
-        "attn.hook_q": "mixer.hook_r",
-        "attn.hook_k": "mixer.hook_k",
-        "attn.hook_v": "mixer.hook_v",
-        "attn.hook_z": "mixer.hook_output",
-    }
+    block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="r", k="k", v="v", z="output")}
     output_head_axes = "head d_head"
 
     def __init__(
