@@ -142,6 +142,22 @@ def test_paper_d64_positions_and_init_as_in_the_papers_table(arch):
     assert (config.pos_emb, config.init) == ("learned", "normal")
 
 
+@pytest.mark.parametrize("arch", ["attention", "based", "mamba"])
+def test_atr_paper_d64_is_the_ar_model_on_easy_atr(arch):
+    # tinylang pcfg_easy(_nope) keep ar_32(_nope)'s model block and change the language and the
+    # epochs: the same models, the task's defaults (L_max 5, |Σ| 20), 32 epochs of 3126 steps
+    atr = next(run for run in expand(load_preset("atr-paper-d64")) if run.point["arch"] == arch)
+    ar = next(run for run in expand(load_preset("ar-paper-d64")) if run.point["arch"] == arch)
+    assert atr.task == {"name": "atr"}
+    task, atr_config, train = build_run(atr.as_dict())
+    _, ar_config, _ = build_run(ar.as_dict())
+    assert (task.num_terminals, task.max_rhs_len) == (20, 5)
+    assert (train.total_steps(), train.steps_per_epoch()) == (32 * 3126, 3126)
+    same = ("d_model", "n_layers", "mixers", "mixer_kwargs", "mlp", "norms", "pos_emb", "init", "tie_embeddings")
+    assert {key: getattr(atr_config, key) for key in same} == {key: getattr(ar_config, key) for key in same}
+    assert atr_config.pos_emb == ("learned" if arch == "attention" else "none")
+
+
 @pytest.mark.parametrize("preset", ["ar-paper-d64", "ar-paper-d64-pe"])
 @pytest.mark.parametrize("arch", PAPER_ARCHS)
 def test_paper_d64_models_have_the_papers_biases(arch, preset):
