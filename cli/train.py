@@ -44,10 +44,11 @@ from .common import (
 )
 @click.option(
     "--init",
-    type=click.Choice(["normal", "mamba", "zoology"]),
+    type=click.Choice(["normal", "mamba", "normal-by-name", "zoology"]),
     default=None,
-    help="weight init: normal (default: every Linear N(0, 0.02)), mamba (mamba-ssm's), or zoology "
-    "(what the paper's code draws: mamba for a Mamba model, normal otherwise)",
+    help="weight init: normal (default: every Linear N(0, 0.02)), mamba (mamba-ssm's), normal-by-name "
+    "(zoology's: output projections scaled only where zoology's names match, not Based's), or zoology "
+    "(what the paper's code draws: mamba for a Mamba model, normal-by-name or normal otherwise)",
 )
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--warmup-frac", type=float, default=0.1, show_default=True)

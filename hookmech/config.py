@@ -16,11 +16,15 @@ if TYPE_CHECKING:
 
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBS = ("learned", "none")
-#: how a model's weights are drawn (`ModelConfig.init`): "normal" is zoology's default and GPT-2's
-#: (every Linear and embedding N(0, 0.02), output projections N(0, 0.02/sqrt(2 n_layers)));
+#: how a model's weights are drawn (`ModelConfig.init`): "normal" is GPT-2's (every Linear and
+#: embedding N(0, 0.02), every declared output projection N(0, 0.02/sqrt(2 n_layers)));
 #: "mamba" is mamba-ssm's `_init_weights`, which zoology uses for Mamba blocks (Linear weights keep
-#: PyTorch's default, biases zeroed, embeddings N(0, 0.02), out_proj Kaiming-uniform / sqrt(n_layers))
-INITS = ("normal", "mamba")
+#: PyTorch's default, biases zeroed, embeddings N(0, 0.02), out_proj Kaiming-uniform / sqrt(n_layers));
+#: "normal-by-name" is zoology's own `_init_weights` for the other blocks, which finds the output
+#: projections to scale by parameter name (``out_proj``, ``fc2``): "normal" except that a mixer whose
+#: reference names its projection otherwise (`Mixer.reference_scales_output`: Based's ``proj_o``)
+#: keeps N(0, 0.02) there
+INITS = ("normal", "mamba", "normal-by-name")
 #: what `build_config(init=...)` also takes: "zoology" picks what the paper's code (zoology's
 #: `_init_weights`, by block type) draws for these mixers, and is resolved to one of INITS
 INIT_CHOICES = (*INITS, "zoology")
@@ -298,11 +302,15 @@ def resolve_init(init: str | None, classes: list[type[Mixer]]) -> str:
     """Return the `ModelConfig.init` (one of INITS) that `init` asks for in a model of mixer
     `classes`, one per layer. "zoology" follows zoology's `_init_weights`, which picks mamba-ssm's
     scheme when the model's block type is Mamba's: "mamba" when every layer's mixer declares it
-    (`Mixer.reference_init`), else "normal"."""
+    (`Mixer.reference_init`); else "normal-by-name" when a mixer's output projection escapes
+    zoology's rescaling by name (`Mixer.reference_scales_output`), and "normal" when the two draw
+    the same (so that a model whose draw did not change keeps its config, and its model_hash)."""
     if init is None:
         return "normal"
     if init not in INIT_CHOICES:
         raise unknown("init", init, INIT_CHOICES)
     if init != "zoology":
         return init
-    return "mamba" if all(c.reference_init == "mamba" for c in classes) else "normal"
+    if all(c.reference_init == "mamba" for c in classes):
+        return "mamba"
+    return "normal" if all(c.reference_scales_output for c in classes) else "normal-by-name"

@@ -131,12 +131,16 @@ def test_paper_d64_presets_expand_to_the_expected_runs():
 @pytest.mark.parametrize("arch", PAPER_ARCHS)
 def test_paper_d64_positions_and_init_as_in_the_papers_table(arch):
     # tinylang experiments/README.md: ar_32 (learned positions) for attention, ar_32_nope for the
-    # rest; zoology's _init_weights draws mamba-ssm's scheme for Mamba blocks only
-    for preset in ("ar-paper-d64", "ar-paper-d64-pilot", "ar-paper"):
-        run = next(run for run in expand(load_preset(preset)) if run.point["arch"] == arch)
-        _, config, _ = build_run(run.as_dict())
+    # rest; zoology's _init_weights draws mamba-ssm's scheme for Mamba blocks only, and finds the
+    # output projections to scale by name, which misses Based's proj_o
+    expected = {"mamba": "mamba", "based": "normal-by-name"}.get(arch, "normal")
+    for preset in ("ar-paper-d64", "ar-paper-d64-pilot", "ar-paper", "atr-paper-d64"):
+        runs = [run for run in expand(load_preset(preset)) if run.point["arch"] == arch]
+        if not runs:
+            continue  # atr-paper-d64 runs three of the six
+        _, config, _ = build_run(runs[0].as_dict())
         assert config.pos_emb == ("learned" if arch == "attention" else "none"), preset
-        assert config.init == ("mamba" if arch == "mamba" else "normal"), preset
+        assert config.init == expected, preset
     run = next(run for run in expand(load_preset("ar-paper-d64-pe")) if run.point["arch"] == arch)
     _, config, _ = build_run(run.as_dict())
     assert (config.pos_emb, config.init) == ("learned", "normal")
