@@ -86,6 +86,7 @@ def test_normal_init_is_unchanged_and_differs_from_mamba():
         ("attention", "normal"),
         ("mamba2", "normal"),
         (["baseconv", "based"], "normal-by-name"),
+        ("h3", "normal-by-name"),
         (["baseconv", "hyena"], "normal"),
     ],
 )

@@ -133,7 +133,7 @@ def test_paper_d64_positions_and_init_as_in_the_papers_table(arch):
     # tinylang experiments/README.md: ar_32 (learned positions) for attention, ar_32_nope for the
     # rest; zoology's _init_weights draws mamba-ssm's scheme for Mamba blocks only, and finds the
     # output projections to scale by name, which misses Based's proj_o
-    expected = {"mamba": "mamba", "based": "normal-by-name"}.get(arch, "normal")
+    expected = {"mamba": "mamba", "based": "normal-by-name", "h3": "normal-by-name"}.get(arch, "normal")
     for preset in ("ar-paper-d64", "ar-paper-d64-pilot", "ar-paper", "atr-paper-d64"):
         runs = [run for run in expand(load_preset(preset)) if run.point["arch"] == arch]
         if not runs:

@@ -90,7 +90,7 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
 
     output_projections = ("out_proj",)
     #: zoology's Based names it ``proj_o``, which its `_init_weights` (matching ``out_proj.weight``
-    #: by name) leaves at N(0, 0.02): what ``init = "zoology"`` draws (HazyResearch/zoology
+    #: and ``fc2.weight`` by name) leaves at N(0, 0.02): what ``init = "zoology"`` draws (HazyResearch/zoology
     #: zoology/model.py @ 0cd64f8, zoology/mixers/based.py @ 0a9c682)
     reference_scales_output = False
     #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections, and y for its z
