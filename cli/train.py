@@ -70,6 +70,14 @@ from .common import (
 @click.option("--eval-every", type=int, default=200, show_default=True)
 @click.option("--ckpt-every", type=int, default=1000, show_default=True)
 @click.option(
+    "--order",
+    type=click.Choice(["shuffled", "fixed"]),
+    default="shuffled",
+    show_default=True,
+    help="how the training set is replayed: a new order every epoch, or the same batches in the same "
+    "order every epoch (paper 000's code)",
+)
+@click.option(
     "--mech-every",
     type=int,
     default=None,
@@ -108,6 +116,7 @@ def train(
     seed,
     eval_every,
     ckpt_every,
+    order,
     device,
     threads,
     out_dir,
@@ -148,6 +157,7 @@ def train(
         seed=seed,
         eval_every=eval_every,
         ckpt_every=ckpt_every,
+        order=order,
     )
     mixers, layer_options = _mixers_and_options(mixer, preset, mixer_opt, n_layers)
     model_config = build_config(
