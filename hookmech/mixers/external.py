@@ -63,16 +63,22 @@ def resolve(name: str) -> MixerSpec:
     """Return the spec of the outside mixer `name` (``module:Class``, ``file.py:Class``), importing
     its module on first use; its `MixerSpec.name` is the canonical name. A UsageError, one line,
     when the module or file cannot be imported or the class is missing or not a `Mixer` subclass."""
-    spec = _SPECS.get(name)
-    if spec is not None:
+    spec = _SPECS.get(name)  # by canonical name only: another spelling may mean another file elsewhere
+    if spec is not None and _still_there(spec):
         return spec
-    cls, canonical = _import_class(name)
+    cls, canonical = _import_class(name)  # the module itself is imported once (sys.modules)
     spec = _SPECS.get(canonical)
-    if spec is None:
+    if spec is None or spec.mixer is not cls:
         spec = _spec_of(cls, canonical)
         _SPECS[canonical] = spec
-    _SPECS[name] = spec
     return spec
+
+
+def _still_there(spec: MixerSpec) -> bool:
+    """True unless `spec`'s mixer came from a file that is gone: a name resolved earlier in this
+    process is refused, as it would be in a new process, once its file is moved away."""
+    where = spec.name.rpartition(":")[0]
+    return not where.endswith(".py") or Path(where).is_file()
 
 
 def _import_class(name: str) -> tuple[type[Mixer], str]:
@@ -117,9 +123,10 @@ def _import_module(name: str, module_name: str):
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        if error.name is not None and module_name.startswith(error.name):
+        missing = error.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
             raise UsageError(
-                f"mixer {name!r}: no module named {error.name!r} (install its package, or put its folder on "
+                f"mixer {name!r}: no module named {missing!r} (install its package, or put its folder on "
                 "PYTHONPATH; a file is named path/to/file.py:Class)"
             ) from None
         raise _import_failed(name, module_name, error) from None

@@ -98,6 +98,8 @@ def expand(sweep: Sweep) -> list[Run]:
     """Return the runs of a sweep: the product of the grid lists, first key slowest."""
     trainer_keys = train_keys()
     keys = list(sweep.grid)
+    # [mixer_options.<mixer>] by canonical name, as the runs' mixers: a worker elsewhere matches them
+    mixer_options = {canonical_mixers(name): options for name, options in sweep.mixer_options.items()}
     runs, seen = [], set()
     for values in itertools.product(*(sweep.grid[key] for key in keys)):
         point = dict(zip(keys, values, strict=True))
@@ -124,7 +126,7 @@ def expand(sweep: Sweep) -> list[Run]:
         if identifier in seen:  # only if two points hash alike
             raise HookmechError(f"two grid points share the run id {identifier}")
         seen.add(identifier)
-        runs.append(Run(identifier, point, task, train, model, sweep.mixer_options, sweep.mech))
+        runs.append(Run(identifier, point, task, train, model, mixer_options, sweep.mech))
     return runs
 
 
