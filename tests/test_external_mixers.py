@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import ENGINE_TOL, REPO, unit_variance
 
 import hookmech
 from hookmech.checkpoint import read_metadata
@@ -24,6 +24,8 @@ from hookmech.config import ModelConfig, build_config
 from hookmech.errors import HookmechError, UsageError
 from hookmech.identity import model_hash
 from hookmech.mixers import REGISTRY, SPECS, Heads, canonical_name, spec_of
+from hookmech.oracles import path_patch_reference
+from hookmech.patching import path_patch
 from hookmech.sweep import build_run, expand, parse_sweep
 from hookmech.sweep.worker import execute_run
 
@@ -160,6 +162,22 @@ def test_options_of_a_mixer_of_your_own_are_checked_by_name_and_type(tmp_path):
         _config(f"{path}:RunningMean", layer_options=[{"scal": 2.0}, {}])
     with pytest.raises(UsageError, match="option scale=\"big\""):
         _config(f"{path}:RunningMean", layer_options=[{"scale": "big"}, {}])
+
+
+def test_a_file_mixer_runs_resid_path_patching_and_its_routes_inside_are_refused_by_name(tmp_path, ar_task):
+    """The core alone: a `resid` path against the two-pass reference (ENGINE_TOL); a route inside the
+    mixer needs `PathRoutes`, which it does not declare: one line naming it."""
+    path = _write(tmp_path)
+    torch.manual_seed(0)
+    config = build_config(d_vocab=ar_task.d_vocab, n_ctx=ar_task.n_ctx, mixers=f"{path}:RunningMean", d_model=16)
+    model = unit_variance(hookmech.HookedLM(config)).eval()
+    batch = ar_task.sample(6, seed=5)
+    (record,) = path_patch(model, batch, "L0.block_out@key", "L1.block_in@key", "resid")
+    (reference,) = path_patch_reference(model, batch, "L0.block_out@key", "L1.block_in@key", "resid").values()
+    assert abs(record["p_patched"] - reference["p_patched"]) <= ENGINE_TOL
+    assert abs(record["p_patched"] - record["p_corrupt"]) > 2 * ENGINE_TOL  # the path matters
+    with pytest.raises(UsageError, match="mixer RunningMean does not implement PathRoutes, which a head path"):
+        path_patch(model, batch, "L0.mixer.v@key", "L1.mixer.v@query", "head")
 
 
 # -- refusals: one line each ----------------------------------------------------------------------

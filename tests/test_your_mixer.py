@@ -1,17 +1,21 @@
 """docs/your_mixer.md, end to end: its mixer's source, taken from the page, written into a temporary
 folder outside the repository, trained with the command line, cached and patched; the engine's
 records against the plain `run_with_hooks` loop (hookmech.oracles.plain_loop) to ENGINE_TOL; the
-checkpoint's recorded name; the one-line refusal once the file is gone."""
+full-rank DAS against that interchange; the checkpoint's recorded name; the one-line refusal once
+the file is gone."""
 from __future__ import annotations
 
 import json
 import re
 
+import pytest
+import torch
 from helpers import ENGINE_TOL, REPO, run_cli, unit_variance
 
 import hookmech
 from hookmech.cache import CacheFile
 from hookmech.checkpoint import read_metadata
+from hookmech.das import train as das_train
 from hookmech.oracles import plain_loop_patch
 from hookmech.patching import patch
 
@@ -75,6 +79,18 @@ def test_the_pages_mixer_trains_caches_and_patches_from_a_folder_outside_the_rep
         batch = cache.batch()
     reference = {(hook, pos): means for (hook, pos), means in plain_loop_patch(model, batch, SITES, POSITIONS).items()}
     assert_engine_matches_plain_loop(records, reference)
+
+    # DAS at full rank is the vanilla interchange at that cell, on DAS's dev rows (tests/test_das.py)
+    site, pos = "L1.block_in", "query"
+    cache_path = folder / "runs" / "smear" / "cache.h5"
+    result = das_train(model, cache_path, site, pos, dims=[16], steps=2, batch_size=8)
+    (record,), dev = result.records, result.dev_rows
+    (cell,) = patch(model, cache_path, site, pos, per_example=True)
+    with CacheFile(cache_path) as cache:
+        p_clean, p_corrupt = (cache.p_answer(which).double()[dev].mean().item() for which in ("clean", "corrupt"))
+    p_patched = torch.tensor(cell["p_patched_rows"], dtype=torch.float64)[dev].mean().item()
+    assert record["attribution_full"] == pytest.approx((p_patched - p_corrupt) / (p_clean - p_corrupt),
+                                                       abs=ENGINE_TOL)
 
     # the same model with unit-variance weights, whose patches move p(answer) far more: every
     # block site and every inside hook with a position axis, through the library's engine
