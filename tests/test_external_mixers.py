@@ -257,12 +257,20 @@ def test_a_registered_name_is_never_shadowed_by_an_entry_point(package, tmp_path
 
 def test_entry_points_registered_twice_or_naming_no_mixer_are_refused(package, tmp_path):
     _distribution(tmp_path / "site", "ext_one", f"twice = {package}.layers:RunningMean")
-    _distribution(tmp_path / "site", "ext_two", "twice = torch.nn:Linear\nlinear = torch.nn:Linear")
+    _distribution(tmp_path / "site", "ext_two", "twice = torch.nn:Linear\nlinear = torch.nn:Linear\n"
+                                                "module_only = torch.nn")
     with pytest.raises(UsageError, match=f"installed packages register it twice .*\\({package}.layers:RunningMean, "
                                          "torch.nn:Linear\\)"):
         _config("twice")
     with pytest.raises(UsageError, match="mixer 'torch.nn:Linear' is class torch.nn.modules.linear.Linear"):
         _config("linear")
+    with pytest.raises(UsageError, match="mixer 'module_only': its entry point names 'torch.nn', not a module:Class"):
+        _config("module_only")
+
+
+def test_an_entry_points_extras_are_not_part_of_its_name(package, tmp_path):
+    _distribution(tmp_path / "site", "ext_extras", f"with_extras = {package}.layers:RunningMean [fast]")
+    assert _config("with_extras").mixers[0] == f"{package}.layers:RunningMean"
 
 
 # -- sweeps -----------------------------------------------------------------------------------------

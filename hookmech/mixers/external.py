@@ -50,12 +50,15 @@ def entry_point_names() -> list[str]:
 def entry_point_value(name: str) -> str | None:
     """Return the ``module:Class`` that entry point `name` of `ENTRY_POINT_GROUP` stands for, or None
     when no installed package registers it; a UsageError when two register it differently."""
-    values = sorted({point.value for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name)})
+    points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name)
+    values = sorted({point.value.partition("[")[0].strip() for point in points})  # without "[extras]"
     if len(values) > 1:
         raise UsageError(
             f"mixer {name!r}: installed packages register it twice under the entry-point group "
             f"{ENTRY_POINT_GROUP!r} ({', '.join(values)}); name one of them as module:Class"
         )
+    if values and not is_import_name(values[0]):
+        raise UsageError(f"mixer {name!r}: its entry point names {values[0]!r}, not a module:Class")
     return values[0] if values else None
 
 
