@@ -313,6 +313,14 @@ def test_a_sweep_records_the_canonical_name_and_two_spellings_share_a_run_id(tmp
     assert config.mixers == (canonical, canonical) and config.mixer_kwargs == ({"scale": 0.5}, {"scale": 0.5})
 
 
+def test_two_spellings_of_one_mixer_in_one_grid_are_refused_as_one_run(tmp_path, monkeypatch):
+    path = _write(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HookmechError, match=f"share the run id RunningMean_s0_\\w+ \\(two spellings of one mixer are one "
+                                            f"mixer: {re.escape(str(path.resolve()))}:RunningMean"):
+        expand(_sweep(["m.py:RunningMean", "./m.py:RunningMean"], options_name="x"))
+
+
 def test_a_spawned_sweep_worker_imports_the_mixer_by_its_canonical_name(tmp_path, monkeypatch):
     """A worker is a fresh interpreter (spawn) in another folder: the relative spelling the sweep
     used would not resolve there, the canonical name does. Its row equals the same run's here

@@ -124,7 +124,9 @@ def expand(sweep: Sweep) -> list[Run]:
         model["mixer_options"] = layer_options
         identifier = run_id(point)
         if identifier in seen:  # only if two points hash alike
-            raise HookmechError(f"two grid points share the run id {identifier}")
+            mixer = _format_value(point.get("mixer", ""))
+            why = f" (two spellings of one mixer are one mixer: {mixer})" if ":" in mixer else ""
+            raise HookmechError(f"two grid points share the run id {identifier}{why}")
         seen.add(identifier)
         runs.append(Run(identifier, point, task, train, model, mixer_options, sweep.mech))
     return runs
