@@ -24,7 +24,12 @@ from .common import (
     "--task", "task_name", default=None, help="task name: ar, mqar, atr (default ar; with --data, the file's)"
 )
 @click.option("--task-opt", multiple=True, metavar="K=V", help="task option (repeatable), e.g. vocab_size=64")
-@click.option("--mixer", default=None, help="mixer name, or a comma list (one per layer); default attention")
+@click.option(
+    "--mixer",
+    default=None,
+    help="mixer name (registered, path/to/file.py:Class, module:Class or an entry point of group hookmech.mixers), "
+    "or a comma list (one per layer); default attention",
+)
 @click.option(
     "--preset", default=None, help="a paper's model as a per-layer pattern (based, baseconv, ...; see docs/guide.md)"
 )
