@@ -31,6 +31,9 @@ from .splits import split_by_document
 from .validate import check_seed
 
 TARGETS = ("key", "value", "answer")
+#: the most rows `fit_probe` reads at once: a larger chunk reads and sums no faster (the fit makes
+#: a pass over the chunks per L-BFGS evaluation either way), it only holds more
+PROBE_CHUNK_ROWS = 4096
 WHICH = ("clean", "corrupt")
 
 
@@ -176,14 +179,16 @@ class _RowStore:
 
 
 def probe_chunk_rows(cache: CacheFile, hook: str, which: str = "clean", memory: float = MEMORY_MIB) -> int:
-    """Return the rows `fit_probe` reads at once from `cache` at `hook` (of the `which` run) within `memory` MiB:
-    per row, the gathered activation (as stored, then float32 and float64 copies and the
-    standardised float64 features) and the float64 logits with their gradient."""
+    """Return the rows `fit_probe` reads at once from `cache` at `hook` (of the `which` run):
+    `PROBE_CHUNK_ROWS`, or fewer where they do not fit in `memory` MiB. Per row: the gathered
+    activation (as stored, then float32 and float64 copies and the standardised float64
+    features) and the float64 logits with their gradient."""
     dataset = cache[hook, which]
     d_features = math.prod(dataset.shape[2:])
     d_vocab = cache.model_config.get("d_vocab")
     n_classes = d_vocab if isinstance(d_vocab, int) and d_vocab > 0 else d_features
-    return chunk_rows(d_features * (dataset.dtype.itemsize + 4 + 8 + 8) + 3 * 8 * n_classes, memory)
+    per_row = d_features * (dataset.dtype.itemsize + 4 + 8 + 8) + 3 * 8 * n_classes
+    return chunk_rows(per_row, memory, at_most=PROBE_CHUNK_ROWS)
 
 
 def fit_probe(
