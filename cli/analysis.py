@@ -8,10 +8,12 @@ import click
 
 from .common import (
     CONTEXT,
+    DEFAULT_MEMORY_MIB,
     EXAMPLES_SEED,
     device_option,
     load_model_and_task,
     max_batch_option,
+    memory_option,
     notes_of,
     patch_count,
     path_count,
@@ -159,6 +161,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     help="memory for the mixer states that let patches re-run from the patched position only "
     "(beyond it: every position, slower, same numbers)",
 )
+@memory_option
 @click.option("--json", "as_json", is_flag=True, help="print one JSON array")
 @click.option("--csv", "as_csv", is_flag=True, help="print CSV: one line per record, its fields as columns")
 @click.option(
@@ -232,14 +235,16 @@ def patch(
     verify_cache=True,
     as_csv=False,
     heatmap_path=None,
+    memory=DEFAULT_MEMORY_MIB,
 ):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position
     (--site, --pos), or along one path from a sender to a receiver (--sender, --receiver, --via)."""
     from hookmech.cache import CacheFile
     from hookmech.errors import UsageError
-    from hookmech.fileio import write_text_atomic
     from hookmech.patching import PathSkippedWarning, path_patch
     from hookmech.patching import patch as run_patch
+    from hookmech.patching.rows_file import RowsFile
+    from hookmech.row_chunks import memory_bytes
     from hookmech.tables import format_csv, format_records
     from hookmech.validate import check_finite_parameters
 
@@ -257,6 +262,7 @@ def patch(
     if as_csv and as_json:
         raise UsageError("print --csv or --json, not both")
     _check_heatmap_path(heatmap_path)
+    memory_limit = memory_bytes(memory)
     refuse_overwriting_inputs(
         [("--per-example", per_example), ("-o", heatmap_path)],
         [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)],
@@ -274,6 +280,8 @@ def patch(
         source = CacheFile(cache_path, verify=verify_cache)
     else:
         source = task.sample(n, seed=seed)
+    # per-row outputs go to disk as row chunks are done (then into the --per-example file)
+    rows_file = RowsFile(per_example) if per_example is not None else None
     try:
         if cache_path is not None:
             # the one identity check; the checkpoint file checks an older cache without model_hash
@@ -294,6 +302,8 @@ def patch(
                     metric=metric,
                     context_memory=context_memory << 20,
                     progress=advance,
+                    memory=memory_limit,
+                    rows_sink=rows_file,
                 )
         else:
             total = patch_count(model, batch, split_flag(site_specs), split_flag(pos_specs))
@@ -314,6 +324,8 @@ def patch(
                     context_memory=context_memory << 20,
                     graddrop=graddrop,
                     progress=advance,
+                    memory=memory_limit,
+                    rows_sink=rows_file,
                 )
         if verify_top:
             from hookmech.patching import verify_top as verify
@@ -326,12 +338,16 @@ def patch(
                 threshold=threshold,
                 max_batch=max_batch,
                 context_memory=context_memory << 20,
+                memory=memory_limit,
             )
+        if rows_file is not None:
+            rows_file.write(records, to_json)
     finally:
         if cache_path is not None:
             source.close()
+        if rows_file is not None:
+            rows_file.close()
     if per_example is not None:
-        write_text_atomic(per_example, to_json(records) + "\n")
         for record in records:
             for rows in ("p_patched_rows", "metric_patched_rows", "p_clean_rows", "p_corrupt_rows"):
                 record.pop(rows, None)

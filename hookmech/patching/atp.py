@@ -19,7 +19,7 @@ not route later states through the hook, so the estimate holds the direct read-o
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..hook_names import block_hook
 from ..hooks import pos_axis_of
 from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
 from ..tasks.batch import Batch
-from .exact import run_exact
+from .chunked import DEFAULT_MEMORY
 from .metrics import Metric
 from .options import CONTEXT_MEMORY, PatchOptions
 from .protocol import PatchableModel, check_patchable
@@ -245,10 +245,13 @@ def verify_top(
     threshold: float = 0.01,
     max_batch: int = 256,
     context_memory: int = CONTEXT_MEMORY,
+    memory: int | None = DEFAULT_MEMORY,
+    exact: Callable[[list[str], list[str]], list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Re-run the `k` records with the largest |AtP estimate| (`verify_priority`: with AtP*'s
     GradDrop score) exactly (`hookmech.patching.patch`, with `threshold`, `max_batch` and
-    `context_memory` as there).
+    `context_memory` as there; a cache read in row chunks of about `memory` bytes). `exact(sites,
+    positions)`, when given, runs those exact patches instead (e.g. on a Ray cluster: `distributed`).
 
     `source` must be the one the records were computed from. Returns those `k` records, strongest
     first, each the AtP record (``attribution``, ``p_patched`` still the estimate, ``method`` "atp" or "atp-star")
@@ -256,12 +259,12 @@ def verify_top(
     """
     if k < 1:
         raise UsageError(f"--verify-top must be >= 1, got {k}")
-    options = PatchOptions(threshold=threshold, max_batch=max_batch, context_memory=context_memory)
+    PatchOptions(threshold=threshold, max_batch=max_batch, context_memory=context_memory)  # checked here
     top = sorted(atp_records, key=lambda r: -verify_priority(r))[:k]
     by_hook: dict[str, list[str]] = {}
     for record in top:
         by_hook.setdefault(record["hook"], []).append(record["pos"])
-    exact: dict[tuple[str, str], dict] = {}
+    exact_records: dict[tuple[str, str], dict] = {}
     with contextlib.ExitStack() as stack:
         if isinstance(source, (str, Path)):
             source = stack.enter_context(CacheFile(source))
@@ -271,11 +274,26 @@ def verify_top(
             if any(_needs_all(label, batch.lengths) for label in specs):
                 # `all` leaves rows shorter than p unpatched; an integer spec would refuse them.
                 specs = ["all", *(label for label in specs if not label.isdigit())]
-            for record in run_exact(model, source, [hook], specs, options):
-                exact[hook, record["pos"]] = record
+            if exact is None:
+                from .dispatch import patch  # dispatch imports this module
+
+                records = patch(
+                    model,
+                    source,
+                    [hook],
+                    specs,
+                    threshold=threshold,
+                    max_batch=max_batch,
+                    context_memory=context_memory,
+                    memory=memory,
+                )
+            else:
+                records = exact([hook], specs)
+            for record in records:
+                exact_records[hook, record["pos"]] = record
     verified = []
     for record in top:
-        match = exact[record["hook"], record["pos"]]
+        match = exact_records[record["hook"], record["pos"]]
         verified.append({**record, "attribution_exact": match["attribution"], "p_patched_exact": match["p_patched"]})
     return verified
 
