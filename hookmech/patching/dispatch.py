@@ -117,13 +117,12 @@ def patch(
         n_rows = len(source) if isinstance(source, Batch) else None
         return take_rows(run_rows(source, progress, clean_means, False), slice(0, n_rows), rows_sink)
     with opened(source) as cache:
-        resample = "a resample ablation takes each row's partner from any row" if options.ablate == "resample" else None
-        slices = plan(cache, _row_bytes(model, cache, options, sites, positions), memory, "--ablate resample", resample)
+        slices = patch_chunks(model, cache, sites, positions, options, memory)
         if len(slices) == 1:
             return take_rows(run_rows(cache, progress, clean_means, False), slice(0, cache.n), rows_sink)
         means = clean_means
         if options.ablate == "mean" and means is None:
-            means = chunk_means(model, cache, _ablated_hooks(model, sites), slices, max_batch)
+            means = chunk_means(model, cache, ablated_hooks(model, sites), slices, max_batch)
         return in_chunks(
             cache,
             slices,
@@ -178,6 +177,20 @@ def _patch_rows(
     return records
 
 
+def patch_chunks(
+    model: PatchableModel,
+    cache: CacheFile,
+    sites: list[str],
+    positions: list[str],
+    options: PatchOptions,
+    memory: int,
+) -> list[slice]:
+    """Return the row chunks `patch` reads `cache` in at `memory` bytes of row data (a
+    UsageError for a resample ablation that needs more than one)."""
+    resample = "a resample ablation takes each row's partner from any row" if options.ablate == "resample" else None
+    return plan(cache, _row_bytes(model, cache, options, sites, positions), memory, "--ablate resample", resample)
+
+
 def _row_bytes(
     model: PatchableModel, cache: CacheFile, options: PatchOptions, sites: list[str], positions: list[str]
 ) -> int:
@@ -196,7 +209,7 @@ def _row_bytes(
     return row_bytes(model, cache, hooks, n_patches)
 
 
-def _ablated_hooks(model: PatchableModel, sites: list[str]) -> list[str]:
+def ablated_hooks(model: PatchableModel, sites: list[str]) -> list[str]:
     """Return the hooks a mean ablation of `sites` replaces (theirs and their equivalent sites')."""
     patch_sites = parse_sites(sites, model)
     computed = [equivalent_site(model, site) for site in patch_sites]

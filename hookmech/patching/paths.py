@@ -121,11 +121,16 @@ def path_patch(
     if memory is None or isinstance(source, Batch):
         return take_rows(run_rows(source, progress), slice(0, None), rows_sink)
     with opened(source) as cache:
-        # every stored hook: what a path reads depends on the route (an upper bound of a row's bytes)
-        slices = plan(cache, row_bytes(model, cache, cache.keys(), 1), memory, "path patching")
+        slices = path_chunks(model, cache, memory)
         if len(slices) == 1:
             return take_rows(run_rows(cache, progress), slice(0, cache.n), rows_sink)
         return in_chunks(cache, slices, run_rows, threshold, rows_sink, progress)
+
+
+def path_chunks(model: PathPatchableModel, cache: CacheFile, memory: int) -> list[slice]:
+    """Return the row chunks `path_patch` reads `cache` in at `memory` bytes of row data."""
+    # every stored hook: what a path reads depends on its route (an upper bound of a row's bytes)
+    return plan(cache, row_bytes(model, cache, cache.keys(), 1), memory, "path patching")
 
 
 def _path_patch_rows(
