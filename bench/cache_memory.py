@@ -8,7 +8,7 @@ and reused by later runs (delete the folder to rebuild them).
 
     python bench/cache_memory.py                       # fixture 3,200 / 32,000; paper Mamba 320 / 3,200
     python bench/cache_memory.py --n 3200 32000 320000 # and beyond, where the disk allows
-    python bench/cache_memory.py --limit-gib 2 --limit-rows 26000   # a cache larger than `ulimit -v`
+    python bench/cache_memory.py --limit-gib 3 --limit-rows 44000   # a cache larger than `ulimit -v`
 
 `--limit-gib G` also writes a cache of `--limit-rows` rows with every block-level site (larger
 than G GiB) and patches it in a shell whose virtual memory is limited to G GiB (`ulimit -v`).
@@ -66,13 +66,13 @@ def cache_of(ckpt: Path, n: int, folder: Path, sites: str, threads: int) -> Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, nargs="+", default=[3200, 32000], help="rows of the fixture's caches")
+    parser.add_argument("--n", type=int, nargs="*", default=[3200, 32000], help="rows of the fixture's caches")
     parser.add_argument("--paper-n", type=int, nargs="*", default=[320, 3200], help="rows of the paper Mamba's")
     parser.add_argument("--memory", type=float, default=256, help="--memory (MiB) of the commands")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tmp", type=Path, default=Path("/tmp/hookmech-cache-memory"))
     parser.add_argument("--limit-gib", type=float, default=None, help="also patch a larger cache under ulimit -v")
-    parser.add_argument("--limit-rows", type=int, default=26000)
+    parser.add_argument("--limit-rows", type=int, default=44000)
     args = parser.parse_args()
     args.tmp.mkdir(parents=True, exist_ok=True)
     common = ["--memory", args.memory, "--threads", args.threads]

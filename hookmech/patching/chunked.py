@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..cache import CacheFile
 from ..errors import HookmechError, UsageError
+from ..hook_names import block_hook
 from ..row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks, rows_per_chunk
 from .metrics import attribution_score
 from .plans import patch_mask
@@ -176,10 +177,13 @@ def opened(source: CacheFile | str | Path) -> Iterator[CacheFile]:
         yield cache
 
 
-def row_bytes(model: PatchableModel, cache: CacheFile, hooks: Sequence[str], n_patches: int) -> int:
+def row_bytes(
+    model: PatchableModel, cache: CacheFile, hooks: Sequence[str], n_patches: int, contexts: bool = True
+) -> int:
     """Return the bytes one row of `cache` costs a patch reading `hooks` of both runs (float32
-    once read; a hook the cache lacks counts as a residual) with `n_patches` position patches,
-    `WORKING_FACTOR` times over for what the engine makes from them."""
+    once read; a hook the cache lacks counts as its largest stored one) with `n_patches` position
+    patches, `WORKING_FACTOR` times over for what the engine makes from them; plus, with
+    `contexts`, the mixer contexts of one run that resumed patches keep (`context_bytes`)."""
     stored = {
         (hook, which): tuple(cache[hook, which].shape[1:])
         for hook in cache.keys()
@@ -191,7 +195,24 @@ def row_bytes(model: PatchableModel, cache: CacheFile, hooks: Sequence[str], n_p
     shapes = [stored.get((hook, which), largest) for hook in dict.fromkeys(hooks) for which in RUNS]
     # the masks ([P, T], float64 in AtP) and the tokens of both runs (int64)
     shapes += [(n_patches, cache.n_pos, 2), (2, cache.n_pos, 2)]
-    return WORKING_FACTOR * bytes_per_row(shapes)
+    return WORKING_FACTOR * bytes_per_row(shapes) + (context_bytes(model, cache) if contexts else 0)
+
+
+@torch.no_grad()
+def context_bytes(model: PatchableModel, cache: CacheFile) -> int:
+    """Return the bytes of one row's mixer contexts, every block, of the corrupt run
+    (`PatchableModel.prefix_context` of the cache's first row; blocks whose mixer input the cache
+    lacks count as the largest of the others): what a resumed patch keeps per row (a recurrent
+    state per position can outweigh the row's activations many times over)."""
+    sizes = []
+    dtype = next(model.parameters()).dtype
+    for layer in range(model.cfg.n_layers):
+        hook = block_hook(layer, "mixer_in")
+        if cache.has(hook, "corrupt"):
+            mixer_in = cache.read(hook, "corrupt", slice(0, 1)).to(next(model.parameters()).device, dtype)
+            context = model.prefix_context(layer, mixer_in)
+            sizes.append(sum(t.numel() * t.element_size() for t in context.values()))
+    return max(sizes, default=0) * model.cfg.n_layers
 
 
 def plan(cache: CacheFile, per_row: int, memory: int, what: str, one_chunk_only: str | None = None) -> list[slice]:

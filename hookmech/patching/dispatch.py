@@ -206,7 +206,8 @@ def _row_bytes(
         hooks, start = positional_hooks(model, sites)
         blocks = range(start or 0, model.cfg.n_layers)
         hooks = hooks + [block_hook(layer, part) for layer in blocks for part in ("resid_pre", "mixer_in", "mixer_out")]
-    return row_bytes(model, cache, hooks, n_patches)
+    # plain AtP keeps no mixer contexts; the exact engine and AtP*'s last block do
+    return row_bytes(model, cache, hooks, n_patches, contexts=options.method != "atp" and options.context_memory > 0)
 
 
 def ablated_hooks(model: PatchableModel, sites: list[str]) -> list[str]:
