@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from ..cache import CacheFile
+from ..cache import CacheFile, check_cache_fits
 from ..errors import HookmechError, UsageError
 from ..hook_names import block_hook
 from ..row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks, rows_per_chunk
@@ -206,8 +206,10 @@ def context_bytes(model: PatchableModel, cache: CacheFile) -> int:
     state per position can outweigh the row's activations many times over)."""
     sizes = []
     dtype = next(model.parameters()).dtype
-    for layer in range(model.cfg.n_layers):
-        hook = block_hook(layer, "mixer_in")
+    hooks = [block_hook(layer, "mixer_in") for layer in range(model.cfg.n_layers)]
+    # a cache of another model: the error that names the shapes, not a failed matrix product
+    check_cache_fits(model, cache, cache.window(slice(0, 1)).batch(), hooks)
+    for layer, hook in enumerate(hooks):
         if cache.has(hook, "corrupt"):
             mixer_in = cache.read(hook, "corrupt", slice(0, 1)).to(next(model.parameters()).device, dtype)
             context = model.prefix_context(layer, mixer_in)

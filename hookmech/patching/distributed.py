@@ -2,9 +2,10 @@
 
 The driver plans the cache's row chunks exactly as the local engine does (`dispatch.patch_chunks`,
 `paths.path_chunks`, from the same ``--memory``), hands each of `workers` Ray tasks a run of
-consecutive chunks, and adds up the records they return per chunk in row order
-(`chunked.RecordSums`): every chunk is computed as the local engine computes it, so the records
-equal the local engine's to float64 round-off (1e-12 in the means; at the same ``--threads``).
+consecutive chunks, and adds up, in row order, the records each returns for its run (its
+chunks' records added up, `chunked.RecordSums`): every chunk is computed as the local engine
+computes it and only the grouping of the float64 sums differs, so the records equal the local
+engine's to float64 round-off (1e-12 in the means; at the same ``--threads``).
 A cache that fits in fewer chunks than there are workers is cut into one chunk per worker
 (the records then agree with the local engine's to the engine's batching tolerance).
 
@@ -46,11 +47,12 @@ def run_shard(
     device: str = "cpu",
     clean_means: dict[str, Tensor] | None = None,
 ) -> dict[str, Any]:
-    """A worker's part: load the model of `ckpt`, open the cache at `cache_path` and return, per
-    row chunk ``(start, stop)`` of `chunks`, its records (`kind` "patch": `patch` with `request`
-    as keywords, partial; "path": `path_patch`) or its mean-ablation sums ("sums":
+    """A worker's part: load the model of `ckpt`, open the cache at `cache_path`, and for each row
+    chunk ``(start, stop)`` of `chunks` (consecutive) make its records (`kind` "patch": `patch`
+    with `request` as keywords, partial; "path": `path_patch`) or its mean-ablation sums ("sums":
     `chunked.clean_sums` of ``request["hooks"]``). Returns ``{"chunks": [...], "rows": n,
-    "load_s": s, "patch_s": s}`` (seconds loading the model, and patching)."""
+    "load_s": s, "patch_s": s}``: "chunks" holds one sums dict per chunk, or one list of records
+    for all of them (added up, partial); then the seconds loading the model, and patching."""
     import torch
 
     from ..checkpoint import load
@@ -72,6 +74,13 @@ def run_shard(
                 results.append(clean_sums(model, window, request["hooks"], request["max_batch"]))
             else:
                 raise HookmechError(f"unknown shard kind {kind!r} (patch, path, sums)")
+    if kind != "sums":
+        # one set of records for the whole shard (its chunks' added up, in row order): what
+        # crosses the network is one record per cell and worker, not per cell and chunk
+        sums = RecordSums(request.get("threshold", 0.01), partial=True)
+        for (start, stop), records in zip(chunks, results, strict=True):
+            sums.add(records, slice(start, stop))
+        results = [sums.result()]
     return {
         "chunks": results,
         "rows": sum(stop - start for start, stop in chunks),
@@ -144,11 +153,11 @@ class RayPatchEngine:
         if checked.ablate == "mean":
             request = {"hooks": ablated_hooks(model, sites), "max_batch": checked.max_batch}
             sums: dict[str, tuple[Tensor, Tensor]] = {}
-            for chunk_sums in self._chunks("sums", slices, request):
+            for _, chunk_sums in self._chunks("sums", slices, request):
                 sums = add_sums(sums, chunk_sums)
             means = means_of(sums)
         request = {"sites": sites, "positions": positions, **options}
-        return self._sum(self._chunks("patch", slices, request, means, progress), slices, checked, rows_sink)
+        return self._sum(self._chunks("patch", slices, request, means, progress), checked, rows_sink)
 
     def path_patch(
         self,
@@ -167,7 +176,7 @@ class RayPatchEngine:
         slices = self._slices(path_chunks(model, cache, memory), cache.n)  # type: ignore[arg-type]
         request = {"sender": sender, "receiver": receiver, "via": via, **options}
         checked = PatchOptions(threshold=options.get("threshold", 0.01))
-        return self._sum(self._chunks("path", slices, request, None, progress), slices, checked, rows_sink)
+        return self._sum(self._chunks("path", slices, request, None, progress), checked, rows_sink)
 
     def _slices(self, slices: list[slice], n_rows: int) -> list[slice]:
         """The local engine's chunks, or, when there are fewer than workers, one per worker."""
@@ -181,9 +190,10 @@ class RayPatchEngine:
         request: dict[str, Any],
         means: dict[str, Tensor] | None = None,
         progress: Callable[[float], None] | None = None,
-    ) -> Iterator[Any]:
-        """Yield each chunk's result of `run_shard` in row order, the chunks shared out in runs of
-        consecutive ones, one run per worker; `progress` gets each run's share of the work."""
+    ) -> Iterator[tuple[slice, Any]]:
+        """Yield ``(rows, result)`` of `run_shard` in row order, the chunks shared out in runs of
+        consecutive ones, one run per worker: per chunk for "sums", per worker's run of chunks
+        for records; `progress` gets each run's share of the work."""
         assert self.workers is not None and self._ray is not None
         ray = self._ray
         remote = ray.remote(num_cpus=self.threads, max_retries=0)(run_shard)
@@ -217,17 +227,18 @@ class RayPatchEngine:
             self.timings.append({"kind": kind, **{k: v for k, v in done[index].items() if k != "chunks"}})
             if progress is not None:
                 progress(done[index]["rows"] / total)  # the share of the job's rows now done
-        for index in range(len(runs)):
-            yield from done[index]["chunks"]
+        for index, run in enumerate(runs):
+            # "sums": one result per chunk; records: one per shard (`run_shard`)
+            pieces = run if kind == "sums" else [slice(run[0].start, run[-1].stop)]
+            yield from zip(pieces, done[index]["chunks"], strict=True)
 
     @staticmethod
     def _sum(
-        chunk_records: Iterator[list[dict[str, Any]]],
-        slices: list[slice],
+        shard_records: Iterator[tuple[slice, list[dict[str, Any]]]],
         options: PatchOptions,
         rows_sink: RowsSink | None,
     ) -> list[dict[str, Any]]:
         sums = RecordSums(options.threshold, rows_sink)
-        for records, rows in zip(chunk_records, slices, strict=True):
+        for rows, records in shard_records:
             sums.add(records, rows)
         return sums.result()
