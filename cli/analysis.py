@@ -8,10 +8,12 @@ import click
 
 from .common import (
     CONTEXT,
+    DEFAULT_MEMORY_MIB,
     EXAMPLES_SEED,
     device_option,
     load_model_and_task,
     max_batch_option,
+    memory_option,
     notes_of,
     patch_count,
     path_count,
@@ -159,6 +161,18 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     help="memory for the mixer states that let patches re-run from the patched position only "
     "(beyond it: every position, slower, same numbers)",
 )
+@memory_option
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="ray: share the --cache's row chunks out over Ray workers (pip install 'hookmech[dist]')",
+)
+@click.option("--address", default=None, help="with --engine ray: the cluster's address (default: a local Ray)")
+@click.option(
+    "--workers", type=int, default=None, help="with --engine ray: Ray tasks (default: the cluster's CPUs / --threads)"
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON array")
 @click.option("--csv", "as_csv", is_flag=True, help="print CSV: one line per record, its fields as columns")
 @click.option(
@@ -232,14 +246,19 @@ def patch(
     verify_cache=True,
     as_csv=False,
     heatmap_path=None,
+    memory=DEFAULT_MEMORY_MIB,
+    engine="local",
+    address=None,
+    workers=None,
 ):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position
     (--site, --pos), or along one path from a sender to a receiver (--sender, --receiver, --via)."""
     from hookmech.cache import CacheFile
     from hookmech.errors import UsageError
-    from hookmech.fileio import write_text_atomic
     from hookmech.patching import PathSkippedWarning, path_patch
     from hookmech.patching import patch as run_patch
+    from hookmech.patching.rows_file import RowsFile
+    from hookmech.row_chunks import memory_bytes
     from hookmech.tables import format_csv, format_records
     from hookmech.validate import check_finite_parameters
 
@@ -257,6 +276,8 @@ def patch(
     if as_csv and as_json:
         raise UsageError("print --csv or --json, not both")
     _check_heatmap_path(heatmap_path)
+    memory_limit = memory_bytes(memory)
+    _check_engine(engine, address, workers, cache_path, data_path)
     refuse_overwriting_inputs(
         [("--per-example", per_example), ("-o", heatmap_path)],
         [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)],
@@ -274,7 +295,15 @@ def patch(
         source = CacheFile(cache_path, verify=verify_cache)
     else:
         source = task.sample(n, seed=seed)
+    # per-row outputs go to disk as row chunks are done (then into the --per-example file)
+    rows_file = RowsFile(per_example) if per_example is not None else None
+    ray_engine = None
     try:
+        if engine == "ray":
+            from hookmech.patching.distributed import RayPatchEngine
+
+            ray_engine = RayPatchEngine(ckpt, cache_path, workers=workers, address=address, threads=threads or 1)
+            ray_engine.__enter__()
         if cache_path is not None:
             # the one identity check; the checkpoint file checks an older cache without model_hash
             source.check_model(model, checkpoint=ckpt, hooks=())
@@ -282,27 +311,32 @@ def patch(
         if via is not None:
             total = path_count(model, batch, split_flag(senders), split_flag(receivers))
             with notes_of(PathSkippedWarning), progress(total, "patching", unit="patch") as advance:
-                records = path_patch(
-                    model,
-                    source,
-                    split_flag(senders),
-                    split_flag(receivers),
-                    via,
+                path_options = dict(
                     threshold=threshold,
                     max_batch=max_batch,
                     per_example=per_example is not None,
                     metric=metric,
                     context_memory=context_memory << 20,
-                    progress=advance,
                 )
+                ends = (split_flag(senders), split_flag(receivers), via)
+                if ray_engine is not None:
+                    records = ray_engine.path_patch(
+                        model,
+                        source,
+                        *ends,
+                        memory=memory_limit,
+                        rows_sink=rows_file,
+                        progress=_in_records(advance, total),
+                        **path_options,
+                    )
+                else:
+                    records = path_patch(
+                        model, source, *ends, progress=advance, memory=memory_limit, rows_sink=rows_file, **path_options
+                    )
         else:
             total = patch_count(model, batch, split_flag(site_specs), split_flag(pos_specs))
             with progress(total, "patching", unit="patch") as advance:
-                records = run_patch(
-                    model,
-                    source,
-                    split_flag(site_specs),
-                    split_flag(pos_specs),
+                patch_options = dict(
                     method=method,
                     threshold=threshold,
                     max_batch=max_batch,
@@ -313,8 +347,28 @@ def patch(
                     ablate_seed=ablate_seed,
                     context_memory=context_memory << 20,
                     graddrop=graddrop,
-                    progress=advance,
                 )
+                nodes = (split_flag(site_specs), split_flag(pos_specs))
+                if ray_engine is not None:
+                    records = ray_engine.patch(
+                        model,
+                        source,
+                        *nodes,
+                        memory=memory_limit,
+                        rows_sink=rows_file,
+                        progress=_in_records(advance, total),
+                        **patch_options,
+                    )
+                else:
+                    records = run_patch(
+                        model,
+                        source,
+                        *nodes,
+                        progress=advance,
+                        memory=memory_limit,
+                        rows_sink=rows_file,
+                        **patch_options,
+                    )
         if verify_top:
             from hookmech.patching import verify_top as verify
 
@@ -326,12 +380,21 @@ def patch(
                 threshold=threshold,
                 max_batch=max_batch,
                 context_memory=context_memory << 20,
+                memory=memory_limit,
+                exact=None
+                if ray_engine is None
+                else _exact_on(ray_engine, model, source, threshold, max_batch, context_memory << 20, memory_limit),
             )
+        if rows_file is not None:
+            rows_file.write(records, to_json)
     finally:
+        if ray_engine is not None:
+            ray_engine.__exit__(None, None, None)
         if cache_path is not None:
             source.close()
+        if rows_file is not None:
+            rows_file.close()
     if per_example is not None:
-        write_text_atomic(per_example, to_json(records) + "\n")
         for record in records:
             for rows in ("p_patched_rows", "metric_patched_rows", "p_clean_rows", "p_corrupt_rows"):
                 record.pop(rows, None)
@@ -341,6 +404,55 @@ def patch(
         click.echo(to_json(records, indent=1))
     else:
         click.echo(format_csv(records) if as_csv else format_records(records))
+
+
+def _check_engine(engine: str, address, workers, cache_path, data_path) -> None:
+    """`patch --engine ray` shards a --cache's rows; --address and --workers are its options.
+    A UsageError naming what to give or drop; returns None."""
+    from hookmech.errors import UsageError
+
+    if engine == "ray":
+        if cache_path is None:
+            raise UsageError("--engine ray shares out the rows of a --cache: give --cache (or drop --engine ray)")
+        if workers is not None and workers < 1:
+            raise UsageError(f"--workers must be >= 1, got {workers}")
+        return
+    given = [flag for flag, value in (("--address", address), ("--workers", workers)) if value is not None]
+    if given:
+        raise UsageError(f"{' and '.join(given)} {'are options' if len(given) > 1 else 'is an option'} of --engine ray")
+
+
+def _in_records(advance, total: int):
+    """Return a progress callback of shares of the job (`RayPatchEngine`) that advances `advance`
+    by whole records, `total` in all."""
+    state = {"share": 0.0, "done": 0}
+
+    def step(share: float) -> None:
+        state["share"] += share
+        now = min(total, round(state["share"] * total))
+        if now > state["done"]:
+            advance(now - state["done"])
+            state["done"] = now
+
+    return step
+
+
+def _exact_on(engine, model, cache, threshold, max_batch, context_memory, memory):
+    """Return `verify_top`'s exact runner on the Ray `engine` (the same options as locally)."""
+
+    def exact(sites, positions):
+        return engine.patch(
+            model,
+            cache,
+            sites,
+            positions,
+            memory=memory,
+            threshold=threshold,
+            max_batch=max_batch,
+            context_memory=context_memory,
+        )
+
+    return exact
 
 
 def _check_heatmap_path(path: str | None) -> None:

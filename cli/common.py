@@ -84,6 +84,18 @@ max_batch_option = click.option(
     help="rows per forward pass (bounds memory; 256 is fastest on CPU, bench/patch_engine.py)",
 )
 
+#: `hookmech.row_chunks.DEFAULT_MEMORY_MIB`, spelled here so that parsing imports no torch (a test pins them)
+DEFAULT_MEMORY_MIB = 256
+memory_option = click.option(
+    "--memory",
+    type=float,
+    default=DEFAULT_MEMORY_MIB,
+    show_default=True,
+    metavar="MIB",
+    help="row data held at once: the cache is read in row chunks of about this many MiB "
+    "(records are sums over chunks; the same numbers at any value)",
+)
+
 
 verify_cache_option = click.option(
     "--verify-cache/--no-verify-cache",

@@ -8,6 +8,7 @@ from .common import (
     CONTEXT,
     device_option,
     load_model_and_task,
+    memory_option,
     progress,
     refuse_overwriting_inputs,
     set_threads,
@@ -15,7 +16,6 @@ from .common import (
     to_json,
     verify_cache_option,
 )
-from .memory import memory_option
 
 
 @click.command(context_settings=CONTEXT)
@@ -78,9 +78,9 @@ def das(
     from pathlib import Path
 
     from hookmech.cache import CacheFile
-    from hookmech.chunk_budget import check_memory
     from hookmech.das import BASES_FILE, RECORDS_FILE, DasOptions, train
     from hookmech.errors import UsageError
+    from hookmech.row_chunks import check_memory
     from hookmech.tables import format_table
     from hookmech.validate import check_finite_parameters
 

@@ -6,20 +6,22 @@ import json
 
 import click
 
-from .common import CONTEXT, set_threads, threads_option
-from .memory import memory_option
+from .common import CONTEXT, DEFAULT_MEMORY_MIB, memory_option, set_threads, threads_option
 
 
 @click.command(context_settings=CONTEXT)
 @click.argument("cache_path", metavar="CACHE", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
-def inspect(cache_path, as_json):
+@memory_option
+def inspect(cache_path, as_json, memory=DEFAULT_MEMORY_MIB):
     """Print what an activation cache holds: N, model hash, task, roles, p(answer) means, sites and shapes."""
     from hookmech.cache import CacheFile
+    from hookmech.row_chunks import memory_bytes
     from hookmech.tables import format_table
 
+    limit = memory_bytes(memory)
     with CacheFile(cache_path) as cache:
-        summary = cache.summary()
+        summary = cache.summary(limit)
     if as_json:
         click.echo(json.dumps(summary, indent=1))
         return
@@ -67,8 +69,8 @@ def inspect(cache_path, as_json):
 def probe(cache_path, site, pos, target, which, heldout, seed, weight_decay, as_json, memory, threads):
     """Fit a linear probe decoding a token from a cached activation; report held-out accuracy and chance."""
     from hookmech.cache import CacheFile
-    from hookmech.chunk_budget import check_memory
     from hookmech.probe import fit_probe
+    from hookmech.row_chunks import check_memory
 
     check_memory(memory)
     set_threads(threads)

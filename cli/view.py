@@ -10,6 +10,7 @@ from .common import (
     device_option,
     load_model_and_task,
     max_batch_option,
+    memory_option,
     patch_count,
     progress,
     refuse_overwriting_inputs,
@@ -18,7 +19,6 @@ from .common import (
     threads_option,
     threshold_option,
 )
-from .memory import memory_option
 
 #: options of one kind of page, refused with the other (name shown, click parameter name)
 CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
@@ -106,8 +106,8 @@ def view(
     """
     from pathlib import Path
 
-    from hookmech.chunk_budget import check_memory
     from hookmech.errors import UsageError
+    from hookmech.row_chunks import check_memory
 
     if (runs_dir is None) == (ckpt is None):
         raise UsageError("give a sweep folder RUNS_DIR or --ckpt CKPT (one of them)")

@@ -16,6 +16,7 @@ Hook names contain dots, which HDF5 allows in names; they are stored verbatim.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import warnings
@@ -34,6 +35,7 @@ from .errors import HookmechError, UsageError, suggest, unknown
 from .fileio import atomic_h5, sha256_of
 from .hook_names import parse_hook
 from .identity import model_hash
+from .row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks
 from .shapes import Acts, ActsAt, RowFloats
 from .sites import as_specs, hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
@@ -437,6 +439,9 @@ class CacheFile:
         self.verify = verify
         #: what `check_model` has established, as (model_hash, "identity" | "p_answer" | hook) pairs
         self._checked: set[tuple[str, str]] = set()
+        #: a window (`window`): its first row in the file, and the whole file's CacheFile
+        self._start = 0
+        self._parent: CacheFile | None = None
         if not self.path.is_file():
             raise HookmechError(f"{self.path}: no such cache file")
         try:
@@ -623,6 +628,8 @@ class CacheFile:
         What was checked for a model is not checked again while the file is open. A model whose
         weights are not finite is refused first.
         """
+        if self._parent is not None:  # a window is checked as its file, on the file's rows
+            return self._parent.check_model(model, checkpoint=checkpoint, hooks=hooks)
         check_finite_parameters(model)
         own = model_hash(model)
         self._check_identity(own, checkpoint)
@@ -739,7 +746,7 @@ class CacheFile:
     def _rows(self, rows: slice) -> Batch:
         """Return the rows of the slice `rows` as a `Batch`, checked."""
         names = [*TOKEN_COLUMNS, *ROW_COLUMNS, *(f"roles/{role}" for role in self.roles)]
-        columns = {name: self._h5[name][rows] for name in names}
+        columns = {name: self._h5[name][self._file_rows(rows)] for name in names}
         self._check_row_integers(columns, self._row_numbers(rows))
 
         def read(name: str) -> Tensor:
@@ -756,7 +763,25 @@ class CacheFile:
 
     def _row_numbers(self, rows: slice) -> np.ndarray:
         """Return the file's row number of each row that `rows` reads."""
-        return np.arange(*rows.indices(self.n))
+        return np.arange(*rows.indices(self.n)) + self._start
+
+    def _file_rows(self, rows: slice) -> slice:
+        """Return the file's rows of the slice `rows` of this cache (or window)."""
+        start, stop, step = rows.indices(self.n)
+        return slice(start + self._start, stop + self._start, step)
+
+    def window(self, rows: slice) -> CacheFile:
+        """Return the consecutive rows `rows` of this cache as a cache of their own (no copy: the
+        same open file). Its `n`, `batch`, `p_answer`, `read_rows`, `read`, `at` and `gather`
+        see those rows only; `check_model` checks the whole file, once for both; closing it
+        leaves the file open. ``window[...]`` (an h5py dataset) still indexes the file's rows."""
+        start, stop, step = rows.indices(self.n)
+        if step != 1 or stop <= start:
+            raise HookmechError(f"{self.path}: a window is a non-empty run of consecutive rows, got {rows}")
+        view = copy.copy(self)
+        view._start, view._shape = self._start + start, (stop - start, self._shape[1])
+        view._parent = self._parent or self
+        return view
 
     def _check_row_integers(self, columns: dict[str, np.ndarray], numbers: np.ndarray) -> None:
         """Raise a HookmechError naming the first value of `columns` (datasets' values at the file
@@ -805,7 +830,7 @@ class CacheFile:
 
     def _p_answer_rows(self, which: str, rows: slice) -> np.ndarray:
         name = f"p_answer/{which}"
-        values = self._h5[name][rows]
+        values = self._h5[name][self._file_rows(rows)]
         outside = ~((values >= 0) & (values <= 1))  # NaN compares False
         if outside.any():
             row = int(np.argmax(outside))
@@ -875,8 +900,18 @@ class CacheFile:
         """The role names stored (``key``, ``value``, ``query`` ...)."""
         return list(self._h5["roles"])
 
-    def summary(self) -> dict[str, Any]:
-        """Return what the file holds, reading only metadata and the two ``[N]`` p(answer) arrays:
+    def mean_p_answer(self, which: str, memory: int = DEFAULT_MEMORY_MIB * MIB) -> float:
+        """Return the mean over rows of the cached p(answer) of the `which` run, read in row
+        chunks of at most `memory` bytes (a sum of float64 chunk sums: the mean of the whole
+        array, to float64 round-off), checked as `p_answer`."""
+        total = 0.0
+        for rows in plan_row_chunks(self.n, bytes_per_row([()]), memory):
+            total += float(self._p_answer_rows(which, rows).astype(np.float64).sum())
+        return total / self.n
+
+    def summary(self, memory: int = DEFAULT_MEMORY_MIB * MIB) -> dict[str, Any]:
+        """Return what the file holds, reading only metadata and the two ``[N]`` p(answer) arrays
+        (in row chunks of at most `memory` bytes, `mean_p_answer`):
         ``path, format_version, n, n_pos, model_hash (None in older caches), model_sha256, task,
         model (mixers, d_model, n_layers, d_vocab), hookmech_version, roles, p_clean, p_corrupt``
         (means) and ``sites``, one dict per stored hook: ``site, hook, runs, shape, dtype,
@@ -908,8 +943,8 @@ class CacheFile:
             "model": {key: config.get(key) for key in ("mixers", "d_model", "n_layers", "d_vocab")},
             "hookmech_version": str(self._h5.attrs.get("hookmech_version", "")),
             "roles": self.roles,
-            "p_clean": float(self.p_answer("clean").double().mean()),
-            "p_corrupt": float(self.p_answer("corrupt").double().mean()),
+            "p_clean": self.mean_p_answer("clean", memory),
+            "p_corrupt": self.mean_p_answer("corrupt", memory),
             "sites": sites,
         }
 
@@ -919,7 +954,7 @@ class CacheFile:
         infinity (-inf of masked attention scores aside) is a HookmechError naming the dataset
         and the first such value."""
         hook = self.hook_of(hook, which)
-        values = self._h5[f"acts/{which}/{hook}"][rows]
+        values = self._h5[f"acts/{which}/{hook}"][self._file_rows(rows)]
         numbers = self._row_numbers(rows)
         self._refuse_non_finite(hook, which, values, lambda index: [int(numbers[index[0]]), *index[1:]])
         return values
@@ -943,8 +978,9 @@ class CacheFile:
         """Return ``[N, ...]``: each row's activation of `site` at its `role` position."""
         if role not in self._h5["roles"]:
             raise unknown("role", role, self.roles)
-        columns = {name: self._h5[name][()] for name in ("lengths", f"roles/{role}")}
-        self._check_row_integers(columns, np.arange(self.n))
+        whole = self._file_rows(slice(None))
+        columns = {name: self._h5[name][whole] for name in ("lengths", f"roles/{role}")}
+        self._check_row_integers(columns, self._row_numbers(slice(None)))
         return self.gather(site, columns[f"roles/{role}"], which)
 
     def gather(self, site: str, positions: np.ndarray | Tensor | Sequence[int], which: str = "clean") -> ActsAt:
@@ -953,15 +989,15 @@ class CacheFile:
         data = self[site, which]
         self._refuse_other_position_axis(data.name.rsplit("/", 1)[-1])
         positions = np.asarray(positions)
-        if positions.shape != (data.shape[0],):
-            raise UsageError(f"need one position per row ({data.shape[0]}), got shape {positions.shape}")
+        if positions.shape != (self.n,):
+            raise UsageError(f"need one position per row ({self.n}), got shape {positions.shape}")
         if positions.size and (positions.min() < 0 or positions.max() >= data.shape[1]):
             raise UsageError(f"positions must be in 0..{data.shape[1] - 1}, got {positions.min()}..{positions.max()}")
         # h5py reads one list of increasing rows per call: group the rows by position.
         out = np.empty((len(positions), *data.shape[2:]), dtype=data.dtype)
         for position in np.unique(positions):
             rows = np.nonzero(positions == position)[0]
-            out[rows] = data[rows.tolist(), int(position)]
+            out[rows] = data[(rows + self._start).tolist(), int(position)]
         hook = data.name.rsplit("/", 1)[-1]
         self._refuse_non_finite(hook, which, out, lambda index: [index[0], int(positions[index[0]]), *index[1:]])
         return torch.from_numpy(out)
@@ -987,7 +1023,9 @@ class CacheFile:
             )
 
     def close(self) -> None:
-        self._h5.close()
+        """Close the file (a window leaves it open: its file's owner closes it)."""
+        if self._parent is None:
+            self._h5.close()
 
     def __enter__(self) -> CacheFile:
         return self

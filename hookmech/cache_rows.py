@@ -2,7 +2,7 @@
 
 Code that takes a `CacheFile` (the patching engine, `probe_data`) reads a window exactly as it
 reads a whole file, so an analysis can run it a chunk of rows at a time
-(`hookmech.chunk_budget`): ``batch()``, ``p_answer``, ``read``, ``read_rows``, ``gather`` and
+(`hookmech.row_chunks`): ``batch()``, ``p_answer``, ``read``, ``read_rows``, ``gather`` and
 ``at`` return the window's rows only, numbered from 0; error messages name the file's row. The
 window shares the open file and what `check_model` has established with the cache it views (the
 identity and the seeded rows are checked once, on the whole file), and closing it leaves the file

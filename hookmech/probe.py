@@ -24,8 +24,8 @@ from torch.nn import functional as F
 
 from .cache import CacheFile
 from .cache_rows import CacheRows
-from .chunk_budget import MEMORY_MIB, check_memory, chunk_rows, row_chunks
 from .errors import UsageError, unknown
+from .row_chunks import MEMORY_MIB, check_memory, chunk_rows, row_chunks
 from .sites import hook_to_site, row_positions
 from .splits import split_by_document
 from .validate import check_seed

@@ -1,5 +1,5 @@
 """probe, das and view read an activation cache in row chunks sized from a memory budget
-(hookmech.chunk_budget, issue 31): forced into many small chunks, each gives what the whole cache
+(hookmech.row_chunks, issue 31): forced into many small chunks, each gives what the whole cache
 read at once gives (the probe and DAS to round-off, view's patched rows to the engine's batching
 contract ENGINE_TOL), and none reads more rows at a time than its chunk."""
 
@@ -17,7 +17,7 @@ from torch.nn import functional as F
 import hookmech
 from hookmech.cache import CacheFile, write_cache
 from hookmech.cache_rows import CacheRows
-from hookmech.chunk_budget import MEMORY_MIB, check_memory, chunk_rows, row_chunks
+from hookmech.row_chunks import MEMORY_MIB, check_memory, chunk_rows, row_chunks
 from hookmech.das import train
 from hookmech.das.data import ORDER_ROWS, DasData
 from hookmech.errors import UsageError

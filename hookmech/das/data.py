@@ -25,12 +25,12 @@ from torch import Tensor
 
 from ..cache import CacheFile, check_batch_fits, check_cache_fits
 from ..cache_rows import CacheRows
-from ..chunk_budget import MEMORY_MIB, row_chunks
-from ..chunk_budget import chunk_rows as budget_rows
 from ..errors import UsageError
 from ..hook_names import block_hook
 from ..hooks import pos_axis_of
 from ..patching.protocol import PatchableModel
+from ..row_chunks import MEMORY_MIB, row_chunks
+from ..row_chunks import chunk_rows as budget_rows
 from ..shapes import Context
 from ..sites import hook_to_site, row_positions
 from ..splits import split_by_document

@@ -26,12 +26,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..cache import CacheFile, answer_probs
-from ..chunk_budget import MEMORY_MIB
 from ..errors import UsageError
 from ..identity import model_hash
 from ..patching.protocol import PatchableModel, check_patchable
 from ..patching.runs import evaluating
 from ..patching.targets import parse_sites
+from ..row_chunks import MEMORY_MIB
 from .basis import BoundlessIntervention, SubspaceIntervention, derived_seed, random_basis
 from .data import DasData
 from .patched import Intervene, SubspacePatch, patched_logits

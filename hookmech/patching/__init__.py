@@ -15,17 +15,21 @@ entry point. The package's files, in the order a patch flows through them
     reachability.py  which (patch, row) pairs can change the answer (a NaN probe)
     forwards.py      the batched patched forwards: full, or resumed from the patched position
     exact.py         the exact engine: plans, probes and forwards into records
-    atp.py           attribution patching (first-order estimates) and `verify_top`
+    atp.py           attribution patching (first-order estimates)
+    verify.py        `verify_top`: the strongest estimated cells re-run exactly
     paths.py         `path_patch`: a sender's effect on a receiver along one route (resid, head, state, conv)
     atp_star.py      AtP*: attribution patching with the saturation, state and GradDrop fixes
     records.py       the record of one (site, position), shared by both methods
+    chunked.py       a cache patched in row chunks (``memory``): records as sums over chunks
+    rows_file.py     per-row outputs written to disk as chunks are done (``--per-example``)
+    distributed.py   one patch job's row chunks over Ray workers (``--engine ray``)
     plain_loop.py    the deprecated name of `hookmech.oracles.plain_loop` (the plain loop the engine is
                      tested against, no part of it), a thin re-export
 """
 
 from __future__ import annotations
 
-from .atp import attribution_patch, first_order_effects, verify_top
+from .atp import attribution_patch, first_order_effects
 from .atp_star import atp_star_patch
 from .dispatch import patch
 from .metrics import METRICS, Metric, attribution_score, corrupt_answers
@@ -35,6 +39,7 @@ from .plans import resample_order
 from .protocol import AtpStarModel, HookedModel, PatchableConfig, PatchableModel, PathPatchableModel
 from .runs import CleanCorruptRuns
 from .targets import PatchSite, Target, head_axis_of, n_heads_of, parse_sites
+from .verify import verify_top
 
 __all__ = [
     "ABLATIONS",

@@ -18,7 +18,6 @@ not route later states through the hook, so the estimate holds the direct read-o
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,8 @@ from ..hook_names import block_hook
 from ..hooks import pos_axis_of
 from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
 from ..tasks.batch import Batch
-from .exact import run_exact
 from .metrics import Metric
-from .options import CONTEXT_MEMORY, PatchOptions
+from .options import PatchOptions
 from .protocol import PatchableModel, check_patchable
 from .records import estimate_record
 from .runs import CleanCorruptRuns, evaluating, open_source
@@ -237,56 +235,8 @@ def _estimates(
     return estimates, p_corrupt
 
 
-def verify_top(
-    model: PatchableModel,
-    source: Batch | CacheFile | str | Path,
-    atp_records: list[dict[str, Any]],
-    k: int,
-    threshold: float = 0.01,
-    max_batch: int = 256,
-    context_memory: int = CONTEXT_MEMORY,
-) -> list[dict[str, Any]]:
-    """Re-run the `k` records with the largest |AtP estimate| (`verify_priority`: with AtP*'s
-    GradDrop score) exactly (`hookmech.patching.patch`, with `threshold`, `max_batch` and
-    `context_memory` as there).
-
-    `source` must be the one the records were computed from. Returns those `k` records, strongest
-    first, each the AtP record (``attribution``, ``p_patched`` still the estimate, ``method`` "atp" or "atp-star")
-    plus ``attribution_exact`` and ``p_patched_exact`` from the exact engine.
-    """
-    if k < 1:
-        raise UsageError(f"--verify-top must be >= 1, got {k}")
-    options = PatchOptions(threshold=threshold, max_batch=max_batch, context_memory=context_memory)
-    top = sorted(atp_records, key=lambda r: -verify_priority(r))[:k]
-    by_hook: dict[str, list[str]] = {}
-    for record in top:
-        by_hook.setdefault(record["hook"], []).append(record["pos"])
-    exact: dict[tuple[str, str], dict] = {}
-    with contextlib.ExitStack() as stack:
-        if isinstance(source, (str, Path)):
-            source = stack.enter_context(CacheFile(source))
-        batch = source.batch() if isinstance(source, CacheFile) else source
-        for hook, labels in by_hook.items():
-            specs = list(dict.fromkeys(labels))
-            if any(_needs_all(label, batch.lengths) for label in specs):
-                # `all` leaves rows shorter than p unpatched; an integer spec would refuse them.
-                specs = ["all", *(label for label in specs if not label.isdigit())]
-            for record in run_exact(model, source, [hook], specs, options):
-                exact[hook, record["pos"]] = record
-    verified = []
-    for record in top:
-        match = exact[record["hook"], record["pos"]]
-        verified.append({**record, "attribution_exact": match["attribution"], "p_patched_exact": match["p_patched"]})
-    return verified
-
-
 def verify_priority(record: dict[str, Any]) -> float:
     """Return how strongly `verify_top` wants to check an estimated record: |p_patched − p_corrupt|
     (it orders like |attribution|, one denominator, and exists when that is null), or AtP*'s
     GradDrop score where that is larger."""
     return max(abs(record["p_patched"] - record["p_corrupt"]), record.get("graddrop") or 0.0)
-
-
-def _needs_all(label: str, lengths: Tensor) -> bool:
-    """True for a label of `all` (a position p >= 0) that some rows are too short to hold."""
-    return label.isdigit() and bool((lengths <= int(label)).any())

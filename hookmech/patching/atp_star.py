@@ -64,6 +64,7 @@ from ..shapes import RowFloats, RowInts
 from ..sites import as_specs, position_patches
 from ..tasks.batch import Batch
 from .atp import positional_hooks
+from .chunked import GRADDROP_LAYERS
 from .graddrop import GradientPasses
 from .options import CONTEXT_MEMORY, PatchOptions
 from .protocol import AtpStarModel, PatchableModel, check_patchable
@@ -91,6 +92,7 @@ def atp_star_patch(
     per_example: bool = False,
     graddrop: bool = False,
     context_memory: int = CONTEXT_MEMORY,
+    graddrop_layers: bool = False,
 ) -> list[dict[str, Any]]:
     """Estimate every (site, position) interchange intervention with AtP* (module docstring).
 
@@ -103,6 +105,8 @@ def atp_star_patch(
     metric p_answer, direction denoise), ``p_patched`` the estimate (always within [0, 1]),
     plus ``graddrop`` (mean over layers of |estimated change of mean p| with that layer's
     gradient dropped; None without `graddrop`) and ``p_patched_rows`` ``[N]`` when `per_example`.
+    With `graddrop` and `graddrop_layers`, also ``graddrop_layers``: each layer's mean change
+    (signed), from which `chunked.RecordSums` adds up the score of rows patched apart.
     """
     check_patchable(model, atp_star=True)  # more than exact patching asks: AtP*'s own members
     assert isinstance(model, AtpStarModel)  # for mypy: checked above
@@ -162,9 +166,10 @@ def atp_star_patch(
                 threshold=options.threshold,
                 per_example=per_example,
             )
-            record["graddrop"] = (
-                dropped_shifts[hook][:, index].mean(dim=1).abs().mean().item() if estimator.dropped else None
-            )
+            layer_means = dropped_shifts[hook][:, index].mean(dim=1)
+            record["graddrop"] = layer_means.abs().mean().item() if estimator.dropped else None
+            if graddrop_layers and estimator.dropped:
+                record[GRADDROP_LAYERS] = layer_means.tolist()
             records.append(record)
     return records
 

@@ -7,15 +7,22 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from ..cache import CacheFile
 from ..errors import UsageError
+from ..hook_names import block_hook
 from ..sites import as_specs
 from ..tasks.batch import Batch
-from .atp import attribution_patch
+from .atp import attribution_patch, positional_hooks
 from .atp_star import atp_star_patch
+from .chunked import DEFAULT_MEMORY, RowsSink, in_chunks, opened, plan, row_bytes, take_rows
+from .chunked import clean_means as chunk_means
 from .exact import run_exact
+from .forwards import hooks_to_start
 from .options import CONTEXT_MEMORY, PatchOptions
 from .protocol import PatchableModel
+from .targets import equivalent_site, parse_sites
 
 
 def patch(
@@ -34,6 +41,10 @@ def patch(
     context_memory: int = CONTEXT_MEMORY,
     graddrop: bool | None = None,
     progress: Callable[[int], None] | None = None,
+    memory: int | None = DEFAULT_MEMORY,
+    rows_sink: RowsSink | None = None,
+    clean_means: dict[str, Tensor] | None = None,
+    partial: bool = False,
 ) -> list[dict[str, Any]]:
     """Patch every (site, position) and score it (formulas: `hookmech.patching.metrics`).
 
@@ -60,9 +71,17 @@ def patch(
     computed from metric_*); plus ``ablate`` when ablating, and ``p_patched_rows`` (and
     ``metric_patched_rows``), ``p_clean_rows``, ``p_corrupt_rows`` ``[N]`` lists when `per_example`.
 
-    Memory: `max_batch` rows per forward, plus the activations of the patched hooks for all N
-    rows, plus the mixer contexts that resumed patches start from while they fit in
-    `context_memory` bytes (beyond it, patches run on every position: slower, same numbers).
+    Memory: a cache is read in row chunks of about `memory` bytes of row data (`chunked`; None:
+    all rows at once), the records being sums over chunks (equal to one pass over all rows to
+    float64 round-off); a mean ablation first makes a pass for the means over all rows, and a
+    resample ablation over more than one chunk is a UsageError. Per chunk: `max_batch` rows per
+    forward, the activations of the patched hooks of its rows, and the mixer contexts that
+    resumed patches start from while they fit in `context_memory` bytes (beyond it, patches run
+    on every position: slower, same numbers). `rows_sink`: where the per-row lists go as each
+    chunk is done (`chunked.RowsSink`; the records then hold None in their place). `clean_means`:
+    a mean ablation's means ``{hook: [1, ...]}`` over more rows than `source`'s (a worker's row
+    shard, `distributed`); `partial`: records to be added to other rows' (`chunked.RecordSums`:
+    AtP*'s keep ``graddrop_layers``).
 
     `progress(k)` is called as k records are done (the exact engine: once per site, with its
     positions; AtP and AtP*: once, with all), so that the calls add up to the number of records.
@@ -81,29 +100,121 @@ def patch(
     sites, positions = as_specs(sites, "site"), as_specs(positions, "position")
     if graddrop is not None and options.method != "atp-star":
         raise UsageError(f"graddrop={graddrop} is an option of method 'atp-star' (AtP*), not of {options.method!r}")
-    if options.method == "atp":
+    if options.method in ("atp", "atp-star"):
         _check_atp_options(options, sites)
+
+    def run_rows(
+        rows_source: Batch | CacheFile | str | Path,
+        rows_progress: Callable[[int], None] | None,
+        means: dict[str, Tensor] | None,
+        chunk: bool,
+    ) -> list[dict[str, Any]]:
+        return _patch_rows(
+            model, rows_source, sites, positions, options, bool(graddrop), rows_progress, means, partial or chunk
+        )
+
+    if memory is None or isinstance(source, Batch):
+        n_rows = len(source) if isinstance(source, Batch) else None
+        return take_rows(run_rows(source, progress, clean_means, False), slice(0, n_rows), rows_sink)
+    with opened(source) as cache:
+        slices = patch_chunks(model, cache, sites, positions, options, memory)
+        if len(slices) == 1:
+            return take_rows(run_rows(cache, progress, clean_means, False), slice(0, cache.n), rows_sink)
+        means = clean_means
+        if options.ablate == "mean" and means is None:
+            means = chunk_means(model, cache, ablated_hooks(model, sites), slices, max_batch)
+        return in_chunks(
+            cache,
+            slices,
+            lambda window, window_progress: run_rows(window, window_progress, means, True),
+            threshold,
+            rows_sink,
+            progress,
+            partial=partial,
+        )
+
+
+def _patch_rows(
+    model: PatchableModel,
+    source: Batch | CacheFile | str | Path,
+    sites: list[str],
+    positions: list[str],
+    options: PatchOptions,
+    graddrop: bool,
+    progress: Callable[[int], None] | None,
+    clean_means: dict[str, Tensor] | None,
+    partial: bool,
+) -> list[dict[str, Any]]:
+    """Return `patch`'s records of all rows of `source` at once (`partial`: AtP*'s records keep
+    their per-layer GradDrop means, to be added to other rows')."""
+    if options.method == "atp":
         records = attribution_patch(
-            model, source, sites, positions, threshold=threshold, max_batch=max_batch, per_example=per_example
+            model,
+            source,
+            sites,
+            positions,
+            threshold=options.threshold,
+            max_batch=options.max_batch,
+            per_example=options.per_example,
         )
     elif options.method == "atp-star":
-        _check_atp_options(options, sites)
         records = atp_star_patch(
             model,
             source,
             sites,
             positions,
-            threshold=threshold,
-            max_batch=max_batch,
-            per_example=per_example,
-            graddrop=bool(graddrop),
-            context_memory=context_memory,
+            threshold=options.threshold,
+            max_batch=options.max_batch,
+            per_example=options.per_example,
+            graddrop=graddrop,
+            context_memory=options.context_memory,
+            graddrop_layers=partial,
         )
     else:
-        return run_exact(model, source, sites, positions, options, progress)
+        return run_exact(model, source, sites, positions, options, progress, clean_means)
     if progress is not None:
         progress(len(records))
     return records
+
+
+def patch_chunks(
+    model: PatchableModel,
+    cache: CacheFile,
+    sites: list[str],
+    positions: list[str],
+    options: PatchOptions,
+    memory: int,
+) -> list[slice]:
+    """Return the row chunks `patch` reads `cache` in at `memory` bytes of row data (a
+    UsageError for a resample ablation that needs more than one)."""
+    resample = "a resample ablation takes each row's partner from any row" if options.ablate == "resample" else None
+    return plan(cache, _row_bytes(model, cache, options, sites, positions), memory, "--ablate resample", resample)
+
+
+def _row_bytes(
+    model: PatchableModel, cache: CacheFile, options: PatchOptions, sites: list[str], positions: list[str]
+) -> int:
+    """Return what one row of `cache` costs the patch (`chunked.row_bytes`): the hooks it reads
+    of both runs, with the masks of its position patches."""
+    n_patches = sum(cache.n_pos if spec == "all" else 1 for spec in positions)
+    if options.method == "exact":
+        patch_sites = parse_sites(sites, model)
+        computed = [equivalent_site(model, site) for site in patch_sites]
+        hooks = [target.hook for site in patch_sites + computed for target in site.targets]
+        hooks += hooks_to_start(model, computed)
+    else:
+        hooks, start = positional_hooks(model, sites)
+        blocks = range(start or 0, model.cfg.n_layers)
+        hooks = hooks + [block_hook(layer, part) for layer in blocks for part in ("resid_pre", "mixer_in", "mixer_out")]
+    # plain AtP keeps no mixer contexts; the exact engine and AtP*'s last block do
+    return row_bytes(model, cache, hooks, n_patches, contexts=options.method != "atp" and options.context_memory > 0)
+
+
+def ablated_hooks(model: PatchableModel, sites: list[str]) -> list[str]:
+    """Return the hooks a mean ablation of `sites` replaces (theirs and their equivalent sites')."""
+    patch_sites = parse_sites(sites, model)
+    computed = [equivalent_site(model, site) for site in patch_sites]
+    return list(dict.fromkeys(target.hook for site in patch_sites + computed for target in site.targets))
 
 
 def _check_atp_options(options: PatchOptions, sites: list[str]) -> None:

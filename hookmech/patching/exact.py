@@ -39,14 +39,18 @@ def run_exact(
     positions: str | Iterable[str],
     options: PatchOptions,
     progress: Callable[[int], None] | None = None,
+    clean_means: dict[str, Tensor] | None = None,
 ) -> list[dict[str, Any]]:
     """Return `exact_patch`'s records of site specs `sites` (`targets.parse_sites`) at position
     specs `positions` on `source` (a `Batch`, an open `CacheFile` or a cache path), the model in
-    eval mode meanwhile."""
+    eval mode meanwhile. `clean_means`: a mean ablation's means ``{hook: [1, ...]}`` over more
+    rows than `source`'s (`chunked.clean_means`; None: over its own rows)."""
     check_patchable(model)
     patch_sites = parse_sites(sites, model)
     with evaluating(model), open_source(source) as (batch, cache):
-        return exact_patch(model, batch, cache, patch_sites, as_specs(positions, "position"), options, progress)
+        return exact_patch(
+            model, batch, cache, patch_sites, as_specs(positions, "position"), options, progress, clean_means
+        )
 
 
 def exact_patch(
@@ -57,6 +61,7 @@ def exact_patch(
     positions: list[str],
     options: PatchOptions,
     progress: Callable[[int], None] | None = None,
+    clean_means: dict[str, Tensor] | None = None,
 ) -> list[dict[str, Any]]:
     """Return one record per (site, position) (`records.patch_record`, plus ``ablate`` when
     ablating and, when `per_example`, ``[N]`` lists ``p_patched_rows`` (``metric_patched_rows``
@@ -80,6 +85,7 @@ def exact_patch(
         context_memory=options.context_memory,
         read_at=_read_positions(patches, hooks, start_hooks, options),
     )
+    runs.clean_means = clean_means or {}
     metric = make_metric(options.metric, batch, runs.logits)
     p_clean, p_corrupt = (runs.p_answer[which].mean().item() for which in RUNS)
     m_clean, m_corrupt = (runs.unpatched_metric(metric, which).mean().item() for which in RUNS)

@@ -29,6 +29,7 @@ from ..errors import UsageError
 from ..hooks import pos_axis_of
 from ..sites import PositionPatch, as_specs, position_patches
 from ..tasks.batch import Batch
+from .chunked import DEFAULT_MEMORY, RowsSink, in_chunks, opened, plan, row_bytes, take_rows
 from .exact import patched_rows
 from .forwards import hooks_to_start
 from .metrics import make_metric
@@ -69,6 +70,8 @@ def path_patch(
     metric: str = "p_answer",
     context_memory: int = CONTEXT_MEMORY,
     progress: Callable[[int], None] | None = None,
+    memory: int | None = DEFAULT_MEMORY,
+    rows_sink: RowsSink | None = None,
 ) -> list[dict[str, Any]]:
     """Patch every path from a sender to a receiver along `via` and score it.
 
@@ -93,8 +96,57 @@ def path_patch(
     pair is refused the same way). `progress(k)` is called after each sender position of each
     (sender site, receiver site) pair with its k receiver positions, left-out pairs included (the
     calls add up to the number of (sender, receiver) pairs of sites and positions).
+
+    A cache is read in row chunks of about `memory` bytes, as in `hookmech.patching.patch`
+    (`rows_sink` as there); a resid path whose positions meet in some chunks' rows only is
+    refused over several chunks.
     """
     check_patchable(model, paths=True)
+
+    def run_rows(rows_source, rows_progress):
+        return _path_patch_rows(
+            model,
+            rows_source,
+            sender,
+            receiver,
+            via,
+            threshold,
+            max_batch,
+            per_example,
+            metric,
+            context_memory,
+            rows_progress,
+        )
+
+    if memory is None or isinstance(source, Batch):
+        return take_rows(run_rows(source, progress), slice(0, None), rows_sink)
+    with opened(source) as cache:
+        slices = path_chunks(model, cache, memory)
+        if len(slices) == 1:
+            return take_rows(run_rows(cache, progress), slice(0, cache.n), rows_sink)
+        return in_chunks(cache, slices, run_rows, threshold, rows_sink, progress)
+
+
+def path_chunks(model: PathPatchableModel, cache: CacheFile, memory: int) -> list[slice]:
+    """Return the row chunks `path_patch` reads `cache` in at `memory` bytes of row data."""
+    # every stored hook: what a path reads depends on its route (an upper bound of a row's bytes)
+    return plan(cache, row_bytes(model, cache, cache.keys(), 1), memory, "path patching")
+
+
+def _path_patch_rows(
+    model: PathPatchableModel,
+    source: Batch | CacheFile | str | Path,
+    sender: str | Iterable[str],
+    receiver: str | Iterable[str],
+    via: str,
+    threshold: float,
+    max_batch: int,
+    per_example: bool,
+    metric: str,
+    context_memory: int,
+    progress: Callable[[int], None] | None,
+) -> list[dict[str, Any]]:
+    """Return `path_patch`'s records of all rows of `source` at once."""
     if via not in VIA:
         raise UsageError(f"unknown path kind {via!r} (available: {', '.join(VIA)})")
     options = PatchOptions(

@@ -77,6 +77,8 @@ def plan_target(
         values = torch.zeros_like(base_acts)
     elif ablate == "resample":
         values = runs.acts(hook, "clean")[resample_order(len(runs.batch), ablate_seed).to(runs.device)]
+    elif hook in runs.clean_means:  # the mean over all rows of a cache read in chunks (`chunked.clean_means`)
+        values = runs.clean_means[hook].to(base_acts.device, base_acts.dtype).expand_as(base_acts)
     else:
         values = _row_mean(runs.acts(hook, "clean"), runs.batch.lengths.to(runs.device), pos_axis).expand_as(base_acts)
     return TargetPlan(target, pos_axis, head_axis, values, base_acts)

@@ -103,6 +103,9 @@ class CleanCorruptRuns:
         self.p_answer: dict[str, Tensor] = {}
         self.computed: dict[tuple[str, str], Tensor] = {}
         self.contexts: dict[tuple[int, str], dict[str, Tensor]] = {}
+        #: a mean ablation's mean per hook ``[1, ...]`` when it is over more rows than these
+        #: (a cache read in row chunks: `chunked.clean_means`); else it is these rows' own
+        self.clean_means: dict[str, Tensor] = {}
         check_finite_parameters(model)  # NaN weights would give null attributions and no word
         check_batch_fits(model, batch, "the examples" if cache is None else str(cache.path))
         if cache is not None:

@@ -31,8 +31,8 @@ import numpy as np
 
 from ..cache import CacheFile
 from ..cache_rows import CacheRows
-from ..chunk_budget import MEMORY_MIB, chunk_rows, row_chunks
 from ..errors import HookmechError
+from ..row_chunks import MEMORY_MIB, chunk_rows, row_chunks
 from ..tasks.base import Task
 from ..tasks.batch import Batch
 from .encode import pack_floats, pack_ints

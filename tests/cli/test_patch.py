@@ -95,3 +95,16 @@ def test_cli_path_patch_calls_path_patch_and_prints_the_route(capsys):
     assert code == 0, err
     header = out.splitlines()[0].split()
     assert header[:3] == ["sender", "receiver", "via"] and "L0.mixer.conv@whole" in out
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["--engine", "ray"], "--cache"),
+    (["--address", "127.0.0.1:6379"], "--engine ray"),
+    (["--workers", "2"], "--engine ray"),
+    (["--engine", "ray", "--cache", "c.h5", "--workers", "0"], "--workers"),
+])
+def test_cli_engine_options_are_refused_in_one_line(trained_attention, capsys, extra, says):
+    """Refused before anything starts (no Ray needed): --engine ray shards a cache's rows."""
+    path, _, _ = trained_attention
+    code, _, err = run_cli(["patch", "--ckpt", path, "--site", "L1.block_in", "--pos", "key", *extra], capsys)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
