@@ -251,6 +251,9 @@ def test_inside_hooks_resume_from_the_patched_position(ar_task, mixer, monkeypat
         monkeypatch.setattr(mixer_class, "forward_spliced", refuse)
     monkeypatch.setattr(hookmech.patching.exact, "full_pairs",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran on every position")))
+    # each width in its own chunk (short windows otherwise share one: `width_chunks`), so that the
+    # windows seen are the patches' own
+    monkeypatch.setattr(hookmech.patching.forwards, "WASTE_FLOOR", 0)
     assert_matches_reference(model, batch, sites, ["key", "query"], sensitive=True)
     # (a patch the probe finds cannot reach the query, e.g. a short convolution's at the key, runs nothing)
     assert 1 in starts and set(starts) <= {0, 1}
@@ -358,13 +361,22 @@ def test_base_runs_copy_a_patched_hook_only_where_the_patches_read_it(monkeypatc
                                    rtol=1e-9, atol=1e-10)
 
 
-def test_width_chunks_by_hand():
+def test_width_chunks_by_hand(monkeypatch):
     """Resumed pairs, sorted by window width, are chunked where the width grows by more than a
-    quarter (and 1), and by max_batch: every pair once, in order."""
+    quarter (and 1) and the chunk would compute more than WASTE_FLOOR positions for nothing, and by
+    max_batch: every pair once, in order."""
+    from hookmech.patching import forwards
     from hookmech.patching.forwards import width_chunks
 
     widths = [1, 1, 2, 2, 4, 5, 6, 10, 12, 13, 30, 35]
+    monkeypatch.setattr(forwards, "WASTE_FLOOR", 0)  # the growth rule alone
     chunks = list(width_chunks(widths, 3))
     assert [(c.start, c.stop) for c in chunks] == [(0, 3), (3, 4), (4, 6), (6, 7), (7, 9), (9, 10), (10, 12)]
     assert list(width_chunks([], 3)) == []
     assert [(c.start, c.stop) for c in width_chunks([7] * 5, 2)] == [(0, 2), (2, 4), (4, 5)]
+    # waste of a chunk = its pairs x its widest width - their widths: [1, 1, 2, 2, 4] wastes
+    # 5 * 4 - 10 = 10 (allowed), adding 5 would waste 6 * 5 - 15 = 15; [5, 6, 10] wastes 9, adding
+    # 12 would waste 15; [12, 13] then 30 would waste 35; 35 is within a quarter of 30
+    monkeypatch.setattr(forwards, "WASTE_FLOOR", 10)
+    chunks = list(width_chunks(widths, 100))
+    assert [(c.start, c.stop) for c in chunks] == [(0, 5), (5, 8), (8, 10), (10, 12)]
