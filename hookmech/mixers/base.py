@@ -209,6 +209,8 @@ def splice(context: Tensor, rows: Tensor, window: Tensor, start: Tensor) -> Tens
 def state_before(states: Tensor, rows: Tensor, start: Tensor) -> Tensor:
     """Return the state after position ``start[i] - 1`` of row ``rows[i]`` (zeros where start
     is 0), ``[B, ...]``, from per-position states ``[N, T, ...]``."""
+    if states.shape[1] == 0:  # none kept (a run shorter than a mixer's state stride): start is 0
+        return states.new_zeros(len(rows), *states.shape[2:])
     flat = states.flatten(0, 1)  # index_select on [N*T, ...]: far cheaper than states[rows, positions]
     before = flat.index_select(0, rows * states.shape[1] + (start - 1).clamp(min=0))
     first = (start == 0).view(-1, *([1] * (before.dim() - 1)))
