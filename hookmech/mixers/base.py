@@ -140,7 +140,14 @@ class Mixer(nn.Module):
 
     def inside_hooks_in_use(self) -> bool:
         """Return True when a forward or backward hook is attached to one of the mixer's own hooks."""
-        return any(hook_in_use(point) for point in self.modules() if isinstance(point, AxisHookPoint))
+        # the hook points are listed once: a resumed run asks per block and chunk, and walking the
+        # modules each time was a fifth of a short window's cost (a mixer's hook points are made in
+        # its __init__; the list lives outside nn.Module's registries, so it is no submodule)
+        points = self.__dict__.get("_hook_points")
+        if points is None:
+            points = [point for point in self.modules() if isinstance(point, AxisHookPoint)]
+            self.__dict__["_hook_points"] = points
+        return any(hook_in_use(point) for point in points)
 
     def __getattr__(self, name: str) -> Tensor | nn.Module:
         """nn.Module's (submodules, parameters, buffers), except that a member of a capability the

@@ -220,7 +220,8 @@ STRIDED = [(c, i) for c, i in zip(CONFIGS, IDS, strict=True) if hasattr(REGISTRY
 
 @pytest.mark.parametrize(("name", "options"), [c for c, _ in STRIDED], ids=[i for _, i in STRIDED])
 def test_kept_states_resume_at_every_start_of_a_run_several_strides_long(name, options):
-    """Mixers that keep their state only every STATE_STRIDE positions (Mamba, Mamba-2, DeltaNet),
+    """Mixers that keep their state only every STATE_STRIDE positions (Mamba, Mamba-2, DeltaNet, GLA,
+    quadratic Based),
     on a run of 2.5 strides: `forward_from` at every start (each place in a block, blocks 0, 1, 2)
     equals the mixer's forward on the spliced input, and `state_from_context` at every position
     equals what the state hook fires with (reference: the mixer's own full forward)."""
@@ -233,24 +234,25 @@ def test_kept_states_resume_at_every_start_of_a_run_several_strides_long(name, o
     rows = start % N_ROWS
     window = torch.randn(len(rows), 3, D_MODEL, dtype=torch.float64, generator=generator)
     fired = {}
-    (state,) = mixer.state_hooks
-    point = getattr(mixer, f"hook_{state}")
-    point.add_hook(lambda act, hook: fired.setdefault("states", act.clone()))
+    points = {state: getattr(mixer, f"hook_{state}") for state in mixer.state_hooks}
+    for state, point in points.items():
+        point.add_hook(lambda act, hook, state=state: fired.setdefault(state, act.clone()))
     try:
         with torch.no_grad():
             mixer(base)
     finally:
-        point.remove_hooks()
+        for point in points.values():
+            point.remove_hooks()
     with torch.no_grad():
         context = mixer.prefix_context(base)
-        assert context[next(k for k in context if "state" in k)].shape[1] == n_pos // stride
         resumed = mixer.forward_from(window, context, rows, start)
         expected = take_window(mixer(splice(base, rows, window, start)), start, 3)
         every_row, every_pos = torch.arange(N_ROWS).repeat_interleave(n_pos), torch.arange(n_pos).repeat(N_ROWS)
-        read = mixer.state_from_context(state, context, every_row, every_pos)
+        read = {state: mixer.state_from_context(state, context, every_row, every_pos) for state in points}
     # another grouping of the same sums (a kept state carried over < STATE_STRIDE positions): float64 round-off
     torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(read, fired["states"][every_row, every_pos], rtol=1e-9, atol=1e-10)
+    for state in points:
+        torch.testing.assert_close(read[state], fired[state][every_row, every_pos], rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("with_state_hooks", [False, True])
