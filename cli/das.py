@@ -15,6 +15,7 @@ from .common import (
     to_json,
     verify_cache_option,
 )
+from .memory import memory_option
 
 
 @click.command(context_settings=CONTEXT)
@@ -36,6 +37,7 @@ from .common import (
 @click.option("--batch-size", type=int, default=64, show_default=True, help="training rows per step")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the split, bases and data order")
 @click.option("--json", "as_json", is_flag=True, help="print the records as one JSON array")
+@memory_option
 @device_option
 @click.option(
     "--threads",
@@ -59,6 +61,7 @@ def das(
     batch_size,
     seed,
     as_json,
+    memory,
     device,
     threads,
     out_dir,
@@ -75,6 +78,7 @@ def das(
     from pathlib import Path
 
     from hookmech.cache import CacheFile
+    from hookmech.chunk_budget import check_memory
     from hookmech.das import BASES_FILE, RECORDS_FILE, DasOptions, train
     from hookmech.errors import UsageError
     from hookmech.tables import format_table
@@ -86,6 +90,7 @@ def das(
     if dims is None and not boundless:
         raise UsageError("give the subspace dimensions to learn (--dim K[,K...]) or --boundless")
     DasOptions(steps=steps, lr=lr, batch_size=batch_size, seed=seed)  # checks them before anything is loaded
+    check_memory(memory)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"-o {out_dir} is a file; das writes a folder (records.json, bases.safetensors)")
@@ -112,6 +117,7 @@ def das(
                 lr=lr,
                 batch_size=batch_size,
                 seed=seed,
+                memory=memory,
                 progress=advance,
             )
     result.save(out)

@@ -7,6 +7,7 @@ import json
 import click
 
 from .common import CONTEXT, set_threads, threads_option
+from .memory import memory_option
 
 
 @click.command(context_settings=CONTEXT)
@@ -61,16 +62,27 @@ def inspect(cache_path, as_json):
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the train/held-out split")
 @click.option("--weight-decay", type=float, default=1e-3, show_default=True, help="L2 penalty of the probe")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+@memory_option
 @threads_option
-def probe(cache_path, site, pos, target, which, heldout, seed, weight_decay, as_json, threads):
+def probe(cache_path, site, pos, target, which, heldout, seed, weight_decay, as_json, memory, threads):
     """Fit a linear probe decoding a token from a cached activation; report held-out accuracy and chance."""
     from hookmech.cache import CacheFile
+    from hookmech.chunk_budget import check_memory
     from hookmech.probe import fit_probe
 
+    check_memory(memory)
     set_threads(threads)
     with CacheFile(cache_path) as cache:
         result = fit_probe(
-            cache, site, pos, target=target, which=which, heldout_frac=heldout, seed=seed, weight_decay=weight_decay
+            cache,
+            site,
+            pos,
+            target=target,
+            which=which,
+            heldout_frac=heldout,
+            seed=seed,
+            weight_decay=weight_decay,
+            memory=memory,
         )
     if as_json:
         click.echo(json.dumps(result.to_dict()))

@@ -24,7 +24,12 @@ from .common import (
     "--task", "task_name", default=None, help="task name: ar, mqar, atr (default ar; with --data, the file's)"
 )
 @click.option("--task-opt", multiple=True, metavar="K=V", help="task option (repeatable), e.g. vocab_size=64")
-@click.option("--mixer", default=None, help="mixer name, or a comma list (one per layer); default attention")
+@click.option(
+    "--mixer",
+    default=None,
+    help="mixer name (registered, path/to/file.py:Class, module:Class or an entry point of group hookmech.mixers), "
+    "or a comma list (one per layer); default attention",
+)
 @click.option(
     "--preset", default=None, help="a paper's model as a per-layer pattern (based, baseconv, ...; see docs/guide.md)"
 )
@@ -44,10 +49,11 @@ from .common import (
 )
 @click.option(
     "--init",
-    type=click.Choice(["normal", "mamba", "zoology"]),
+    type=click.Choice(["normal", "mamba", "normal-by-name", "zoology"]),
     default=None,
-    help="weight init: normal (default: every Linear N(0, 0.02)), mamba (mamba-ssm's), or zoology "
-    "(what the paper's code draws: mamba for a Mamba model, normal otherwise)",
+    help="weight init: normal (default: every Linear N(0, 0.02)), mamba (mamba-ssm's), normal-by-name "
+    "(zoology's: output projections scaled only where zoology's names match, not Based's), or zoology "
+    "(what the paper's code draws: mamba for a Mamba model, normal-by-name or normal otherwise)",
 )
 @click.option("--lr", type=float, default=1e-3, show_default=True)
 @click.option("--warmup-frac", type=float, default=0.1, show_default=True)
@@ -68,6 +74,14 @@ from .common import (
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--eval-every", type=int, default=200, show_default=True)
 @click.option("--ckpt-every", type=int, default=1000, show_default=True)
+@click.option(
+    "--order",
+    type=click.Choice(["shuffled", "fixed"]),
+    default="shuffled",
+    show_default=True,
+    help="how the training set is replayed: a new order every epoch, or the same batches in the same "
+    "order every epoch (paper 000's code)",
+)
 @click.option(
     "--mech-every",
     type=int,
@@ -107,6 +121,7 @@ def train(
     seed,
     eval_every,
     ckpt_every,
+    order,
     device,
     threads,
     out_dir,
@@ -147,6 +162,7 @@ def train(
         seed=seed,
         eval_every=eval_every,
         ckpt_every=ckpt_every,
+        order=order,
     )
     mixers, layer_options = _mixers_and_options(mixer, preset, mixer_opt, n_layers)
     model_config = build_config(

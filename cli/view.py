@@ -18,6 +18,7 @@ from .common import (
     threads_option,
     threshold_option,
 )
+from .memory import memory_option
 
 #: options of one kind of page, refused with the other (name shown, click parameter name)
 CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
@@ -30,6 +31,7 @@ CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
     ("--threshold", "threshold"),
     ("--device", "device"),
     ("--random-repeat-induction", "random_repeat_induction"),
+    ("--memory", "memory"),
 )
 SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 
@@ -70,6 +72,7 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
     help="checkpoint: also show Olsson et al.'s prefix matching on random repeated tokens (out of the task's "
     "distribution) beside the induction scores on the examples",
 )
+@memory_option
 @device_option
 @threads_option
 @click.option("-o", "--out", "out_path", required=True, type=click.Path(), help="the HTML file to write")
@@ -87,6 +90,7 @@ def view(
     maps_mib,
     run_ids,
     no_heatmaps,
+    memory,
     device,
     threads,
     out_path,
@@ -102,6 +106,7 @@ def view(
     """
     from pathlib import Path
 
+    from hookmech.chunk_budget import check_memory
     from hookmech.errors import UsageError
 
     if (runs_dir is None) == (ckpt is None):
@@ -117,6 +122,7 @@ def view(
         raise UsageError("--cache gives the examples; drop --n and --seed")
     if maps < 1 or not maps_mib > 0:
         raise UsageError(f"--maps must be >= 1 and --maps-mib > 0, got {maps} and {maps_mib}")
+    check_memory(memory)
     if Path(out_path).is_dir():
         raise UsageError(f"-o {out_path} is a folder; give the page's file name (e.g. page.html)")
     inputs = [("--ckpt", ckpt), ("--cache", cache_path), ("RUNS_DIR", runs_dir)]
@@ -148,6 +154,7 @@ def view(
             max_batch,
             maps,
             maps_mib,
+            memory,
             device,
             random_repeat_induction,
         )
@@ -168,14 +175,31 @@ def _given_options() -> set[str]:
 
 
 def _checkpoint_data(
-    ckpt, cache_path, site_specs, pos_specs, n, seed, threshold, max_batch, maps, maps_mib, device, random_repeat
+    ckpt,
+    cache_path,
+    site_specs,
+    pos_specs,
+    n,
+    seed,
+    threshold,
+    max_batch,
+    maps,
+    maps_mib,
+    memory,
+    device,
+    random_repeat,
 ):
-    """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`) or the cache's rows."""
+    """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`) or
+    the cache's rows, patched in chunks within `memory` MiB (the per-row arrays left in temporary
+    files for `write_page`)."""
+    import math
     import warnings
     from pathlib import Path
 
     from hookmech.cache import CacheFile, UnverifiedCacheWarning
+    from hookmech.cache_rows import CacheRows
     from hookmech.view import checkpoint_page_data, default_positions
+    from hookmech.view.checkpoint import page_chunk_rows
 
     model, task = load_model_and_task(ckpt, device)
     about = {"source": ckpt if cache_path is None else f"{ckpt} with the cache {cache_path}"}
@@ -184,12 +208,15 @@ def _checkpoint_data(
     try:
         if cache_path is not None:
             source.check_model(model, checkpoint=ckpt, hooks=())
-        batch = source.batch() if isinstance(source, CacheFile) else source
+        # the first rows tell the roles and the row width; the rest is read a chunk at a time
+        first = CacheRows(source, slice(0, 1)).batch() if isinstance(source, CacheFile) else source.select(slice(0, 1))
+        n_rows = source.n if isinstance(source, CacheFile) else len(source)
+        chunks = math.ceil(n_rows / page_chunk_rows(model, source, memory))
         sites = split_flag(site_specs) or ["all"]
-        positions = split_flag(pos_specs) or default_positions(task, batch)
+        positions = split_flag(pos_specs) or default_positions(task, first)
         with (
             warnings.catch_warnings(),
-            progress(patch_count(model, batch, sites, positions), "patching", "patch") as advance,
+            progress(patch_count(model, first, sites, positions) * chunks, "patching", "patch") as advance,
         ):
             # an older cache without a model_hash was checked above, by the checkpoint file's hash
             warnings.simplefilter("ignore", UnverifiedCacheWarning)
@@ -206,6 +233,8 @@ def _checkpoint_data(
                 about=about,
                 progress=advance,
                 random_repeat_induction=random_repeat,
+                memory=memory,
+                spill=True,
             )
     finally:
         if cache_path is not None:

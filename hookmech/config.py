@@ -16,11 +16,15 @@ if TYPE_CHECKING:
 
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBS = ("learned", "none")
-#: how a model's weights are drawn (`ModelConfig.init`): "normal" is zoology's default and GPT-2's
-#: (every Linear and embedding N(0, 0.02), output projections N(0, 0.02/sqrt(2 n_layers)));
+#: how a model's weights are drawn (`ModelConfig.init`): "normal" is GPT-2's (every Linear and
+#: embedding N(0, 0.02), every declared output projection N(0, 0.02/sqrt(2 n_layers)));
 #: "mamba" is mamba-ssm's `_init_weights`, which zoology uses for Mamba blocks (Linear weights keep
-#: PyTorch's default, biases zeroed, embeddings N(0, 0.02), out_proj Kaiming-uniform / sqrt(n_layers))
-INITS = ("normal", "mamba")
+#: PyTorch's default, biases zeroed, embeddings N(0, 0.02), out_proj Kaiming-uniform / sqrt(n_layers));
+#: "normal-by-name" is zoology's own `_init_weights` for the other blocks, which finds the output
+#: projections to scale by parameter name (``out_proj``, ``fc2``): "normal" except that a mixer whose
+#: reference names its projection otherwise (`Mixer.reference_scales_output`: Based's ``proj_o``)
+#: keeps N(0, 0.02) there
+INITS = ("normal", "mamba", "normal-by-name")
 #: what `build_config(init=...)` also takes: "zoology" picks what the paper's code (zoology's
 #: `_init_weights`, by block type) draws for these mixers, and is resolved to one of INITS
 INIT_CHOICES = (*INITS, "zoology")
@@ -40,7 +44,7 @@ def check_config_values(values: dict[str, Any]) -> None:
     `values` (fields by name; absent ones are skipped) have the wrong type or size, name an
     unknown mixer or give a mixer an option it does not take or of the wrong type; return None.
     A config read from a file may hold anything JSON can, so types are checked before use."""
-    from .mixers import REGISTRY, check_mixer_options
+    from .mixers import check_mixer_options, mixer_class
 
     for name in SIZE_FIELDS:
         if name in values:
@@ -61,9 +65,7 @@ def check_config_values(values: dict[str, Any]) -> None:
     _expect("mixers", mixers, all(isinstance(name, str) for name in mixers), f"a list of {n_layers} names")
     _expect("mixer_kwargs", options, all(isinstance(o, dict) for o in options), "a table of options per layer")
     for name, layer_options in zip(mixers, options, strict=False):
-        if name not in REGISTRY:
-            raise unknown("mixer", name, REGISTRY)
-        check_mixer_options(name, REGISTRY[name], layer_options)
+        check_mixer_options(name, mixer_class(name), layer_options)
 
 
 def _expect(name: str, value: Any, ok: bool, expected: str) -> None:
@@ -111,7 +113,12 @@ class ModelConfig:
     init: str = "normal"
 
     def __post_init__(self) -> None:
+        from .mixers import canonical_name
+
         check_config_values(self.__dict__)
+        # a mixer from outside the package is recorded by its canonical name, so that two spellings
+        # of one class give one config (one model_hash); a registered name is its own
+        object.__setattr__(self, "mixers", tuple(canonical_name(name) for name in self.mixers))
         for norm in (*self.norms, self.final_norm):
             if norm not in NORMS:
                 raise unknown("norm", norm, NORMS)
@@ -243,13 +250,15 @@ def build_config(
 ) -> ModelConfig:
     """Return a validated `ModelConfig`, filling defaults from what each mixer declares.
 
-    `mixers` is one registry name for every layer or a list with one per layer;
+    `mixers` is one mixer name for every layer or a list with one per layer: a registry name, or
+    a mixer of your own (``module:Class``, ``path/to/file.py:Class``, an entry point), recorded by
+    its canonical name (`hookmech.mixers.canonical_name`);
     `layer_options` one kwargs dict per layer; `n_heads` goes to mixers that take a head
     count, and `n_ctx` becomes `l_max` of mixers that take one (unless set);
     `mlp`/`pos_emb` None mean "what the mixers declare"; `init` None means "normal", and
     "zoology" what the paper's code draws for these mixers (`resolve_init`).
     """
-    from .mixers import REGISTRY, check_mixer_options, mixer_options, spec_of
+    from .mixers import canonical_name, check_mixer_options, mixer_options, spec_of
 
     if n_layers <= 0:
         raise UsageError(f"n_layers must be > 0, got {n_layers}")
@@ -263,10 +272,9 @@ def build_config(
         raise UsageError(f"got {len(layer_options)} sets of layer options for {n_layers} layers")
     classes = []
     kwargs_per_layer = []
+    names = [canonical_name(name) for name in names]
     for name, options in zip(names, layer_options, strict=True):
-        if name not in REGISTRY:
-            raise unknown("mixer", name, REGISTRY)
-        cls = REGISTRY[name]
+        cls = spec_of(name).mixer
         options = dict(options)
         head_option = spec_of(name).head_count_option()
         if n_heads is not None and head_option is not None and head_option not in options:
@@ -298,11 +306,15 @@ def resolve_init(init: str | None, classes: list[type[Mixer]]) -> str:
     """Return the `ModelConfig.init` (one of INITS) that `init` asks for in a model of mixer
     `classes`, one per layer. "zoology" follows zoology's `_init_weights`, which picks mamba-ssm's
     scheme when the model's block type is Mamba's: "mamba" when every layer's mixer declares it
-    (`Mixer.reference_init`), else "normal"."""
+    (`Mixer.reference_init`); else "normal-by-name" when a mixer's output projection escapes
+    zoology's rescaling by name (`Mixer.reference_scales_output`), and "normal" when the two draw
+    the same (so that a model whose draw did not change keeps its config, and its model_hash)."""
     if init is None:
         return "normal"
     if init not in INIT_CHOICES:
         raise unknown("init", init, INIT_CHOICES)
     if init != "zoology":
         return init
-    return "mamba" if all(c.reference_init == "mamba" for c in classes) else "normal"
+    if all(c.reference_init == "mamba" for c in classes):
+        return "mamba"
+    return "normal" if all(c.reference_scales_output for c in classes) else "normal-by-name"

@@ -42,7 +42,7 @@ from .hook_names import (
 )
 from .hook_names import MLP as MLP_SUBLAYER
 from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
-from .mixers import REGISTRY, spec_of
+from .mixers import mixer_class, spec_of
 from .mixers.base import Mixer, hook_in_use, take_window, window_of
 from .mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
 from .path_routes import ActsReader, PathEnds, path_change, path_ends
@@ -141,7 +141,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.ln1 = make_norm(cfg.norms[layer], cfg.d_model)
-        self.mixer: Mixer = REGISTRY[cfg.mixers[layer]](d_model=cfg.d_model, **cfg.mixer_kwargs[layer])
+        self.mixer: Mixer = mixer_class(cfg.mixers[layer])(d_model=cfg.d_model, **cfg.mixer_kwargs[layer])
         self.hook_resid_pre = AxisHookPoint()
         self.hook_mixer_in = AxisHookPoint()
         self.hook_mixer_out = AxisHookPoint()
@@ -161,13 +161,16 @@ class Block(nn.Module):
             self.hook_mlp_in = AxisHookPoint()
             self.hook_mlp_out = AxisHookPoint()
 
-    def output_projection_weights(self) -> list[str]:
+    def output_projection_weights(self, by_reference_name: bool = False) -> list[str]:
         """Return the names (inside the block) of the weights its sublayers declare as output
-        projections (`Mixer.output_projections`, `MLP.output_projections`), e.g. ``mixer.out_proj.weight``."""
+        projections (`Mixer.output_projections`, `MLP.output_projections`), e.g. ``mixer.out_proj.weight``;
+        with `by_reference_name`, only those the reference init scales (`Mixer.reference_scales_output`)."""
         sublayers: list[tuple[str, Mixer | MLP]] = [
             ("mixer", self.mixer),
             *([("mlp", self.mlp)] if self.has_mlp else []),
         ]
+        if by_reference_name and not type(self.mixer).reference_scales_output:
+            sublayers = sublayers[1:]
         return [f"{prefix}.{name}.weight" for prefix, sublayer in sublayers for name in sublayer.output_projections]
 
     def forward(self, resid: Resid) -> Resid:
@@ -512,9 +515,9 @@ class HookedLM(HookedRootModule):
         if self.cfg.init == "mamba":
             self.apply(self._init_weights_mamba)
             self._redraw_output_projections_mamba()
-        else:  # "normal": zoology / GPT-2, normal 0.02, output projections scaled
+        else:  # "normal" (GPT-2) and "normal-by-name" (zoology): normal 0.02, output projections scaled
             self.apply(self._init_weights)
-            self._rescale_output_projections()
+            self._rescale_output_projections(by_reference_name=self.cfg.init == "normal-by-name")
 
     @staticmethod
     def _init_weights_mamba(module: nn.Module) -> None:
@@ -537,11 +540,11 @@ class HookedLM(HookedRootModule):
                 with torch.no_grad():
                     param.div_(math.sqrt(self.cfg.n_layers))
 
-    def _output_projection_names(self) -> set[str]:
+    def _output_projection_names(self, by_reference_name: bool = False) -> set[str]:
         return {
             block_path(layer, name)
             for layer, block in enumerate(self.blocks)
-            for name in block.output_projection_weights()
+            for name in block.output_projection_weights(by_reference_name)
         }
 
     @staticmethod
@@ -559,13 +562,13 @@ class HookedLM(HookedRootModule):
         elif isinstance(module, nn.Embedding) and reinit(module.weight):
             nn.init.normal_(module.weight, std=0.02)
 
-    def _rescale_output_projections(self) -> None:
+    def _rescale_output_projections(self, by_reference_name: bool = False) -> None:
         # Residual branches add up over 2 sublayers per layer; scaling their output
         # projections keeps the residual stream's variance independent of depth.
         # Each sublayer declares its output projections; they are redrawn in parameter order
         # (the order the generator was always consumed in, so seeded inits stay bit-identical).
         std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
-        declared = self._output_projection_names()
+        declared = self._output_projection_names(by_reference_name)
         for name, param in self.named_parameters():
             if name in declared:
                 nn.init.normal_(param, std=std)

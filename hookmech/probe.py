@@ -12,19 +12,28 @@ Everything is read from the cache (`hookmech.cache.CacheFile`); no model is load
 from __future__ import annotations
 
 import math
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
+from typing import BinaryIO
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
 from .cache import CacheFile
+from .cache_rows import CacheRows
+from .chunk_budget import MEMORY_MIB, check_memory, chunk_rows, row_chunks
 from .errors import UsageError, unknown
 from .sites import hook_to_site, row_positions
 from .splits import split_by_document
 from .validate import check_seed
 
 TARGETS = ("key", "value", "answer")
+#: the most rows `fit_probe` reads at once: a larger chunk reads and sums no faster (the fit makes
+#: a pass over the chunks per L-BFGS evaluation either way), it only holds more
+PROBE_CHUNK_ROWS = 4096
 WHICH = ("clean", "corrupt")
 
 
@@ -85,8 +94,23 @@ def fit_logistic(
     """Fit multinomial logistic regression (cross-entropy + ``weight_decay/2 · ||W||²``) with
     full-batch L-BFGS from zero weights, deterministic. `features` ``[n, D]``, `labels` ``[n]``
     in ``0..n_classes-1``. Returns ``(W [D, n_classes], b [n_classes])``."""
-    features = features.double()
-    weight = torch.zeros(features.shape[1], n_classes, dtype=torch.float64, requires_grad=True)
+    return _fit_logistic_chunks([(features, labels)], int(features.shape[1]), n_classes, weight_decay, max_iter)
+
+
+def _fit_logistic_chunks(
+    chunks: Iterable[tuple[Tensor, Tensor]] | Callable[[], Iterator[tuple[Tensor, Tensor]]],
+    d_features: int,
+    n_classes: int,
+    weight_decay: float,
+    max_iter: int,
+) -> tuple[Tensor, Tensor]:
+    """`fit_logistic` on training rows given in chunks of ``(features [n_c, D], labels [n_c])``
+    (a re-iterable, or a function returning a fresh iterator): the loss and its gradient are the
+    full batch's, summed chunk by chunk (the same L-BFGS steps up to float64 round-off), so only
+    one chunk is in memory at a time. Returns ``(W [D, n_classes], b [n_classes])``."""
+    read = chunks if callable(chunks) else lambda: iter(chunks)
+    n_rows = sum(len(labels) for _, labels in read())
+    weight = torch.zeros(d_features, n_classes, dtype=torch.float64, requires_grad=True)
     bias = torch.zeros(n_classes, dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS(
         [weight, bias],
@@ -100,13 +124,71 @@ def fit_logistic(
 
     def closure() -> Tensor:
         optimizer.zero_grad()
-        loss = F.cross_entropy(features @ weight + bias, labels) + 0.5 * weight_decay * weight.pow(2).sum()
-        loss.backward()
-        return loss
+        penalty = 0.5 * weight_decay * weight.pow(2).sum()
+        penalty.backward()
+        total = penalty.detach()
+        for features, labels in read():  # each chunk's backward adds its share of the gradient
+            loss = F.cross_entropy(features.double() @ weight + bias, labels, reduction="sum") / n_rows
+            loss.backward()
+            total = total + loss.detach()
+        return total
 
     with torch.enable_grad():
         optimizer.step(closure)
     return weight.detach(), bias.detach()
+
+
+class _RowStore:
+    """Float32 rows ``[n, D]`` appended in chunks and read back in the same chunks: held in memory
+    while they fit in `budget` bytes, else written to a temporary file (deleted on `close`) and
+    read from it a chunk at a time."""
+
+    def __init__(self, budget: int):
+        self.budget, self.held = budget, 0
+        self.sizes: list[int] = []
+        self.chunks: list[Tensor] = []
+        self.file: BinaryIO | None = None
+        self.width = 0
+
+    def append(self, rows: Tensor) -> None:
+        rows = rows.float().contiguous()
+        self.width, self.held = int(rows.shape[1]), self.held + rows.numel() * 4
+        self.sizes.append(len(rows))
+        if self.file is None and self.held > self.budget:
+            self.file = tempfile.TemporaryFile(prefix="hookmech-probe-")  # noqa: SIM115 - closed by close()
+            for held in self.chunks:
+                self.file.write(held.numpy().tobytes())
+            self.chunks = []
+        if self.file is None:
+            self.chunks.append(rows)
+        else:
+            self.file.write(rows.numpy().tobytes())
+
+    def __iter__(self) -> Iterator[Tensor]:
+        if self.file is None:
+            yield from self.chunks
+            return
+        self.file.seek(0)
+        for size in self.sizes:
+            data = np.frombuffer(self.file.read(size * self.width * 4), dtype=np.float32)
+            yield torch.from_numpy(data.copy()).view(size, self.width)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def probe_chunk_rows(cache: CacheFile, hook: str, which: str = "clean", memory: float = MEMORY_MIB) -> int:
+    """Return the rows `fit_probe` reads at once from `cache` at `hook` (of the `which` run):
+    `PROBE_CHUNK_ROWS`, or fewer where they do not fit in `memory` MiB. Per row: the gathered
+    activation (as stored, then float32 and float64 copies and the standardised float64
+    features) and the float64 logits with their gradient."""
+    dataset = cache[hook, which]
+    d_features = math.prod(dataset.shape[2:])
+    d_vocab = cache.model_config.get("d_vocab")
+    n_classes = d_vocab if isinstance(d_vocab, int) and d_vocab > 0 else d_features
+    per_row = d_features * (dataset.dtype.itemsize + 4 + 8 + 8) + 3 * 8 * n_classes
+    return chunk_rows(per_row, memory, at_most=PROBE_CHUNK_ROWS)
 
 
 def fit_probe(
@@ -119,6 +201,8 @@ def fit_probe(
     seed: int = 0,
     weight_decay: float = 1e-3,
     max_iter: int = 100,
+    memory: float = MEMORY_MIB,
+    chunk: int | None = None,
 ) -> ProbeResult:
     """Fit a linear probe decoding `target` (``key``, ``value``, ``answer``) from `site`'s cached
     activation at `pos` (a role or integer position) of the `which` run; return its
@@ -128,6 +212,13 @@ def fit_probe(
     token never seen in training counts as a miss. `weight_decay` must be a finite number >= 0,
     `max_iter` >= 1 and `seed` in 0..2**64-1 (else a UsageError); non-finite activations are
     refused as the cache reads them.
+
+    Memory: the cache is read `chunk` rows at a time (None: as many as fit in `memory` MiB,
+    `probe_chunk_rows`); the features at the position are kept in memory while they fit in
+    `memory` MiB, else in a temporary file, and the full-batch L-BFGS sums its loss and gradient
+    over the chunks (`_fit_logistic_chunks`). Per-row integers (labels, documents) are held for
+    all N rows. Any chunking gives the same probe up to round-off (the statistics and the
+    gradient are summed in another order).
     """
     if not (math.isfinite(weight_decay) and weight_decay >= 0):
         raise UsageError(f"weight decay must be a finite number >= 0, got {weight_decay}")
@@ -135,14 +226,39 @@ def fit_probe(
         raise UsageError(f"max_iter must be >= 1, got {max_iter}")
     check_seed(seed)
     hook = cache.hook_of(site, which)
-    features, labels, doc_index = probe_data(cache, hook, pos, target, which)
-    train, heldout = split_by_document(doc_index, heldout_frac, seed)
-    classes, train_labels = torch.unique(labels[train], return_inverse=True)
-    mean = features[train].mean(0)
-    std = features[train].std(0, unbiased=False).clamp_min(1e-6)
-    standard = (features - mean) / std
-    weight, bias = fit_logistic(standard[train], train_labels, len(classes), weight_decay, max_iter)
-    predicted = classes[(standard.double() @ weight + bias).argmax(-1)]
+    rows_per_chunk = probe_chunk_rows(cache, hook, which, memory) if chunk is None else chunk
+    store = _RowStore(int(check_memory(memory) * 2**20))
+    try:
+        label_parts, doc_parts = [], []
+        for rows in row_chunks(cache.n, rows_per_chunk):
+            features, labels, doc_index = probe_data(CacheRows(cache, rows), hook, pos, target, which)
+            store.append(features)
+            label_parts.append(labels)
+            doc_parts.append(doc_index)
+        labels, doc_index = torch.cat(label_parts), torch.cat(doc_parts)
+        train, heldout = split_by_document(doc_index, heldout_frac, seed)
+        classes, train_labels = torch.unique(labels[train], return_inverse=True)
+        bounds = [(rows.start, rows.stop) for rows in row_chunks(cache.n, rows_per_chunk)]
+        mean, std = _train_statistics(store, train, bounds)
+
+        def standardised() -> Iterator[tuple[Tensor, slice]]:
+            for features, (start, stop) in zip(store, bounds, strict=True):
+                yield (features - mean) / std, slice(start, stop)
+
+        train_offsets = torch.cumsum(train.long(), 0) - 1  # row -> its index among training rows
+
+        def train_chunks() -> Iterator[tuple[Tensor, Tensor]]:
+            for features, rows in standardised():
+                kept = train[rows]
+                if kept.any():
+                    yield features[kept], train_labels[train_offsets[rows][kept]]
+
+        weight, bias = _fit_logistic_chunks(train_chunks, store.width, len(classes), weight_decay, max_iter)
+        predicted = torch.cat(
+            [classes[(features.double() @ weight + bias).argmax(-1)] for features, _ in standardised()]
+        )
+    finally:
+        store.close()
     correct = predicted == labels
     majority = classes[torch.bincount(train_labels).argmax()]
     return ProbeResult(
@@ -157,5 +273,21 @@ def fit_probe(
         n_classes=len(classes),
         n_train=int(train.sum()),
         n_heldout=int(heldout.sum()),
-        d_features=int(features.shape[1]),
+        d_features=store.width,
     )
+
+
+def _train_statistics(store: _RowStore, train: Tensor, bounds: list[tuple[int, int]]) -> tuple[Tensor, Tensor]:
+    """Return the training rows' feature mean and standard deviation (population; at least
+    1e-6), ``[D]`` float32 each: summed in float64 over the chunks (two passes: the mean, then
+    the squared deviations from it), rounded to float32 as the features are."""
+    n_train = int(train.sum())
+    total = torch.zeros(store.width, dtype=torch.float64)
+    for features, (start, stop) in zip(store, bounds, strict=True):
+        total += features[train[start:stop]].double().sum(0)
+    mean = total / n_train
+    squares = torch.zeros(store.width, dtype=torch.float64)
+    for features, (start, stop) in zip(store, bounds, strict=True):
+        squares += (features[train[start:stop]].double() - mean).pow(2).sum(0)
+    std = (squares / n_train).sqrt()
+    return mean.float(), std.float().clamp_min(1e-6)

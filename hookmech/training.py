@@ -64,6 +64,11 @@ RUN_FILES = ("run.json", "model.safetensors", "resume.safetensors", "metrics.jso
 _TRAIN_SET, _DEV_SET, _FRESH, _EPOCH_ORDER = 0, 1, 2, 3
 
 
+#: how a fixed training set is replayed (`TrainConfig.order`): "shuffled" draws a new order every
+#: epoch from (seed, epoch); "fixed" takes batch k = rows [k·B, (k+1)·B) in every epoch, as
+#: paper 000's code does (tinylang's training loop takes batch ``step % 3126`` of its set)
+ORDERS = ("shuffled", "fixed")
+
 #: what each trainer option may be (`TrainConfig` checks them; sweep files are checked against them)
 TRAIN_FIELDS: dict[str, schema.Field] = {
     "lr": schema.number(0, above=True),
@@ -76,6 +81,7 @@ TRAIN_FIELDS: dict[str, schema.Field] = {
     "seed": schema.SEED,
     "eval_every": schema.COUNT,
     "ckpt_every": schema.COUNT,
+    "order": schema.name("an order", choices=ORDERS),
 }
 
 
@@ -93,6 +99,9 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 200
     ckpt_every: int = 1000
+    #: how the fixed training set is replayed (ORDERS); left out of run.json when "shuffled", so
+    #: run folders written before the option existed still resume
+    order: str = "shuffled"
 
     def __post_init__(self) -> None:
         for name, field in TRAIN_FIELDS.items():
@@ -149,6 +158,10 @@ class DataStream:
             return self.task.sample(cfg.batch_size, seed=(cfg.seed, _FRESH, step))
         per_epoch = cfg.steps_per_epoch()
         epoch, index = divmod(step, per_epoch)
+        if cfg.order == "fixed":
+            return self.train_set.select(
+                torch.arange(index * cfg.batch_size, min((index + 1) * cfg.batch_size, cfg.n_train))
+            )
         if self._order is None or self._order[0] != epoch:
             order = rng_for((cfg.seed, _EPOCH_ORDER, epoch)).permutation(cfg.n_train)
             self._order = (epoch, torch.from_numpy(order))
@@ -249,6 +262,8 @@ def _run_record(
         "task": task.spec,
         "train": dataclasses.asdict(config),
     }
+    if config.order == "shuffled":  # the default: older run folders, written without it, still match
+        del record["train"]["order"]
     if train_set_sha256 is not None:  # absent for sampled training sets: older run folders still match
         record["train_set_sha256"] = train_set_sha256
     return record

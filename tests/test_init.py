@@ -80,7 +80,15 @@ def test_normal_init_is_unchanged_and_differs_from_mamba():
 
 @pytest.mark.parametrize(
     ("mixers", "expected"),
-    [("mamba", "mamba"), (["mamba", "attention"], "normal"), ("attention", "normal"), ("mamba2", "normal")],
+    [
+        ("mamba", "mamba"),
+        (["mamba", "attention"], "normal"),
+        ("attention", "normal"),
+        ("mamba2", "normal"),
+        (["baseconv", "based"], "normal-by-name"),
+        ("h3", "normal-by-name"),
+        (["baseconv", "hyena"], "normal"),
+    ],
 )
 def test_zoology_init_follows_the_block_type(mixers, expected):
     config = build_config(d_vocab=32, n_ctx=24, mixers=mixers, d_model=16, n_layers=2, init="zoology")
@@ -117,3 +125,74 @@ def test_old_fixture_checkpoints_load_as_normal():
     model = load(fixture)
     assert model.cfg.init == "normal"
     assert model_hash(model) == "4eda9d885cc4ec583b63e84cde716136f77987141407506450e85b20791344eb"
+
+
+# -- zoology's rescaling by parameter name ("normal-by-name") ----------------------------------
+def based_config(init: str | None) -> ModelConfig:
+    return build_config(d_vocab=40, n_ctx=24, mixers=["baseconv", "based"], d_model=64, n_layers=2, init=init)
+
+
+def zoology_name(model: HookedLM, name: str) -> str:
+    """Our parameter `name` as zoology names it: Based's output projection is its ``proj_o``
+    (zoology/mixers/based.py @ 0a9c682); every other name we use is zoology's."""
+    owner, _, leaf = name.rpartition(".")
+    if owner.endswith("mixer.out_proj") and type(model.get_submodule(owner.rpartition(".")[0])).__name__ == "Based":
+        return f"{owner.rpartition('.')[0]}.proj_o.{leaf}"
+    return name
+
+
+def zoology_init_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """A second implementation of zoology's `_init_weights` (HazyResearch/zoology zoology/model.py
+    @ 0cd64f8) on our module tree: every Linear and Embedding N(0, 0.02) with zero biases, in module
+    order, then every parameter whose *zoology* name contains "out_proj.weight" or "fc2.weight"
+    redrawn N(0, 0.02 / sqrt(2 n_layers)), in parameter order."""
+    torch.manual_seed(seed)
+    original = HookedLM._initialise
+    HookedLM._initialise = lambda self: None  # type: ignore[method-assign]
+    try:
+        model = HookedLM(config)  # the constructors' draws, the generator where _initialise starts
+    finally:
+        HookedLM._initialise = original  # type: ignore[method-assign]
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                torch.nn.init.normal_(module.weight, std=0.02)
+                if getattr(module, "bias", None) is not None:
+                    torch.nn.init.zeros_(module.bias)
+        for name, param in model.named_parameters():
+            theirs = zoology_name(model, name)
+            if "out_proj.weight" in theirs or "fc2.weight" in theirs:
+                torch.nn.init.normal_(param, std=0.02 / math.sqrt(2 * config.n_layers))
+    return dict(model.named_parameters())
+
+
+def test_normal_by_name_draws_what_zoology_draws():
+    ours = drawn(based_config("normal-by-name"), seed=3)
+    reference = zoology_init_weights(based_config("normal-by-name"), seed=3)
+    for name, value in reference.items():
+        assert torch.equal(ours[name], value), name  # the same draws in the same order: bit-equal
+
+
+def test_normal_by_name_leaves_based_proj_o_at_zoologys_scale():
+    by_name, normal = drawn(based_config("normal-by-name")), drawn(based_config("normal"))
+    # 4096 entries: the sample std is within ±4 % of the true one with overwhelming probability
+    assert 0.0192 < by_name["blocks.1.mixer.out_proj.weight"].std() < 0.0208
+    assert 0.0096 < normal["blocks.1.mixer.out_proj.weight"].std() < 0.0104
+    for name in ("blocks.0.mlp.fc2.weight", "blocks.1.mlp.fc2.weight"):
+        assert 0.0092 < by_name[name].std() < 0.0108, name  # still scaled: zoology finds fc2 by name
+    redrawn_after = {"blocks.1.mixer.out_proj.weight", "blocks.1.mlp.fc2.weight"}  # the generator shifts
+    for name in by_name.keys() - redrawn_after:
+        assert torch.equal(by_name[name], normal[name]), name
+
+
+def test_seeded_normal_by_name_init_draws_what_it_drew_when_added():
+    torch.manual_seed(0)
+    assert_same_init(HookedLM(based_config("normal-by-name")).state_dict(), "init-normal-by-name:based")
+
+
+def test_normal_by_name_is_recorded_and_other_inits_keep_their_json():
+    config = based_config("zoology")
+    assert config.init == "normal-by-name"
+    assert json.loads(config.to_json())["init"] == "normal-by-name"
+    assert ModelConfig.from_json(config.to_json()) == config
+    assert "init" not in json.loads(based_config(None).to_json())

@@ -131,15 +131,35 @@ def test_paper_d64_presets_expand_to_the_expected_runs():
 @pytest.mark.parametrize("arch", PAPER_ARCHS)
 def test_paper_d64_positions_and_init_as_in_the_papers_table(arch):
     # tinylang experiments/README.md: ar_32 (learned positions) for attention, ar_32_nope for the
-    # rest; zoology's _init_weights draws mamba-ssm's scheme for Mamba blocks only
-    for preset in ("ar-paper-d64", "ar-paper-d64-pilot", "ar-paper"):
-        run = next(run for run in expand(load_preset(preset)) if run.point["arch"] == arch)
-        _, config, _ = build_run(run.as_dict())
+    # rest; zoology's _init_weights draws mamba-ssm's scheme for Mamba blocks only, and finds the
+    # output projections to scale by name, which misses Based's proj_o
+    expected = {"mamba": "mamba", "based": "normal-by-name", "h3": "normal-by-name"}.get(arch, "normal")
+    for preset in ("ar-paper-d64", "ar-paper-d64-pilot", "ar-paper", "atr-paper-d64"):
+        runs = [run for run in expand(load_preset(preset)) if run.point["arch"] == arch]
+        if not runs:
+            continue  # atr-paper-d64 runs three of the six
+        _, config, _ = build_run(runs[0].as_dict())
         assert config.pos_emb == ("learned" if arch == "attention" else "none"), preset
-        assert config.init == ("mamba" if arch == "mamba" else "normal"), preset
+        assert config.init == expected, preset
     run = next(run for run in expand(load_preset("ar-paper-d64-pe")) if run.point["arch"] == arch)
     _, config, _ = build_run(run.as_dict())
     assert (config.pos_emb, config.init) == ("learned", "normal")
+
+
+@pytest.mark.parametrize("arch", ["attention", "based", "mamba"])
+def test_atr_paper_d64_is_the_ar_model_on_easy_atr(arch):
+    # tinylang pcfg_easy(_nope) keep ar_32(_nope)'s model block and change the language and the
+    # epochs: the same models, the task's defaults (L_max 5, |Σ| 20), 32 epochs of 3126 steps
+    atr = next(run for run in expand(load_preset("atr-paper-d64")) if run.point["arch"] == arch)
+    ar = next(run for run in expand(load_preset("ar-paper-d64")) if run.point["arch"] == arch)
+    assert atr.task == {"name": "atr"}
+    task, atr_config, train = build_run(atr.as_dict())
+    _, ar_config, _ = build_run(ar.as_dict())
+    assert (task.num_terminals, task.max_rhs_len) == (20, 5)
+    assert (train.total_steps(), train.steps_per_epoch()) == (32 * 3126, 3126)
+    same = ("d_model", "n_layers", "mixers", "mixer_kwargs", "mlp", "norms", "pos_emb", "init", "tie_embeddings")
+    assert {key: getattr(atr_config, key) for key in same} == {key: getattr(ar_config, key) for key in same}
+    assert atr_config.pos_emb == ("learned" if arch == "attention" else "none")
 
 
 @pytest.mark.parametrize("preset", ["ar-paper-d64", "ar-paper-d64-pe"])

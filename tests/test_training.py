@@ -48,6 +48,32 @@ def test_fixed_training_set_is_replayed_each_epoch_in_a_new_order():
     assert config.total_steps() == 6
 
 
+def test_fixed_order_replays_the_same_batches_in_set_order_every_epoch():
+    # tinylang's loop: batch k of every epoch is documents [k·B, (k+1)·B) of the fixed set
+    task, _, _ = small_setup()
+    config = TrainConfig(epochs=2, n_train=20, batch_size=8, order="fixed")
+    stream = DataStream(task, config)
+    rows = stream.train_set.tokens
+    expected = [rows[0:8], rows[8:16], rows[16:20]]  # the last batch of an epoch is short, as in the set
+    assert config.steps_per_epoch() == 3
+    for step in range(6):
+        assert torch.equal(stream.batch(step).tokens, expected[step % 3]), step
+
+
+def test_order_is_recorded_only_when_not_the_default(tmp_path):
+    task, model_config, _ = small_setup()
+    for order in ("shuffled", "fixed"):
+        config = TrainConfig(lr=3e-3, epochs=1, n_train=16, n_dev=8, batch_size=8, eval_every=2, order=order)
+        train(task, model_config, config, tmp_path / order, progress=False)
+        recorded = json.loads((tmp_path / order / "run.json").read_text())["train"]
+        # a run folder written before the option existed has no "order", and must still resume
+        assert recorded.get("order") == (None if order == "shuffled" else "fixed")
+    assert not torch.equal(
+        weights(tmp_path / "shuffled" / "model.safetensors")["blocks.0.mixer.Wqkv.weight"],
+        weights(tmp_path / "fixed" / "model.safetensors")["blocks.0.mixer.Wqkv.weight"],
+    )
+
+
 def test_training_is_deterministic(tmp_path):
     task, model_config, config = small_setup()
     train(task, model_config, config, tmp_path / "a", progress=False)
@@ -134,7 +160,8 @@ def test_nan_loss_stops_with_a_clear_message_keeping_the_last_checkpoint(tmp_pat
 
 
 @pytest.mark.parametrize("options", [{"lr": 0}, {"lr": -1}, {"steps": 0}, {"batch_size": 0}, {"n_dev": 0},
-                                     {"warmup_frac": 2}, {"epochs": 3}, {"steps": None, "epochs": 2, "n_train": 0}])
+                                     {"warmup_frac": 2}, {"epochs": 3}, {"steps": None, "epochs": 2, "n_train": 0},
+                                     {"order": "random"}])
 def test_invalid_options_are_refused(options):
     base = {"epochs": None, "steps": 10, "n_train": 0}
     with pytest.raises(UsageError):

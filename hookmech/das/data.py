@@ -6,8 +6,10 @@ corrupt run's residual entering the first block they run and, for resumed runs, 
 run's mixer contexts of that block and the later ones (`PatchableModel.prefix_context`), as the
 patching engine resumes a patch (hookmech/patching/forwards.py). Everything is read from the
 cache where it holds it (the corrupt hooks are computed from the chunk's corrupt tokens where it
-does not), one chunk of at most `chunk_rows` rows at a time: the activations in memory do not
-grow with the cache's N. The rows' tokens and per-row integers are read whole.
+does not), one chunk of at most `chunk_rows` rows at a time (`das_chunk_rows`: 512, or fewer where
+512 rows do not fit in the memory budget): what is in memory does not grow with the cache's N.
+Only per-row numbers (position, query, answer, document, p(answer): ``[N]`` vectors) are held for
+every row; tokens are read with their chunk.
 
 Rows are split into train and dev by document (`hookmech.splits.split_by_document`, seeded).
 """
@@ -21,7 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..cache import CacheFile, check_cache_fits
+from ..cache import CacheFile, check_batch_fits, check_cache_fits
+from ..cache_rows import CacheRows
+from ..chunk_budget import MEMORY_MIB, row_chunks
+from ..chunk_budget import chunk_rows as budget_rows
 from ..errors import UsageError
 from ..hook_names import block_hook
 from ..hooks import pos_axis_of
@@ -31,6 +36,10 @@ from ..sites import hook_to_site, row_positions
 from ..splits import split_by_document
 from ..validate import check_finite_parameters
 from .basis import derived_seed
+
+#: the most rows of one chunk: the unit of DAS's data order (`DasData.train_batches`), so that
+#: the same seed gives the same minibatches under any budget that holds this many rows
+ORDER_ROWS = 512
 
 
 @dataclass(frozen=True)
@@ -103,9 +112,10 @@ class DasData:
         *,
         dev_frac: float = 0.2,
         seed: int = 0,
-        chunk_rows: int = 512,
+        chunk_rows: int | None = None,
+        memory: float = MEMORY_MIB,
     ):
-        if chunk_rows < 1:
+        if chunk_rows is not None and chunk_rows < 1:
             raise UsageError(f"chunk_rows must be >= 1, got {chunk_rows}")
         if not isinstance(pos, str):
             raise UsageError(
@@ -118,24 +128,32 @@ class DasData:
                 f"DAS learns a subspace at one position per row, not {pos!r}: give a role "
                 "(key, value, query, divider) or an integer (-1: each row's last token)"
             )
-        self.model, self.cache, self.chunk_rows = model, cache, chunk_rows
+        self.model, self.cache = model, cache
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.route = route_of(model, hook)
         self.source_hook = self._cached_clean(hook)
-        batch = cache.batch()
-        self.positions = row_positions(pos, batch.roles, batch.lengths)
-        self.query, self.answers, self.corrupt_tokens = batch.query_pos, batch.answers, batch.corrupt_tokens
-        self.train, self.dev = split_by_document(batch.doc_index, dev_frac, seed, who="DAS")
-        self.p_clean, self.p_corrupt = cache.p_answer("clean").double(), cache.p_answer("corrupt").double()
         first = self.route.first_block
         self.start_hook = None if first is None else model.resid_hook(first)
         resume_at = self.route.resume_at
         self.context_hooks = (
             {} if resume_at is None else {b: block_hook(b, "mixer_in") for b in range(resume_at, model.cfg.n_layers)}
         )
+        self.chunk_rows = self._budget_rows(memory) if chunk_rows is None else chunk_rows
+        columns: dict[str, list[Tensor]] = {name: [] for name in ("positions", "query", "answers", "doc_index")}
+        for rows in row_chunks(cache.n, self.chunk_rows):  # per-row numbers, a chunk's tokens at a time
+            batch = CacheRows(cache, rows).batch()
+            check_batch_fits(model, batch, str(cache.path))
+            if rows.start == 0:
+                check_cache_fits(model, cache, batch, [self.source_hook, *self.base_hooks()])
+            columns["positions"].append(row_positions(pos, batch.roles, batch.lengths))
+            columns["query"].append(batch.query_pos)
+            columns["answers"].append(batch.answers)
+            columns["doc_index"].append(batch.doc_index)
+        self.positions, self.query, self.answers, doc_index = (torch.cat(parts) for parts in columns.values())
+        self.train, self.dev = split_by_document(doc_index, dev_frac, seed, who="DAS")
+        self.p_clean, self.p_corrupt = cache.p_answer("clean").double(), cache.p_answer("corrupt").double()
         read = [self.source_hook, *(hook for hook in self.base_hooks() if cache.has(hook, "corrupt"))]
-        check_cache_fits(model, cache, batch, [self.source_hook, *self.base_hooks()])
         cache.check_model(model, hooks=read)
         self.activation_shape = tuple(cache[self.source_hook].shape[2:])
         self.d = math.prod(self.activation_shape)
@@ -151,6 +169,20 @@ class DasData:
             f"{self.cache.path}: no clean activations for site {hook_to_site(hook)!r} (cached: {listing}); "
             f"make a cache holding it: hookmech cache ... --sites {hook_to_site(hook)}"
         )
+
+    def _budget_rows(self, memory: float) -> int:
+        """Return the rows read at once: `ORDER_ROWS`, or fewer where they do not fit in `memory`
+        MiB. Per row: the source hook's and the corrupt base hooks' activations of every position
+        as stored and as float copies, and per resumed block a mixer context (counted as four
+        ``[T, d_model]`` float32 tensors: attention's keys and values and their window copies; a
+        recurrent mixer's states are smaller)."""
+        per_row = 0
+        for hook, which in [(self.source_hook, "clean"), *((hook, "corrupt") for hook in self.base_hooks())]:
+            if self.cache.has(hook, which):
+                dataset = self.cache[hook, which]
+                per_row += math.prod(dataset.shape[1:]) * (dataset.dtype.itemsize + 4)
+        per_row += len(self.context_hooks) * 4 * self.cache.n_pos * int(self.cache.model_config.get("d_model", 1)) * 4
+        return budget_rows(per_row, memory, at_most=ORDER_ROWS)
 
     def base_hooks(self) -> list[str]:
         """The corrupt run's hooks the patched forwards start from (the first block's input, the
@@ -182,12 +214,17 @@ class DasData:
         assert source_axis is not None  # route_of refused hooks without a position axis
         clean = read(self.source_hook, "clean").movedim(source_axis, 1)  # [n, T, ...]
         source = clean[torch.arange(len(kept), device=self.device), position.to(self.device)].flatten(1)
-        base = self._corrupt_hooks(numbers, read)
+        corrupt_tokens = self._corrupt_tokens(rows, kept)
+        base = self._corrupt_hooks(numbers, corrupt_tokens, read)
         contexts = None
         if self.route.resume_at is not None:
             prefix = self.model.prefix_context
             contexts = {block: prefix(block, base[name]) for block, name in self.context_hooks.items()}
-        start_input = self.corrupt_tokens[numbers].to(self.device) if self.start_hook is None else base[self.start_hook]
+        if self.start_hook is None:
+            assert corrupt_tokens is not None  # `_corrupt_tokens` reads them for runs from the tokens
+            start_input = corrupt_tokens.to(self.device)
+        else:
+            start_input = base[self.start_hook]
         return RowChunk(
             rows=numbers,
             source=source,
@@ -200,15 +237,22 @@ class DasData:
             contexts=contexts,
         )
 
-    def _corrupt_hooks(self, numbers: Tensor, read) -> dict[str, Tensor]:
+    def _corrupt_tokens(self, rows: slice, kept: Tensor) -> Tensor | None:
+        """The corrupt tokens ``[n, T]`` of the rows `kept` of the slice `rows`, or None where no
+        forward starts from them (every hook they would give is read from the cache)."""
+        needed = self.start_hook is None or any(not self.cache.has(hook, "corrupt") for hook in self.base_hooks())
+        return CacheRows(self.cache, rows).batch().corrupt_tokens[kept] if needed else None
+
+    def _corrupt_hooks(self, numbers: Tensor, corrupt_tokens: Tensor | None, read) -> dict[str, Tensor]:
         """The corrupt run's `base_hooks` of rows `numbers`: read from the cache, or computed from
-        their corrupt tokens where the cache does not hold them."""
+        their corrupt tokens ``[n, T]`` where the cache does not hold them."""
         hooks = self.base_hooks()
         values = {hook: read(hook, "corrupt") for hook in hooks if self.cache.has(hook, "corrupt")}
         missing = [hook for hook in hooks if hook not in values]
         if missing:
+            assert corrupt_tokens is not None  # `_corrupt_tokens` reads them when a hook is missing
             _, computed = self.model.run_with_cache(
-                self.corrupt_tokens[numbers].to(self.device),
+                corrupt_tokens.to(self.device),
                 names_filter=missing,
                 return_cache_object=False,
                 positions=self.query[numbers].to(self.device),

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..cache import CacheFile, answer_probs
+from ..chunk_budget import MEMORY_MIB
 from ..errors import UsageError
 from ..identity import model_hash
 from ..patching.protocol import PatchableModel, check_patchable
@@ -56,7 +57,8 @@ def train(
     batch_size: int = 64,
     seed: int = 0,
     dev_frac: float = 0.2,
-    chunk_rows: int = 512,
+    chunk_rows: int | None = None,
+    memory: float = MEMORY_MIB,
     temperature: tuple[float, float] = (50.0, 0.1),
     boundary_lr: float | None = None,
     boundary_penalty: float = 1.0,
@@ -73,7 +75,10 @@ def train(
     `boundless` is given. `steps` Adam steps of `batch_size` training rows at learning rate `lr`
     (constant) per K; rows are split into train and dev by document (`dev_frac` of the documents
     for dev) and everything random (split, initial bases, data order, controls) is fixed by
-    `seed`. `chunk_rows` bounds the rows read from the cache at once. Boundless DAS anneals the
+    `seed`. The cache is read `chunk_rows` rows at a time (None: `data.ORDER_ROWS`, or as many as
+    fit in `memory` MiB where fewer do, `DasData`); the minibatches are drawn chunk by chunk, so
+    the data order, and so the bases, depend on the chunk's rows (not on `memory` while it holds
+    `ORDER_ROWS` rows). Boundless DAS anneals the
     mask's temperature linearly over `temperature` (start, end), trains the boundary at
     `boundary_lr` (None: 10 × `lr`) and adds `boundary_penalty` × b to the loss. The model's
     parameters are not trained (nor left changed); it runs in eval mode. `progress(1)` is
@@ -90,7 +95,7 @@ def train(
     check_patchable(model)
     hook = _one_site(model, site)
     with one_cpu_thread(), _open(cache) as cache_file, evaluating(model), _frozen(model):
-        data = DasData(model, cache_file, hook, pos, dev_frac=dev_frac, seed=seed, chunk_rows=chunk_rows)
+        data = DasData(model, cache_file, hook, pos, dev_frac=dev_frac, seed=seed, chunk_rows=chunk_rows, memory=memory)
         for k in dimensions:
             if not 1 <= k <= data.d:
                 raise UsageError(f"--dim {k}: {site} is {data.d}-dimensional at a position, so 1 <= K <= {data.d}")

@@ -6,7 +6,9 @@ implements, `capabilities` for what a mixer may opt into (`ExactPatchEffects` fo
 `PathRoutes`, `EffectiveAttentionMap`), and `spec.MixerSpec` for what the package knows of each
 one besides its class. A mixer's module declares its ``SPEC`` beside the class; `SPECS` holds
 every module of this package's, by name, and `REGISTRY` their classes: adding a mixer is adding
-its module (docs/architecture.md, "Adding a mixer").
+its module (docs/architecture.md, "Adding a mixer"). A mixer from outside the package is named
+``module.path:Class``, ``path/to/file.py:Class`` or by an entry point of group ``hookmech.mixers``
+(`external`; docs/your_mixer.md): `spec_of`, `mixer_class` and `canonical_name` take any name.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from ..errors import HookmechError, unknown
+from ..errors import HookmechError, UsageError, unknown
+from . import external
 from .base import Mixer, check_mixer_options, mixer_options
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MissingCapability, PathRoutes
 from .mixer_spec import Heads, MixerSpec, StateLoop
@@ -40,8 +43,10 @@ REGISTRY: dict[str, type[Mixer]] = {name: spec.mixer for name, spec in SPECS.ite
 
 
 def spec_of(name: str) -> MixerSpec:
-    """Return the spec of registered mixer `name`: a UsageError for an unknown name, a
-    HookmechError for a mixer registered without one."""
+    """Return the spec of mixer `name`: a registered one's, or that of a mixer from outside the
+    package (``module:Class``, ``path/to/file.py:Class``, an entry point of group
+    ``hookmech.mixers``; `external`), whose `MixerSpec.name` is its canonical name. A UsageError,
+    one line, for a name that does not resolve to a `Mixer` subclass."""
     if name in SPECS:
         return SPECS[name]
     if name in REGISTRY:
@@ -49,7 +54,32 @@ def spec_of(name: str) -> MixerSpec:
             f"mixer {name!r} is registered without a spec: declare SPEC = MixerSpec(...) beside its class "
             "(hookmech/mixers/mixer_spec.py)"
         )
-    raise unknown("mixer", name, REGISTRY)
+    if external.is_import_name(name):
+        spec = external.resolve(name)
+    else:
+        value = external.entry_point_value(name)
+        if value is None:
+            raise unknown_mixer(name)
+        spec = external.resolve(value)
+    # a registered class named by import is the registered mixer (one config, one model_hash)
+    return next((own for own in SPECS.values() if own.mixer is spec.mixer), spec)
+
+
+def canonical_name(name: str) -> str:
+    """Return the name a model config records for mixer `name`: a registered mixer's own name, the
+    canonical ``module:Class`` or ``/real/path/file.py:Class`` of any other (`external`)."""
+    return name if name in SPECS else spec_of(name).name
+
+
+def mixer_class(name: str) -> type[Mixer]:
+    """Return the class of mixer `name` (`spec_of`), built as ``cls(d_model=..., **options)``."""
+    return spec_of(name).mixer
+
+
+def unknown_mixer(name: str) -> UsageError:
+    """The error for a mixer name that is neither registered nor an entry point, nor ``module:Class``."""
+    error = unknown("mixer", name, [*REGISTRY, *external.entry_point_names()])
+    return UsageError(f"{error}; a mixer of your own is named module.path:Class or path/to/file.py:Class")
 
 
 __all__ = [
@@ -63,7 +93,10 @@ __all__ = [
     "MixerSpec",
     "PathRoutes",
     "StateLoop",
+    "canonical_name",
     "check_mixer_options",
+    "mixer_class",
     "mixer_options",
     "spec_of",
+    "unknown_mixer",
 ]

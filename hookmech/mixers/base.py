@@ -47,6 +47,10 @@ class Mixer(nn.Module):
     #: stream: the backbone draws their weights with std 0.02 / sqrt(2 n_layers) (zoology,
     #: GPT-2), so that the residual stream's variance does not grow with depth
     output_projections: ClassVar[tuple[str, ...]] = ()
+    #: whether its reference code's init scales those projections as well: zoology's
+    #: `_init_weights` finds them by parameter name (``out_proj``, ``fc2``), so a projection its
+    #: reference names otherwise keeps N(0, 0.02) under ``init = "normal-by-name"``
+    reference_scales_output: ClassVar[bool] = True
     #: other names of the hooks of the block around this mixer, ``{alias: hook}`` as paths inside
     #: the block: TransformerLens's, which its ActivationCache and ``transformer_lens.patching`` look
     #: up. Every mixer is TransformerLens's attention sublayer (``hook_attn_out`` is

@@ -89,6 +89,10 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     """
 
     output_projections = ("out_proj",)
+    #: zoology's Based names it ``proj_o``, which its `_init_weights` (matching ``out_proj.weight``
+    #: and ``fc2.weight`` by name) leaves at N(0, 0.02): what ``init = "zoology"`` draws (HazyResearch/zoology
+    #: zoology/model.py @ 0cd64f8, zoology/mixers/based.py @ 0a9c682)
+    reference_scales_output = False
     #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections, and y for its z
     block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="q", k="k", v="v", z="y")}
     output_head_axes = "head d_head"
@@ -126,7 +130,8 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         self.d_head = d_model // num_heads
         self.train_view, self.eps, self.chunk_size = train_view, eps, chunk_size
         self.feature_map = TaylorExp(feature_dim)
-        # zoology's names and bias-free projections; its proj_o is our out_proj (backbone init).
+        # zoology's names and bias-free projections; its proj_o is our out_proj (backbone init:
+        # scaled as an output projection under "normal", not under "normal-by-name").
         self.proj_q = nn.Linear(d_model, feature_dim * num_heads, bias=False)
         self.proj_k = nn.Linear(d_model, feature_dim * num_heads, bias=False)
         self.proj_v = nn.Linear(d_model, num_heads * self.d_head, bias=False)

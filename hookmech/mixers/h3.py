@@ -133,6 +133,11 @@ class H3(Mixer, PathRoutes, EffectiveAttentionMap):
     """
 
     output_projections = ("out_proj",)
+    #: zoology's H3 names it ``output_linear``, which its `_init_weights` (matching
+    #: ``out_proj.weight``, ``fc2.weight`` and ``output_linear.0.weight`` by name) leaves at
+    #: N(0, 0.02): what ``init = "zoology"`` draws (HazyResearch/zoology zoology/mixers/h3/h3.py
+    #: @ 0c59e61, zoology/model.py @ 0cd64f8)
+    reference_scales_output = False
     #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections (no per-head output
     #: is hooked: out_proj's input, q·ssm, has no hook)
     block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="q", k="k", v="v")}

@@ -58,16 +58,48 @@ def run_id(point: dict[str, Any]) -> str:
     parts = []
     for key, value in point.items():
         prefix = _ID_PREFIX.get(key, re.sub(r"^task\.", "", key))
-        parts.append(f"{prefix}{_format_value(value)}")
+        parts.append(f"{prefix}{_format_value(_short_mixers(value) if key == 'mixer' else value)}")
     readable = re.sub(r"[^A-Za-z0-9_.+=-]+", "-", "_".join(parts).replace(",", "+")) or "run"
     digest = hashlib.sha1(json.dumps(point, sort_keys=True).encode()).hexdigest()[:6]
     return f"{readable[:120]}_{digest}"
+
+
+def _short_mixers(value: Any) -> Any:
+    """A mixer grid value as the readable part of a run id shows it: a mixer of your own
+    (``module:Class``, ``/path/file.py:Class``) by its class name (the id's hash keeps the rest)."""
+    if isinstance(value, str):
+        return ",".join(name.rpartition(":")[2] for name in value.split(","))
+    return [_short_mixers(name) for name in value] if isinstance(value, list) else value
+
+
+def canonical_mixers(value: Any) -> Any:
+    """Return a sweep's mixer value (a name, a comma list or a list of names) with each mixer of
+    your own by its canonical name (`hookmech.mixers.canonical_name`): one run id for two spellings
+    of one file, and a name that any worker (another folder, another process) resolves alike. Names
+    that do not resolve stay as they are, for `validate` to refuse with the run's id."""
+    from ..mixers import canonical_name
+
+    def one(name: Any) -> Any:
+        if not isinstance(name, str):
+            return name
+        try:
+            return canonical_name(name.strip())
+        except HookmechError:
+            return name
+
+    if isinstance(value, str):
+        names = value.split(",")
+        canonical = [one(name) for name in names]
+        return value if canonical == [name.strip() for name in names] else ",".join(canonical)
+    return [one(name) for name in value] if isinstance(value, list) else value
 
 
 def expand(sweep: Sweep) -> list[Run]:
     """Return the runs of a sweep: the product of the grid lists, first key slowest."""
     trainer_keys = train_keys()
     keys = list(sweep.grid)
+    # [mixer_options.<mixer>] by canonical name, as the runs' mixers: a worker elsewhere matches them
+    mixer_options = {canonical_mixers(name): options for name, options in sweep.mixer_options.items()}
     runs, seen = [], set()
     for values in itertools.product(*(sweep.grid[key] for key in keys)):
         point = dict(zip(keys, values, strict=True))
@@ -75,6 +107,9 @@ def expand(sweep: Sweep) -> list[Run]:
         train = dict(sweep.train)
         model = {**MODEL_DEFAULTS, **{k: v for k, v in sweep.model.items() if k in MODEL_KEYS}}
         layer_options = {k: v for k, v in sweep.model.items() if k not in MODEL_KEYS}
+        if "mixer" in point:
+            point["mixer"] = canonical_mixers(point["mixer"])
+        model["mixer"] = canonical_mixers(model["mixer"])
         for key, value in point.items():
             if key.startswith("task."):
                 task[key[5:]] = value
@@ -89,9 +124,11 @@ def expand(sweep: Sweep) -> list[Run]:
         model["mixer_options"] = layer_options
         identifier = run_id(point)
         if identifier in seen:  # only if two points hash alike
-            raise HookmechError(f"two grid points share the run id {identifier}")
+            mixer = _format_value(point.get("mixer", ""))
+            why = f" (two spellings of one mixer are one mixer: {mixer})" if ":" in mixer else ""
+            raise HookmechError(f"two grid points share the run id {identifier}{why}")
         seen.add(identifier)
-        runs.append(Run(identifier, point, task, train, model, sweep.mixer_options, sweep.mech))
+        runs.append(Run(identifier, point, task, train, model, mixer_options, sweep.mech))
     return runs
 
 
@@ -115,6 +152,7 @@ def build_run(run: dict[str, Any]):
     else:
         mixer = model.get("mixer") or "attention"
         mixers = split_list([mixer]) if isinstance(mixer, str) else list(mixer)
+        mixers = [canonical_mixers(name) for name in mixers]  # as the [mixer_options.<mixer>] keys
         if len(mixers) == 1:
             mixers = mixers * n_layers
         if n_layers > 0 and len(mixers) != n_layers:  # build_config's message, before the zip below needs it
@@ -122,7 +160,7 @@ def build_run(run: dict[str, Any]):
     pairs = [f"{key}={json.dumps(value)}" for key, value in model["mixer_options"].items()]
     layer_options = parse_layer_options(pairs, n_layers, flag="[model]/[grid] mixer option")
     per_mixer = {
-        name: parse_layer_options(
+        canonical_mixers(name): parse_layer_options(
             [f"{k}={json.dumps(v)}" for k, v in options.items()], n_layers, flag=f"[mixer_options.{name}]"
         )
         for name, options in (run.get("mixer_options") or {}).items()

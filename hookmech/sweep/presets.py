@@ -21,6 +21,9 @@
   a window of 2 tokens); every model has an untied head.
 - ``atr-paper``: paper 000 §5.2 — ATR, L_max {5, 10} × |Σ| {20, 8192}, 32 epochs,
   lr in [3e-5, 3e-3].
+- ``atr-paper-d64``: paper 000 §5.2's easiest ATR setting (L_max 5, |Σ| 20) as its code ran it
+  (tinylang ``pcfg_easy`` / ``pcfg_easy_nope``): the ``ar-paper-d64`` models (learned positions
+  for attention only) on ATR, 32 epochs; attention, Based and Mamba.
 - ``mamba-dconv``: paper 000 §5.4 — Mamba on AR with d_conv {0, 1, 2, 3, 4}.
 - ``mqar-lr``: paper 003 fig. 1 — MQAR (sequence 64, 4 pairs), attention/Hyena/Mamba on a
   fine learning-rate grid, 3 seeds (42, 123, 777), batch 512, 50 epochs. (Paper 003 used
@@ -100,6 +103,21 @@ _AR_PAPER_CODE_PE = _AR_PAPER_CODE_TEMPLATE.replace(
     "{pos_emb}",
     """# learned absolute position embeddings for every architecture (appendix D.1's set)
 pos_emb = "learned"
+""",
+)
+
+#: the same models on paper 000 §5.2's easiest ATR setting (tinylang ``experiments/configs/
+#: pcfg_easy`` for attention, ``pcfg_easy_nope`` for the others: the model block of ``ar_32`` /
+#: ``ar_32_nope`` unchanged, the PCFG language, 32 epochs of 3126 steps; the task's defaults are
+#: that setting, L_max 5 and |Σ| 20)
+_ATR_PAPER_CODE = _AR_PAPER_CODE.replace(
+    """[task]
+name = "ar"
+vocab_size = 8192
+num_kv_pairs = 16
+""",
+    """[task]
+name = "atr"
 """,
 )
 
@@ -205,6 +223,20 @@ n_train = 100032
 arch = {_PAPER_ARCHS}
 d_model = {_D_MODELS}
 lr = [3e-5, 1e-4, 3e-4, 1e-3, 3e-3]
+seed = [0]
+{_MECH}""",
+    "atr-paper-d64": f"""\
+name = "atr-paper-d64"
+{_ATR_PAPER_CODE}
+[train]
+# tinylang pcfg_easy(_nope): cosine schedule, warm-up 10 %, batch 32, 32 epochs x 3126 steps
+epochs = 32
+n_train = 100032
+
+[grid]
+arch = ["attention", "based", "mamba"]
+# paper 000 fig. 4's range is 3e-5 ... 3e-3: narrow to one rate per file
+lr = [1e-3]
 seed = [0]
 {_MECH}""",
     "mamba-dconv": f"""\

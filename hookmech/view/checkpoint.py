@@ -22,6 +22,7 @@ Rendering is `hookmech.view.page`'s; nothing here writes HTML.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,13 @@ from typing import Any
 import numpy as np
 
 from ..cache import CacheFile
+from ..cache_rows import CacheRows
+from ..chunk_budget import MEMORY_MIB, chunk_rows, row_chunks
 from ..errors import HookmechError
 from ..tasks.base import Task
 from ..tasks.batch import Batch
 from .encode import pack_floats, pack_ints
+from .spill import Spill, materialize
 
 #: rows whose effective attention is embedded, at most (the first rows of the examples)
 MAP_EXAMPLES = 8
@@ -77,6 +81,9 @@ def checkpoint_page_data(
     about: dict[str, Any] | None = None,
     progress: Callable[[int], None] | None = None,
     random_repeat_induction: bool = False,
+    memory: float = MEMORY_MIB,
+    chunk: int | None = None,
+    spill: bool = False,
 ) -> dict[str, Any]:
     """Return the page data of `model` on `source` (a `Batch`, or an activation cache of this
     model: path or open `CacheFile`): ``{"kind": "checkpoint", "about", "model", "records",
@@ -87,37 +94,30 @@ def checkpoint_page_data(
     role of the task, `default_positions`) with `threshold` and `max_batch`, without their
     per-row lists; ``cells[i]`` holds record i's per-row ``p_patched`` and the `top_k` rows of
     largest and smallest effect. `about` (JSON-able) is shown as the page's description.
-    `progress` is `patch`'s (called as records are done). The induction scores are those of
+    `progress` is `patch`'s, per chunk (called as records are done: the calls add up to the
+    records times the chunks, `page_chunk_rows`). The induction scores are those of
     the examples (`induction_data`), plus prefix matching on random repeated tokens with
     `random_repeat_induction`.
-    """
-    from ..patching import patch
 
+    Memory: the rows are patched `chunk` rows at a time (None: as many as fit in `memory` MiB,
+    `page_chunk_rows`), each chunk's per-row numbers going to temporary files as they are made;
+    a record's means are its chunks' means weighted by their rows (the one chunk's own record
+    where the rows fit in one). With `spill`, the per-row arrays stay in those files
+    (`hookmech.view.spill.Spill`s in the data, which `write_page` writes and closes); without,
+    they are read back into the data as packed arrays.
+    """
     with contextlib.ExitStack() as stack:
         if isinstance(source, (str, Path)):
             source = stack.enter_context(CacheFile(source))
-        batch = source.batch() if isinstance(source, CacheFile) else source
-        positions = list(positions) if positions is not None else default_positions(task, batch)
-        records = patch(
-            model,
-            source,
-            list(sites),
-            positions,
-            threshold=threshold,
-            max_batch=max_batch,
-            per_example=True,
-            progress=progress,
+        n_rows = source.n if isinstance(source, CacheFile) else len(source)
+        first = _window(source, slice(0, min(n_rows, max(map_examples, INDUCTION_ROWS))))
+        positions = list(positions) if positions is not None else default_positions(task, first)
+        rows_per_chunk = page_chunk_rows(model, source, memory) if chunk is None else chunk
+        rows, cells, records = _patched_rows(
+            model, source, n_rows, rows_per_chunk, list(sites), positions, threshold, max_batch, top_k, progress
         )
-    p_clean_rows, p_corrupt_rows = records[0]["p_clean_rows"], records[0]["p_corrupt_rows"]
-    cells = []
-    for record in records:
-        p_patched_rows = record.pop("p_patched_rows")
-        for name in ("p_clean_rows", "p_corrupt_rows", "metric_patched_rows"):
-            record.pop(name, None)
-        largest, smallest = extreme_rows(p_patched_rows, p_corrupt_rows, top_k)
-        cells.append({"p_patched": pack_floats(p_patched_rows), "largest": largest, "smallest": smallest})
     config = model.cfg
-    return {
+    data = {
         "kind": "checkpoint",
         "about": about or {},
         "model": {
@@ -128,14 +128,167 @@ def checkpoint_page_data(
         },
         "task": task.spec,
         "records": records,
-        "rows": rows_data(batch, p_clean_rows, p_corrupt_rows),
+        "rows": rows,
         "cells": cells,
         "vocab": token_names(task, config.d_vocab),
-        "maps": maps_data(model, batch, map_examples, map_budget),
+        "maps": maps_data(model, first, map_examples, map_budget),
         "induction": induction_data(
-            model, batch.select(slice(0, INDUCTION_ROWS)), random_repeat=random_repeat_induction
+            model, first.select(slice(0, INDUCTION_ROWS)), random_repeat=random_repeat_induction
         ),
     }
+    return data if spill else materialize(data)
+
+
+def page_chunk_rows(model, source: Batch | CacheFile, memory: float = MEMORY_MIB) -> int:
+    """Return the rows `checkpoint_page_data` patches at once within `memory` MiB. Per row, as
+    the patching engine holds them: the clean and corrupt activations of every block-level site
+    (eight per layer, and the embeddings; or every hook the cache stores, if more) and four
+    ``[T, d_model]`` mixer contexts per layer, each counted twice for the forwards' copies."""
+    config = model.cfg
+    n_pos = source.n_pos if isinstance(source, CacheFile) else int(source.tokens.shape[1])
+    per_row = 2 * (8 * config.n_layers + 2) * n_pos * config.d_model * 4
+    if isinstance(source, CacheFile):
+        stored = sum(
+            math.prod(source[hook, which].shape[1:]) * source[hook, which].dtype.itemsize
+            for which in ("clean", "corrupt")
+            for hook in source.hooks(which)
+        )
+        per_row = max(per_row, stored)
+    per_row += 4 * config.n_layers * n_pos * config.d_model * 4
+    return chunk_rows(2 * per_row, memory)
+
+
+def _window(source: Batch | CacheFile, rows: slice) -> Batch:
+    """The `Batch` of the rows `rows` of `source`."""
+    return CacheRows(source, rows).batch() if isinstance(source, CacheFile) else source.select(rows)
+
+
+def _patched_rows(
+    model,
+    source: Batch | CacheFile,
+    n_rows: int,
+    rows_per_chunk: int,
+    sites: list[str],
+    positions: list[str],
+    threshold: float,
+    max_batch: int,
+    top_k: int,
+    progress: Callable[[int], None] | None,
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Patch the rows of `source` a chunk at a time; return (`rows_data`'s dict, the cells, the
+    records), the per-row arrays as `Spill`s written chunk by chunk."""
+    from ..patching import patch
+
+    columns = {name: Spill("ints") for name in ("tokens", "corrupt_tokens")}
+    columns.update({name: Spill("list") for name in ("lengths", "answers")})
+    roles: dict[str, Spill] = {}
+    p_rows = {name: Spill("floats") for name in ("p_clean", "p_corrupt")}
+    chunks_records: list[list[dict[str, Any]]] = []
+    cell_rows: list[Spill] = []
+    tops: list[tuple[_Extremes, _Extremes]] = []
+    n_pos = 0
+    for rows in row_chunks(n_rows, rows_per_chunk):
+        window = CacheRows(source, rows) if isinstance(source, CacheFile) else source.select(rows)
+        batch = window.batch() if isinstance(window, CacheFile) else window
+        records = patch(
+            model,
+            window,
+            sites,
+            positions,
+            threshold=threshold,
+            max_batch=max_batch,
+            per_example=True,
+            progress=progress,
+        )
+        n_pos = int(batch.tokens.shape[1])
+        columns["tokens"].append(batch.tokens.numpy())
+        columns["corrupt_tokens"].append(batch.corrupt_tokens.numpy())
+        columns["lengths"].append(batch.lengths.numpy())
+        columns["answers"].append(batch.answers.numpy())
+        for role, at in batch.roles.items():
+            roles.setdefault(role, Spill("list")).append(at.numpy())
+        p_corrupt = np.asarray(records[0]["p_corrupt_rows"], dtype=np.float64)
+        p_rows["p_clean"].append(records[0]["p_clean_rows"])
+        p_rows["p_corrupt"].append(p_corrupt)
+        if not cell_rows:
+            cell_rows = [Spill("floats") for _ in records]
+            tops = [(_Extremes(top_k, largest=True), _Extremes(top_k, largest=False)) for _ in records]
+        for record, spill, extremes in zip(records, cell_rows, tops, strict=True):
+            p_patched = np.asarray(record.pop("p_patched_rows"), dtype=np.float64)
+            for name in ("p_clean_rows", "p_corrupt_rows", "metric_patched_rows"):
+                record.pop(name, None)
+            spill.append(p_patched)
+            for top in extremes:
+                top.add(p_patched - p_corrupt, rows.start)
+        chunks_records.append(records)
+    rows_dict = {
+        "n": n_rows,
+        "pos": n_pos,
+        **columns,
+        "roles": roles,
+        **p_rows,
+    }
+    cells = [
+        {"p_patched": spill, "largest": largest.rows(), "smallest": smallest.rows()}
+        for spill, (largest, smallest) in zip(cell_rows, tops, strict=True)
+    ]
+    return rows_dict, cells, _joined_records(chunks_records, threshold)
+
+
+def _joined_records(chunks: list[list[dict[str, Any]]], threshold: float) -> list[dict[str, Any]]:
+    """Return the records of all rows from each chunk's records (the same cells in the same
+    order): means weighted by the chunks' rows, attribution and filter recomputed from them as the
+    engine computes them (`patch_record`); one chunk's records are returned as they are."""
+    from ..patching.records import Means, patch_record
+
+    if len(chunks) == 1:
+        return chunks[0]
+    joined = []
+    for parts in zip(*chunks, strict=True):
+        n = sum(part["n"] for part in parts)
+
+        def mean(name: str, parts=parts, n=n) -> float:
+            return sum(part[name] * part["n"] for part in parts) / n
+
+        first = parts[0]
+        metric = Means(mean("metric_clean"), mean("metric_corrupt"), mean("metric_patched"))
+        joined.append(
+            patch_record(
+                first["site"],
+                first["hook"],
+                first["pos"],
+                n,
+                Means(mean("p_clean"), mean("p_corrupt"), mean("p_patched")),
+                metric,
+                method=first["method"],
+                metric_name=first["metric"],
+                direction=first["direction"],
+                passes_filter=bool(metric.clean - metric.corrupt > threshold),
+            )
+        )
+    return joined
+
+
+class _Extremes:
+    """The `k` rows of largest (or smallest) effect seen so far, ties to the lower row (as
+    `extreme_rows` picks them from all rows at once: the best `k` of all rows are the best `k`
+    of the best `k` of each chunk)."""
+
+    def __init__(self, k: int, *, largest: bool):
+        self.k, self.sign = k, -1.0 if largest else 1.0
+        self.kept_rows = np.zeros(0, dtype=np.int64)
+        self.kept_keys = np.zeros(0, dtype=np.float64)
+
+    def add(self, effect: np.ndarray, first_row: int) -> None:
+        """Consider the rows ``first_row ..`` of effect `effect` ``[n]`` (after every row kept so far)."""
+        rows = np.concatenate([self.kept_rows, first_row + np.arange(len(effect))])
+        keys = np.concatenate([self.kept_keys, self.sign * effect])
+        best = np.sort(np.argsort(keys, kind="stable")[: self.k])  # kept in row order: ties stay to the lower row
+        self.kept_rows, self.kept_keys = rows[best], keys[best]
+
+    def rows(self) -> list[int]:
+        """The rows kept, best first."""
+        return self.kept_rows[np.argsort(self.kept_keys, kind="stable")].tolist()
 
 
 def extreme_rows(

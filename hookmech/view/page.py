@@ -17,6 +17,7 @@ from typing import Any
 from .. import __version__
 from ..fileio import atomic_path
 from .encode import clean_json
+from .spill import Spill, spills_in
 
 TEMPLATE = """<!DOCTYPE html>
 <html lang="en">
@@ -58,22 +59,54 @@ def page_json(data: dict[str, Any]) -> str:
 
 def render_page(data: dict[str, Any], title: str) -> str:
     """Return the whole HTML page (a str) showing `data` under `title`."""
-    return TEMPLATE.format(
+    return _fill(TEMPLATE, title, page_json(data))
+
+
+def _fill(template: str, title: str, data: str) -> str:
+    return template.format(
         version=__version__,
         title=html.escape(title),
         css=_asset("view.css").strip(),
-        data=page_json(data),
+        data=data,
         script=_asset("view.js").strip(),
     )
 
 
 def write_page(data: dict[str, Any], path: str | Path, title: str) -> Path:
-    """Write `render_page(data, title)` to `path` (a temporary file renamed into place); return the path."""
+    """Write `render_page(data, title)` to `path` (a temporary file renamed into place); return the path.
+
+    `data` may hold `hookmech.view.spill.Spill`s (``checkpoint_page_data(..., spill=True)``): each
+    is written from its temporary file a piece at a time, as the array it holds would be, and
+    closed, so the page's per-row arrays are never in memory whole."""
     path = Path(path)
-    text = render_page(data, title)
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    spills = spills_in(data)
+    try:
+        # every spill becomes a marker string; the JSON text around the markers is small
+        markers = {id(spill): f"\x00spill {index}\x00" for index, spill in enumerate(spills)}
+        text = page_json(_marked(data, markers))
+        head, tail = _fill(TEMPLATE, title, "\x00data\x00").rsplit("\x00data\x00", 1)
+        with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as out:
+            out.write(head)
+            for spill in spills:
+                before, text = text.split(json.dumps(markers[id(spill)]), 1)
+                out.write(before)
+                spill.write_json(out)
+            out.write(text + tail)
+    finally:
+        for spill in spills:
+            spill.close()
     return path
+
+
+def _marked(data: Any, markers: dict[int, str]) -> Any:
+    """Return `data` with each `Spill` replaced by its marker string."""
+    if isinstance(data, Spill):
+        return markers[id(data)]
+    if isinstance(data, dict):
+        return {key: _marked(value, markers) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_marked(value, markers) for value in data]
+    return data
 
 
 def read_page_data(path: str | Path) -> dict[str, Any]:
