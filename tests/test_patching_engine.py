@@ -221,10 +221,10 @@ def _count_probe_rows(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("probe_share", [0.0, float("inf")], ids=["no-probe", "always-probe"])
-@pytest.mark.parametrize("mixer", ["mamba", "mamba2", "deltanet", "attention"])
+@pytest.mark.parametrize("mixer", ["mamba", "mamba2", "deltanet", "based", "attention"])
 def test_long_rows_resume_from_kept_states_with_and_without_the_probe(mixer, probe_share, monkeypatch):
     """Rows of 43 tokens, patches starting in each block of the mixers' STATE_STRIDE (16) positions,
-    so that resumed runs replay from kept states (Mamba, Mamba-2, DeltaNet); with the NaN probe never
+    so that resumed runs replay from kept states (Mamba, Mamba-2, DeltaNet, Based); with the NaN probe never
     run (every changed row is run, as at ATR's lengths) and always run: the plain loop's records."""
     import hookmech.patching.reachability as reachability
 
