@@ -43,7 +43,7 @@ from .hook_names import (
 from .hook_names import MLP as MLP_SUBLAYER
 from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
 from .mixers import mixer_class, spec_of
-from .mixers.base import Mixer, hook_in_use, kept, take_window
+from .mixers.base import Mixer, hook_in_use, take_window, window_of
 from .mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
 from .path_routes import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
@@ -234,7 +234,10 @@ class Block(nn.Module):
         mixer's output is in use, the mixer's output is that run's (when the context holds it)."""
         if base_input and MIXER_OUTPUT in context and not self._mixer_hooked():
             # a patch after the mixer: its input, hence its output, is the base run's
-            mixed = kept(take_window(context[MIXER_OUTPUT].index_select(0, rows), start, resid.shape[1]), keep)
+            if keep is None:  # the window's rows and positions only, never whole rows
+                mixed = window_of(context[MIXER_OUTPUT], rows, start, resid.shape[1])
+            else:
+                mixed = window_of(context[MIXER_OUTPUT], rows, start + keep, 1)
             if keep is not None:
                 resid = take_window(resid, keep, 1)
             return self._after_mixer(resid, self.hook_mixer_out(mixed))

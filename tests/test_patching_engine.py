@@ -210,6 +210,55 @@ def test_resumed_runs_equal_plain_loop_on_rows_of_different_lengths(mixer):
     assert_matches_reference(model, batch, RESUMED_SITES, ["key", "value", "all"], max_batch=7, sensitive=True)
 
 
+def _count_probe_rows(monkeypatch) -> list[int]:
+    """Spy on the NaN probe (`reachability`): the rows of each of its forwards."""
+    import hookmech.patching.reachability as reachability
+
+    rows, replace = [], reachability.replace_hook
+    monkeypatch.setattr(reachability, "replace_hook",
+                        lambda plan, values, mask: rows.append(len(values)) or replace(plan, values, mask))
+    return rows
+
+
+@pytest.mark.parametrize("probe_share", [0.0, float("inf")], ids=["no-probe", "always-probe"])
+@pytest.mark.parametrize("mixer", ["mamba", "mamba2", "deltanet", "based", "attention"])
+def test_long_rows_resume_from_kept_states_with_and_without_the_probe(mixer, probe_share, monkeypatch):
+    """Rows of 43 tokens, patches starting in each block of the mixers' STATE_STRIDE (16) positions,
+    so that resumed runs replay from kept states (Mamba, Mamba-2, DeltaNet, Based); with the NaN probe never
+    run (every changed row is run, as at ATR's lengths) and always run: the plain loop's records."""
+    import hookmech.patching.reachability as reachability
+
+    monkeypatch.setattr(reachability, "PROBE_SHARE", probe_share)
+    probed = _count_probe_rows(monkeypatch)
+    task = hookmech.tasks.make("ar", vocab_size=64, num_kv_pairs=20)
+    model = unit_variance(make_model(task, mixers=mixer, d_model=16))
+    batch = task.sample(8, seed=5)
+    assert batch.tokens.shape[1] == 43 and batch.roles["key"].min() < 16 and batch.roles["key"].max() > 32
+    assert_matches_reference(model, batch, ["all"], ["key", "value", "query", "divider"], max_batch=11,
+                             sensitive=True)
+    assert bool(probed) == (probe_share > 0)
+
+
+def test_the_probe_runs_only_where_it_costs_less_than_a_quarter_of_what_it_can_skip(monkeypatch):
+    """The NaN probe costs a forward on every position per group of rows patched alike: on AR rows
+    (few key positions, so few groups, long windows) it runs; where every window is short (here:
+    the query alone, one position against the probe's 43, as ATR's patches near the query), it
+    would cost more than it can skip, and does not run. Records equal the plain loop's either way
+    (`assert_matches_reference`)."""
+    probed = _count_probe_rows(monkeypatch)
+    ar = hookmech.tasks.make("ar", vocab_size=64, num_kv_pairs=4)
+    model = unit_variance(make_model(ar, mixers="attention", d_model=16))
+    batch = ar.sample(64, seed=7)
+    assert_matches_reference(model, batch, ["L1.mlp_out"], ["key"], sensitive=False)
+    assert probed and sum(probed) < len(batch)  # one row per group, far fewer than the rows
+    probed.clear()
+    task = hookmech.tasks.make("ar", vocab_size=64, num_kv_pairs=20)
+    model = unit_variance(make_model(task, mixers="attention", d_model=16))
+    batch = task.sample(8, seed=5)
+    assert_matches_reference(model, batch, ["L0.mixer_out"], ["query"], sensitive=True)
+    assert not probed
+
+
 def test_resumed_runs_recompute_only_from_the_patch_to_the_query(ar_task, monkeypatch):
     """A query patch re-runs one position; a key patch the positions from the key to the query;
     nothing patched at block level runs the full model (only the two base runs and the probe)."""
@@ -251,6 +300,9 @@ def test_inside_hooks_resume_from_the_patched_position(ar_task, mixer, monkeypat
         monkeypatch.setattr(mixer_class, "forward_spliced", refuse)
     monkeypatch.setattr(hookmech.patching.exact, "full_pairs",
                         lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran on every position")))
+    # each width in its own chunk (short windows otherwise share one: `width_chunks`), so that the
+    # windows seen are the patches' own
+    monkeypatch.setattr(hookmech.patching.forwards, "WASTE_FLOOR", 0)
     assert_matches_reference(model, batch, sites, ["key", "query"], sensitive=True)
     # (a patch the probe finds cannot reach the query, e.g. a short convolution's at the key, runs nothing)
     assert 1 in starts and set(starts) <= {0, 1}
@@ -358,13 +410,22 @@ def test_base_runs_copy_a_patched_hook_only_where_the_patches_read_it(monkeypatc
                                    rtol=1e-9, atol=1e-10)
 
 
-def test_width_chunks_by_hand():
+def test_width_chunks_by_hand(monkeypatch):
     """Resumed pairs, sorted by window width, are chunked where the width grows by more than a
-    quarter (and 1), and by max_batch: every pair once, in order."""
+    quarter (and 1) and the chunk would compute more than WASTE_FLOOR positions for nothing, and by
+    max_batch: every pair once, in order."""
+    from hookmech.patching import forwards
     from hookmech.patching.forwards import width_chunks
 
     widths = [1, 1, 2, 2, 4, 5, 6, 10, 12, 13, 30, 35]
+    monkeypatch.setattr(forwards, "WASTE_FLOOR", 0)  # the growth rule alone
     chunks = list(width_chunks(widths, 3))
     assert [(c.start, c.stop) for c in chunks] == [(0, 3), (3, 4), (4, 6), (6, 7), (7, 9), (9, 10), (10, 12)]
     assert list(width_chunks([], 3)) == []
     assert [(c.start, c.stop) for c in width_chunks([7] * 5, 2)] == [(0, 2), (2, 4), (4, 5)]
+    # waste of a chunk = its pairs x its widest width - their widths: [1, 1, 2, 2, 4] wastes
+    # 5 * 4 - 10 = 10 (allowed), adding 5 would waste 6 * 5 - 15 = 15; [5, 6, 10] wastes 9, adding
+    # 12 would waste 15; [12, 13] then 30 would waste 35; 35 is within a quarter of 30
+    monkeypatch.setattr(forwards, "WASTE_FLOOR", 10)
+    chunks = list(width_chunks(widths, 100))
+    assert [(c.start, c.stop) for c in chunks] == [(0, 5), (5, 8), (8, 10), (10, 12)]

@@ -144,7 +144,14 @@ class Mixer(nn.Module):
 
     def inside_hooks_in_use(self) -> bool:
         """Return True when a forward or backward hook is attached to one of the mixer's own hooks."""
-        return any(hook_in_use(point) for point in self.modules() if isinstance(point, AxisHookPoint))
+        # the hook points are listed once: a resumed run asks per block and chunk, and walking the
+        # modules each time was a fifth of a short window's cost (a mixer's hook points are made in
+        # its __init__; the list lives outside nn.Module's registries, so it is no submodule)
+        points = self.__dict__.get("_hook_points")
+        if points is None:
+            points = [point for point in self.modules() if isinstance(point, AxisHookPoint)]
+            self.__dict__["_hook_points"] = points
+        return any(hook_in_use(point) for point in points)
 
     def __getattr__(self, name: str) -> Tensor | nn.Module:
         """nn.Module's (submodules, parameters, buffers), except that a member of a capability the
@@ -213,6 +220,8 @@ def splice(context: Tensor, rows: Tensor, window: Tensor, start: Tensor) -> Tens
 def state_before(states: Tensor, rows: Tensor, start: Tensor) -> Tensor:
     """Return the state after position ``start[i] - 1`` of row ``rows[i]`` (zeros where start
     is 0), ``[B, ...]``, from per-position states ``[N, T, ...]``."""
+    if states.shape[1] == 0:  # none kept (a run shorter than a mixer's state stride): start is 0
+        return states.new_zeros(len(rows), *states.shape[2:])
     flat = states.flatten(0, 1)  # index_select on [N*T, ...]: far cheaper than states[rows, positions]
     before = flat.index_select(0, rows * states.shape[1] + (start - 1).clamp(min=0))
     first = (start == 0).view(-1, *([1] * (before.dim() - 1)))

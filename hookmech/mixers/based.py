@@ -39,7 +39,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, pattern_effects_by_rows, splice, state_before, window_index
+from .base import Mixer, kept, pattern_effects_by_rows, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .mixer_spec import Heads, MixerSpec, StateLoop
 from .selective_scan import linear_scan
@@ -268,32 +268,48 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         return (column + row).sum(dim=-2)
 
     # -- resuming from a position (see `Mixer.forward_from`) ---------------------------------
+    # The quadratic view's window attended to every earlier key, W x T products per row: at ATR's
+    # lengths (windows of a few positions, hundreds of keys) most of a resumed run. Its context also
+    # keeps the states every STATE_STRIDE positions (F·d_head numbers each, STATE_STRIDE times fewer
+    # than per position), and a window runs the linear view from the state before it, replayed over
+    # the at most STATE_STRIDE - 1 positions in between from the kept keys and values.
+    STATE_STRIDE = 16
+
     def prefix_context(self, x: RunResid) -> Context:
         """Return, for a run on `x` ``[N, T, d_model]``, what the window's queries read of earlier
-        positions. Quadratic view: ``phi_k`` ``[N, T, head, F]`` and ``v`` ``[N, T, head, d_head]``.
+        positions. Quadratic view: ``phi_k`` ``[N, T, head, F]`` and ``v`` ``[N, T, head, d_head]``,
+        and the states after positions STATE_STRIDE - 1, 2 STATE_STRIDE - 1, ..., ``kv_kept`` ``[N,
+        T // STATE_STRIDE, head, F, d_head]`` and ``k_kept`` ``[N, T // STATE_STRIDE, head, F]``.
         Linear view: the states after each position, ``kv_state`` ``[N, T, head, F, d_head]`` and
         the normaliser ``k_state`` ``[N, T, head, F]``."""
         _, phi_k, v = self._features(x)
         if self.train_view == "quadratic":
-            return {"phi_k": phi_k, "v": v}
+            return {"phi_k": phi_k, "v": v, **self._kept_states(phi_k, v)}
         return {"kv_state": (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).cumsum(dim=1), "k_state": phi_k.cumsum(dim=1)}
+
+    def _kept_states(self, phi_k: Tensor, v: Tensor) -> Context:
+        """Return ``kv_kept``, ``k_kept``: the states after positions STATE_STRIDE - 1, 2
+        STATE_STRIDE - 1, ... (`prefix_context`), summed a block of STATE_STRIDE positions at a time."""
+        stride = self.STATE_STRIDE
+        blocks = phi_k.shape[1] // stride
+        keys = phi_k[:, : blocks * stride].unflatten(1, (blocks, stride))
+        values = v[:, : blocks * stride].unflatten(1, (blocks, stride))
+        kv_kept = torch.einsum("ncshf,ncshd->nchfd", keys, values).cumsum(dim=1)
+        return {"kv_kept": kv_kept, "k_kept": keys.sum(2).cumsum(dim=1)}
 
     def forward_from(
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
         """Return the output ``[B, W, d_model]`` at the window `x` ``[B, W, d_model]`` (see
-        `Mixer.forward_from`): projections on the window only; the queries attend to the earlier
-        keys (quadratic view) or read the state at start - 1 (linear view)."""
+        `Mixer.forward_from`): projections on the window only; the queries read the state at
+        start - 1 (`_states_before`: kept, or in the quadratic view replayed from the last kept one)
+        and the window's own keys, in the linear view (the same sums, grouped by chunks)."""
         batch, n_pos, _ = x.shape
         phi_q, phi_k, v = self._hooked_features(x)
+        initial = self._states_before(context, rows, start)
         if hook_in_use(self.hook_kv_state) or hook_in_use(self.hook_k_state):
-            y = self._recurrent_view(phi_q, phi_k, v, self._states_before(context, rows, start))
-        elif self.train_view == "quadratic":
-            # keys after the window are masked out, so splicing into the unpatched run's is enough
-            keys, values = splice(context["phi_k"], rows, phi_k, start), splice(context["v"], rows, v, start)
-            y = based_quadratic(phi_q, keys, values, self.eps, query_pos=window_index(start, n_pos))
+            y = self._recurrent_view(phi_q, phi_k, v, initial)
         else:
-            initial = state_before(context["kv_state"], rows, start), state_before(context["k_state"], rows, start)
             y = based_chunked(phi_q, phi_k, v, self.eps, self.chunk_size, initial_state=initial)
         return self.out_proj(kept(self.hook_y(y).reshape(batch, n_pos, -1), keep))
 
@@ -309,13 +325,16 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     def _states_before(self, context: Context, rows: RowInts, start: RowInts) -> tuple[Tensor, Tensor]:
         """Return the base run's states after position ``start[i] - 1`` of row ``rows[i]``: S
         ``[B, head, F, d_head]`` and z ``[B, head, F]`` (zeros at start 0); the quadratic view's
-        context holds no states, so they are summed from its keys and values."""
+        context keeps them every STATE_STRIDE positions only, so the keys and values in between are
+        added to the last kept ones."""
         if "kv_state" in context:
             return state_before(context["kv_state"], rows, start), state_before(context["k_state"], rows, start)
-        phi_k, v = context["phi_k"].index_select(0, rows), context["v"].index_select(0, rows)
-        earlier = torch.arange(phi_k.shape[1], device=start.device) < start[:, None]  # [B, T]
-        phi_k = phi_k * earlier[..., None, None]
-        return torch.einsum("bthf,bthd->bhfd", phi_k, v), phi_k.sum(1)
+        stride = self.STATE_STRIDE
+        kv_state = state_before(context["kv_kept"], rows, start // stride)
+        k_state = state_before(context["k_kept"], rows, start // stride)
+        (phi_k, v), live = replay_before([context["phi_k"], context["v"]], rows, start, stride)
+        phi_k = phi_k * live[..., None, None]  # positions before the kept state's block add nothing
+        return kv_state + torch.einsum("bshf,bshd->bhfd", phi_k, v), k_state + phi_k.sum(1)
 
     def _hooked_features(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Return phi(q), phi(k) ``[b, t, head, F]`` and v ``[b, t, head, d_head]``, through their hooks."""

@@ -128,7 +128,11 @@ class DeltaNet(Mixer, PathRoutes, EffectiveAttentionMap):
         q, k, v = self._heads(q, k, v)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
         beta = self.hook_beta(self._beta(x))
-        if hook_in_use(self.hook_state):
+        context: Context | None = None
+        if with_context:  # never with a hooked state (`Mixer.forward_with_context`)
+            y, every = delta_rule_chunked(q, k, v, beta, self.STATE_STRIDE, return_states="chunks")
+            context = {**conv_inputs, "keys": k.contiguous(), "values": v.contiguous(), "beta": beta, "state": every}
+        elif hook_in_use(self.hook_state):
             states = hook_state_with_propagation(
                 self.hook_state,
                 self._states(q, k, v, beta, None, 0, n_pos),
@@ -138,10 +142,6 @@ class DeltaNet(Mixer, PathRoutes, EffectiveAttentionMap):
             y = torch.einsum("bthvk,bthk->bthv", states, q)
         else:
             y = self._outputs(q, k, v, beta)
-        context: Context | None = None
-        if with_context:
-            every = delta_rule_states(q, k, v, beta, stride=self.STATE_STRIDE)
-            context = {**conv_inputs, "keys": k, "values": v, "beta": beta, "state": every}
         y = self.hook_y(y)
         return self.out_proj(self.o_norm(y).reshape(batch, n_pos, -1)), context
 
@@ -227,8 +227,10 @@ class DeltaNet(Mixer, PathRoutes, EffectiveAttentionMap):
     # A state is d_v·d_k numbers per head and position (16384 at d_model 128), its inputs
     # k, v, β 2·d_head + 1: the context keeps a state every STATE_STRIDE positions and the
     # inputs everywhere, and a resumed run replays the at most STATE_STRIDE - 1 positions in
-    # between (writing every state cost more, in fresh memory alone, than the resumed runs).
-    STATE_STRIDE = 4
+    # between (writing every state cost more, in fresh memory alone, than the resumed runs). The
+    # kept states are the boundaries of the base run's chunked delta rule in chunks of
+    # STATE_STRIDE: one pass gives the output and them.
+    STATE_STRIDE = 16
 
     def prefix_context(self, x: RunResid) -> Context:
         """Return, for a run on `x` ``[N, T, d_model]``: ``q``, ``k``, ``v`` ``[N, T, d_model]``,
@@ -254,8 +256,9 @@ class DeltaNet(Mixer, PathRoutes, EffectiveAttentionMap):
             q, k, v = self.q_conv1d(q), self.k_conv1d(k), self.v_conv1d(v)
         q, k, v = self._heads(q, k, v)
         beta = self._beta(x)
-        y = self._outputs(q, k, v, beta)
-        context.update(keys=k, values=v, beta=beta, state=delta_rule_states(q, k, v, beta, stride=self.STATE_STRIDE))
+        y, every = delta_rule_chunked(q, k, v, beta, self.STATE_STRIDE, return_states="chunks")
+        # contiguous: a resume looks rows up in the row-flattened inputs, which a view would copy whole
+        context.update(keys=k.contiguous(), values=v.contiguous(), beta=beta, state=every)
         return self.out_proj(self.o_norm(y).flatten(2)), context
 
     def _outputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, initial: Tensor | None = None) -> Tensor:
@@ -418,14 +421,16 @@ def delta_rule_chunked(
     v: Tensor,
     beta: Tensor,
     chunk_size: int = 64,
-    return_states: bool = False,
+    return_states: bool | str = False,
     initial_state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Chunked (WY / UT-transform) form of `delta_rule_recurrent`.
 
     Shapes as there. Returns (o ``[batch, pos, head, d_v]``, states): with `return_states`
-    the state after every position ``[batch, pos, head, d_v, d_k]``, else the final state
-    ``[batch, head, d_v, d_k]``.
+    True the state after every position ``[batch, pos, head, d_v, d_k]``; with ``"chunks"`` the
+    state after each whole chunk, i.e. after positions chunk_size - 1, 2 chunk_size - 1, ...
+    ``[batch, pos // chunk_size, head, d_v, d_k]`` (the states the chunked form computes anyway);
+    else the final state ``[batch, head, d_v, d_k]``.
     """
     batch, n_pos, n_heads, d_k = k.shape
     state = initial_state if initial_state is not None else k.new_zeros(batch, n_heads, v.shape[-1], d_k)
@@ -448,11 +453,15 @@ def delta_rule_chunked(
         new_values = u - w @ state.transpose(-1, -2)  # [b, h, c, d_v]
         scores = (cq @ ck.transpose(-1, -2)).masked_fill(~causal, 0.0)
         outputs.append((cq @ state.transpose(-1, -2) + scores @ new_values).transpose(1, 2))
-        if return_states:
+        if return_states is True:
             increments = new_values.unsqueeze(-1) * ck.unsqueeze(-2)  # [b, h, c, d_v, d_k]
             all_states.append((state.unsqueeze(2) + increments.cumsum(dim=2)).transpose(1, 2))
         state = state + new_values.transpose(-1, -2) @ ck
+        if return_states == "chunks" and size == chunk_size:
+            all_states.append(state[:, None])
     o = torch.cat(outputs, dim=1)
+    if return_states == "chunks" and not all_states:  # no whole chunk
+        return o, state.new_empty(batch, 0, *state.shape[1:])
     return o, (torch.cat(all_states, dim=1) if return_states else state)
 
 

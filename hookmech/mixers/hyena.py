@@ -171,7 +171,7 @@ class Hyena(Mixer, PathRoutes, EffectiveAttentionMap):
         computes them, without the hooks)."""
         projected = self.in_proj(x)
         x1, x2, v = self.short_filter(projected).split(self.d_model, dim=-1)
-        conv_in = v * x1
+        conv_in = (v * x1).contiguous()  # a resume's row lookups (`window_of`) would copy a view whole
         # contiguous: an FFT's output is a view of a buffer twice as long (`window_of` reads rows flat)
         conv_out = fft_causal_conv(conv_in, self._filter(x.shape[1])).contiguous()
         return {"projected": projected, "conv_in": conv_in, "conv_out": conv_out}, x2

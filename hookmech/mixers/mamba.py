@@ -45,11 +45,11 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, row_blocks, splice, state_before, take_window
+from .base import Mixer, kept, row_blocks, state_before
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .mixer_spec import MixerSpec, StateLoop
 from .operators import causal_decay
-from .selective_scan import linear_scan, selective_scan
+from .selective_scan import linear_scan, selective_scan, strided_selective_scan
 from .short_conv import causal_taps
 from .state_patch import hook_state_with_propagation
 
@@ -187,8 +187,9 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
 
     def _hooked_forward(self, x: Resid, with_context: bool = False) -> tuple[Resid, Context | None]:
         """Return (forward(x) with every inside hook firing, None); with `with_context`, the
-        context of the run (`prefix_context`) from the same pass instead of None: y is then read
-        from the states the context keeps (not for a hooked state, whose edits it would miss)."""
+        context of the run (`prefix_context`) from the same pass instead of None: the scan then
+        keeps its states every STATE_STRIDE positions (`strided_selective_scan`; not for a hooked
+        state, whose edits it would miss)."""
         projected = self.in_proj(x)
         if self.gate:
             in_x, z = projected.chunk(2, dim=-1)
@@ -206,10 +207,9 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         A = self._A()
         context: Context | None = None
         if with_context:
-            drive = (delta * u)[..., None] * B[:, :, None, :]
-            states = linear_scan(torch.exp(delta[..., None] * A), drive, overwrite=True)
-            context = {"state": states, **({"in_x": conv_input} if self.d_conv > 0 else {})}
-            y = (states @ C[..., None])[..., 0] + u * self.D
+            y, kept_states = strided_selective_scan(u, delta, A, B, C, self.STATE_STRIDE)
+            context = {"state": kept_states, "in_x": conv_input.contiguous()}
+            y = y + u * self.D
         else:
             y = self._ssm(u, delta, A, B, C)
         y = self.hook_y(y)
@@ -274,10 +274,18 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         return causal_taps(change, self.conv1d.weight)
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
+    # A state is d_inner·d_state numbers per position (16 times the SSM branch's input): at ATR's
+    # lengths every position's states of a few hundred rows are gigabytes (over the engine's
+    # default `context_memory`, so every patch ran on every position), and writing them cost more
+    # than the scan. The context keeps a state every STATE_STRIDE positions and in_x everywhere;
+    # a resumed run replays the at most STATE_STRIDE - 1 positions in between from in_x (the
+    # convolution, the projections and the scan of those positions).
+    STATE_STRIDE = 16
+
     def prefix_context(self, x: RunResid) -> Context:
-        """Return the run's SSM states after every position, ``"state"`` ``[N, T, d_inner,
-        d_state]``, and (with a convolution) its input before the convolution, ``"in_x"``
-        ``[N, T, d_inner]``, so that a resumed run needs neither its projections nor its scan."""
+        """Return, for a run on `x` ``[N, T, d_model]``: ``"in_x"`` ``[N, T, d_inner]``, the SSM
+        branch's input before the convolution, and ``"state"`` ``[N, T // STATE_STRIDE, d_inner,
+        d_state]``, the SSM states after positions STATE_STRIDE - 1, 2 STATE_STRIDE - 1, ..."""
         return self._states(x)[0]
 
     def patch_context(self, x: RunResid, memo: MixerMemo) -> Context:
@@ -285,14 +293,12 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         (`_base_branch`, computed here where it is not yet): their states, a block of rows at a time
         (each projected as `_row_effects` projects it, so both read the same numbers)."""
         states, inputs = [], []
+        stride = self.STATE_STRIDE
         for rows in self._row_blocks(x):
             in_x, z = self._split(self.in_proj(x[rows]))
-            states.append(self._base_branch(in_x, z, memo, rows)[4])
+            states.append(self._base_branch(in_x, z, memo, rows)[4][:, stride - 1 :: stride])
             inputs.append(in_x)
-        context = {"state": torch.cat(states)}
-        if self.d_conv > 0:
-            context["in_x"] = torch.cat(inputs)
-        return context
+        return {"state": torch.cat(states), "in_x": torch.cat(inputs)}
 
     def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
         """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
@@ -301,27 +307,61 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
             out, context = self._hooked_forward(x, with_context=True)
             assert context is not None
             return out, context
-        context, u, z, C = self._states(x)
-        y = (context["state"] @ C[..., None])[..., 0] + u * self.D
-        if z is not None:  # the gate
-            y = y * F.silu(z)
+        context, y = self._states(x)
         return self.out_proj(y), context
 
-    def _states(self, x: Tensor) -> tuple[dict[str, Tensor], Tensor, Tensor | None, Tensor]:
-        """(context, u, z, C) of a run on `x`, the context as `prefix_context` returns it."""
+    def _states(self, x: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        """(context, gated y) of a run on `x`, the context as `prefix_context` returns it."""
         in_x, z = self._split(self.in_proj(x))
         u, delta, B, C = self._ssm_inputs(in_x)
-        decay = torch.exp(delta[..., None] * self._A())
-        context = {"state": linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :], overwrite=True)}
-        if self.d_conv > 0:
-            context["in_x"] = in_x
-        return context, u, z, C
+        y, kept_states = strided_selective_scan(u, delta, self._A(), B, C, self.STATE_STRIDE)
+        y = y + u * self.D
+        if z is not None:  # the gate
+            y = y * F.silu(z)
+        return {"state": kept_states, "in_x": in_x.contiguous()}, y
 
     def state_from_context(self, name: str, context: Context, rows: RowInts, positions: RowInts) -> Tensor:
         """Return ``hook_ssm_state`` of the context's run at ``positions[i]`` of row ``rows[i]``,
-        ``[B, d_inner, d_state]`` (the context keeps every state; see `Mixer.state_from_context`)."""
+        ``[B, d_inner, d_state]``: the state before the next position, replayed from the last kept
+        one (`_replayed_state`; see `Mixer.state_from_context`)."""
         assert name in self.state_hooks
-        return state_before(context["state"], rows, positions + 1)
+        before, live, kept_state = self._before(context, rows, positions + 1)
+        return self._replayed_state(kept_state, self._conv_tail(before), live)
+
+    def _before(self, context: Context, rows: RowInts, start: RowInts) -> tuple[Tensor, Tensor, Tensor]:
+        """Return what the state before ``start[i]`` of row ``rows[i]`` is replayed from: in_x of
+        the base run at the STATE_STRIDE - 1 positions before start and the d_conv - 1 before those
+        (the convolution's reach) ``[B, STATE_STRIDE - 1 + reach, d_inner]``, zeros before position 0
+        (the convolution's padding); ``live`` ``[B, STATE_STRIDE - 1]``, True at the positions from
+        the start of start's block of STATE_STRIDE on; and the state kept before that block."""
+        stride, reach = self.STATE_STRIDE, max(self.d_conv - 1, 0)
+        positions = start[:, None] + torch.arange(1 - stride - reach, 0, device=start.device)
+        in_x = context["in_x"]
+        flat = rows[:, None] * in_x.shape[1] + positions.clamp(min=0)
+        before = in_x.flatten(0, 1).index_select(0, flat.flatten()).view(*positions.shape, in_x.shape[-1])
+        before = before.masked_fill((positions < 0)[..., None], 0)
+        live = positions[:, reach:] >= (start - start % stride)[:, None]
+        return before, live, state_before(context["state"], rows, start // stride)
+
+    def _conv_tail(self, in_x: Tensor) -> Tensor:
+        """The convolution of ``in_x`` ``[B, P, d_inner]`` at its last P - (d_conv - 1) positions
+        (the first d_conv - 1 are the inputs those read): ``[B, P - d_conv + 1, d_inner]``."""
+        if self.d_conv == 0:
+            return in_x
+        return self._causal_conv(in_x)[:, self.d_conv - 1 :]
+
+    def _replayed_state(self, kept_state: Tensor, conv: Tensor, live: Tensor) -> Tensor:
+        """Return the state after the positions of `conv` ``[B, P, d_inner]`` (the convolution's
+        output there) from `kept_state` ``[B, d_inner, d_state]``; positions not `live` ``[B, P]``
+        are no-ops (Δ = 0: decay 1, no input)."""
+        u, delta, B, _ = self._ssm_inputs(conv, convolved=True)
+        delta = delta * live[..., None]
+        decay = (delta[..., None] * self._A()).exp_()
+        drive = (delta * u)[..., None] * B[:, :, None, :]
+        h = kept_state.clone()
+        for t in range(conv.shape[1]):
+            h.mul_(decay[:, t]).add_(drive[:, t])
+        return h
 
     window_hooks = True
 
@@ -329,21 +369,26 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         self, x: Window, context: Context, rows: RowInts, start: RowInts, keep: RowInts | None = None
     ) -> Window | KeptWindow:
         """Return the output at the window ``[B, W, d_model]``: the window is projected and
-        scanned from each row's state at start - 1; the convolution reads the d_conv - 1
-        earlier inputs from the context. The inside hooks fire on the window (``[B, W, ...]``);
-        an edit of ``hook_ssm_state`` is carried on through the window's recurrence."""
+        scanned from each row's state at start - 1 (replayed from the last kept state,
+        `_replayed_state`); the convolution reads the d_conv - 1 earlier inputs from the context
+        and runs on the window (and the replayed positions) only. The inside hooks fire on the
+        window (``[B, W, ...]``); an edit of ``hook_ssm_state`` is carried on through the window's
+        recurrence."""
         in_x, z = self._split(self.in_proj(x))
         if z is not None:
             z = self.hook_gate(z)
         in_x = self.hook_in_x(in_x)
+        before, live, kept_state = self._before(context, rows, start)
+        # one convolution for the replayed positions and the window
+        conv = self._conv_tail(torch.cat([before, in_x.to(before.dtype)], dim=1))
+        replayed, in_x = conv[:, : live.shape[1]], conv[:, live.shape[1] :]
         if self.d_conv > 0:
-            earlier = splice(context["in_x"], rows, in_x, start)
-            in_x = self.hook_conv(take_window(self._causal_conv(earlier), start, x.shape[1]))
+            in_x = self.hook_conv(in_x)
         u = self.hook_conv_act(F.silu(in_x))
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = self.hook_delta(F.softplus(self.dt_proj(dt)))
         B, C = self.hook_B(B), self.hook_C(C)
-        h0 = state_before(context["state"], rows, start)
+        h0 = self._replayed_state(kept_state, replayed, live)
         y = self.hook_y(self._ssm(u, delta, self._A(), B, C, h0))
         if z is not None:  # the gate
             y = y * F.silu(z)

@@ -97,10 +97,32 @@ def ssd_chunked(
         # every state is materialised anyway: the recurrence makes them in O(T·headdim·d_state),
         # where the chunked form's all-state contraction costs chunk_size times more
         return ssd_scan(x, dt, A, B, C, initial_state)
+    n_chunks = -(-x.shape[1] // chunk_size)
+    chunk_size = -(-x.shape[1] // n_chunks)  # equal chunks: 35 positions make two of 18, not 32 and 3 padded to 32
+    y, after_each = _ssd_chunks(x, dt, A, B, C, chunk_size, initial_state)
+    return y, after_each[:, -1]
+
+
+def ssd_kept_states(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, stride: int) -> tuple[Tensor, Tensor]:
+    """Return ``(y, kept)``: the chunked SSD (arguments as `ssd_sequential`, from the zero state) in
+    chunks of exactly `stride` positions (the last one padded), y ``[batch, pos, head, headdim]``
+    as `ssd_chunked`'s, and kept ``[batch, pos // stride, head, headdim, d_state]``, the states
+    after positions stride - 1, 2 stride - 1, ...: the chunks' boundary states, which the chunked
+    form computes anyway."""
+    y, after_each = _ssd_chunks(x, dt, A, B, C, stride, None)
+    # contiguous: a resume looks rows up in the row-flattened states, which a view would copy whole
+    return y, after_each[:, : x.shape[1] // stride].contiguous()
+
+
+def _ssd_chunks(
+    x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk_size: int, initial_state: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """The chunked SSD in chunks of `chunk_size` positions (the last one padded with no-ops):
+    returns y ``[batch, pos, head, headdim]`` and the state after each chunk ``[batch, chunks,
+    head, headdim, d_state]`` (after the last: the final state)."""
     batch, n_pos, n_heads, headdim = x.shape
     groups, d_state = B.shape[-2:]
     n_chunks = -(-n_pos // chunk_size)
-    chunk_size = -(-n_pos // n_chunks)  # equal chunks: 35 positions make two of 18, not 32 and 3 padded to 32
     pad = n_chunks * chunk_size - n_pos
     if pad:
         # dt = 0 pads are no-ops of the recurrence (decay 1, no input); they are cut off below.
@@ -136,7 +158,8 @@ def ssd_chunked(
     entering = torch.stack(entering_each, dim=1)  # [b,c,g,h/g,p,n]
     y = y + (C * torch.exp(log_decay)[..., None]) @ entering.transpose(-1, -2)
     y = y.permute(0, 1, 4, 2, 3, 5).reshape(batch, n_chunks * chunk_size, n_heads, headdim)
-    return y[:, :n_pos], h.reshape(batch, n_heads, headdim, d_state)
+    after_each = torch.cat([entering[:, 1:], h[:, None]], dim=1)
+    return y[:, :n_pos], after_each.reshape(batch, n_chunks, n_heads, headdim, d_state)
 
 
 def ssd_recurrent(
@@ -163,23 +186,6 @@ def ssd_recurrent(
         state = torch.mul(state, decay[:, t], out=states[:, t]).addcmul_(dtx[:, t], B[:, t, :, None, :])
     y = (states @ C[..., None]).squeeze(-1)
     return y, (states if return_all_states else state.clone())
-
-
-def ssd_strided_states(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, stride: int) -> Tensor:
-    """Return the SSD states after positions stride - 1, 2 stride - 1, ...
-    ``[batch, pos // stride, head, headdim, d_state]`` (arguments as `ssd_sequential`), by the
-    recurrence in place: not differentiable, for runs without autograd."""
-    batch, n_pos, n_heads, headdim = x.shape
-    B = _expand_groups(B, n_heads)
-    decay = torch.exp(dt * A)[..., None, None]  # [b, t, h, 1, 1]
-    dtx = (dt[..., None] * x)[..., None]  # [b, t, h, p, 1]
-    kept = x.new_empty(batch, n_pos // stride, n_heads, headdim, B.shape[-1])
-    state = x.new_zeros(batch, n_heads, headdim, B.shape[-1])
-    for t in range(n_pos):
-        state.mul_(decay[:, t]).addcmul_(dtx[:, t], B[:, t, :, None, :])
-        if (t + 1) % stride == 0:
-            kept[:, t // stride] = state
-    return kept
 
 
 def ssd(
@@ -349,13 +355,14 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         A = -torch.exp(self.A_log)
 
         context: Context | None = None
-        if hook_in_use(self.hook_ssm_state):
+        if with_context:  # never with a hooked state (`Mixer.forward_with_context`)
+            y, every = ssd_kept_states(x, dt, A, B, C, self.STATE_STRIDE)
+            context = {"xbc": conv_input.contiguous(), "x": x.contiguous(), "dt": dt, "B": B.contiguous()}
+            context["ssm_state"] = every
+        elif hook_in_use(self.hook_ssm_state):
             y = self._ssd_through_state_hook(x, dt, A, B, C)
         else:
             y, _ = ssd(x, dt, A, B, C, self.chunk_size)
-        if with_context:
-            every = ssd_strided_states(x, dt, A, B, self.STATE_STRIDE)
-            context = {"xbc": conv_input, "x": x.contiguous(), "dt": dt, "B": B.contiguous(), "ssm_state": every}
         y = self.hook_y(y + self.D[:, None] * x)
         y = self.norm(y.reshape(batch, n_pos, self.d_inner), z)
         return self.out_proj(y), context
@@ -418,8 +425,10 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
     # A state is headdim·d_state = 1024 numbers per head and position, the SSD's inputs 21 times
     # fewer: the context keeps a state every STATE_STRIDE positions and the inputs everywhere,
     # and a resumed run replays the at most STATE_STRIDE - 1 positions in between (writing every
-    # state cost more, in fresh memory alone, than all the resumed runs of a sweep).
-    STATE_STRIDE = 4
+    # state cost more, in fresh memory alone, than all the resumed runs of a sweep). The kept
+    # states are the boundaries of the base run's chunked SSD in chunks of STATE_STRIDE
+    # (`ssd_kept_states`): one pass gives the output and them.
+    STATE_STRIDE = 16
 
     def prefix_context(self, u: RunResid) -> Context:
         """Return, for a run on `u` ``[N, T, d_model]``: ``xbc`` ``[N, T, conv_dim]``, the conv's
@@ -442,11 +451,11 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         z, xbc, dt = self._in_proj(u)
         x, dt, B, C = self._ssm_inputs(self.conv1d(xbc) if self.conv1d is not None else xbc, dt)
         A = -torch.exp(self.A_log)
-        y, _ = ssd(x, dt, A, B, C, self.chunk_size)
+        y, every = ssd_kept_states(x, dt, A, B, C, self.STATE_STRIDE)
         y = self.norm((y + self.D[:, None] * x).flatten(2), z)
-        every = ssd_strided_states(x, dt, A, B, self.STATE_STRIDE)
-        inputs = {"x": x.contiguous(), "dt": dt, "B": B.contiguous()}  # views of xBC: row-flattened per resume
-        return self.out_proj(y), {"xbc": xbc, **inputs, "ssm_state": every}
+        # contiguous: views of in_proj's output would be copied whole by each resume's row lookups
+        inputs = {"xbc": xbc.contiguous(), "x": x.contiguous(), "dt": dt.contiguous(), "B": B.contiguous()}
+        return self.out_proj(y), {**inputs, "ssm_state": every}
 
     def state_from_context(self, name: str, context: Context, rows: RowInts, positions: RowInts) -> Tensor:
         """Return ``hook_ssm_state`` of the context's run at ``positions[i]`` of row ``rows[i]``,

@@ -25,6 +25,9 @@ Side by side:
   would record one graph node per step and scatter into the full tensor at each one.)
 * `linear_scan`: the bare recurrence h_t = a_t ⊙ h_{t-1} + b_t with its own backward, for
   callers that need the states themselves (the Mamba mixer when its state hook is on).
+* `strided_selective_scan`: the forward alone (no autograd) in chunks of `stride` positions,
+  keeping each chunk's last state: a resumable run's output and its states every `stride`
+  positions, in one pass (the patching engine's base runs).
 """
 
 from __future__ import annotations
@@ -201,6 +204,31 @@ class _SelectiveScan(torch.autograd.Function):
             None,
             grad_h0,
         )
+
+
+@torch.no_grad()
+def strided_selective_scan(
+    u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, stride: int
+) -> tuple[Tensor, Tensor]:
+    """Return ``(y, kept)``: y ``[batch, pos, d_inner]`` as `selective_scan` without D (the same
+    recurrence, the same operations), and kept ``[batch, pos // stride, d_inner, d_state]``, the
+    states after positions stride - 1, 2 stride - 1, ... Walks time in chunks of `stride`
+    positions, so that no more than a chunk's states exist at once; not differentiable."""
+    u, delta, B, C = (_time_major(x) for x in (u, delta, B, C))
+    n_pos, batch, d_inner = u.shape
+    delta_u = delta * u
+    h0 = u.new_zeros(batch, d_inner, A.shape[1])
+    y = torch.empty_like(u)
+    kept = u.new_empty(n_pos // stride, batch, d_inner, A.shape[1])
+    for start in range(0, n_pos, stride):
+        part = slice(start, start + stride)
+        _, h = _chunk_states(delta[part], delta_u[part], B[part], A, h0)
+        y[part] = torch.matmul(h, C[part, :, :, None]).squeeze(-1)
+        h0 = h[-1].clone()  # a view would keep the whole chunk's states alive
+        if h.shape[0] == stride:
+            kept[start // stride] = h0
+    # contiguous: a resume looks rows up in the row-flattened states, which a view would copy whole
+    return y.transpose(0, 1), kept.transpose(0, 1).contiguous()
 
 
 def selective_scan(

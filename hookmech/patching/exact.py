@@ -21,7 +21,7 @@ from ..cache import CacheFile, answer_probs
 from ..hook_names import block_hook
 from ..sites import PositionPatch, as_specs, position_patches
 from ..tasks.batch import Batch
-from .forwards import full_pairs, hooks_to_start, resume_layer, resumed_pairs, start_layer
+from .forwards import full_pairs, hooks_to_start, resume_layer, resumed_pairs, start_layer, window_widths
 from .metrics import Metric, make_metric
 from .options import PatchOptions
 from .plans import TargetPlan, changed_rows, plan_target
@@ -164,12 +164,18 @@ def patched_rows(
     start = start_layer(model, site)
     resid = None if start is None else runs.acts(block_hook(start, "resid_pre"), base)
     tokens = batch.tokens if base == "clean" else batch.corrupt_tokens
-    if changed.any():
-        changed &= reaches_query(model, runs, plans, masks, start, tokens, resid, options.max_batch)
-    patch_index, row_index = changed.nonzero(as_tuple=True)
     resume_at = resume_layer(model, site)
     contexts = None if resume_at is None else runs.resume_contexts(resume_at, base, options.max_batch)
-    if resume_at is not None and contexts is not None:
+    resumed = resume_at is not None and contexts is not None
+    if changed.any():
+        # what a patched run of each pair would run: its window (resumed), or every position
+        query = batch.query_pos.to(device)
+        first = masks.int().argmax(dim=-1)  # [P, N]: the first patched position
+        skippable = window_widths(first, query[None, :]) if resumed else torch.full_like(first, masks.shape[-1])
+        changed = reaches_query(model, runs, plans, masks, start, tokens, resid, options.max_batch, changed, skippable)
+    patch_index, row_index = changed.nonzero(as_tuple=True)
+    if resumed:
+        assert resume_at is not None and contexts is not None
         pairs = resumed_pairs(
             model, runs, plans, masks, patch_index, row_index, resume_at, contexts, base, options.max_batch
         )

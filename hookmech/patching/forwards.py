@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..cache import run_chunks
 from ..hook_names import block_hook
-from ..mixers.base import take_window, window_index
+from ..mixers.base import window_index, window_of
 from .plans import TargetPlan, patch_mask, replace_hook
 from .protocol import PatchableModel
 from .runs import CleanCorruptRuns
@@ -117,26 +117,36 @@ def resumed_pairs(
             every = torch.arange(n_pos, device=rows.device).expand(len(rows), n_pos)  # a mixer firing on the whole run
             for patcher in patchers:
                 patcher.point_at(rows, masks[which_patch, rows], (window_index(start, width), query[rows, None], every))
-            resid_window = take_window(resid.index_select(0, rows), start, width)
+            resid_window = window_of(resid, rows, start, width)  # not whole rows: windows are short
             logits = model.resume(resid_window, layer, contexts, rows, start, query[rows])
             yield which_patch, rows, logits
 
 
 #: how much wider than its narrowest row a chunk's window may grow (`width_chunks`)
 WIDTH_GROWTH = 1.25
+#: (row, position) pairs a chunk may compute for nothing whatever its widths (`width_chunks`): a
+#: resumed forward costs a fixed few milliseconds of Python and small-tensor calls, what a few
+#: hundred positions cost at d_model 64, so merging short windows is cheaper than running them apart
+WASTE_FLOOR = 512
 
 
 def width_chunks(widths: list[int], max_batch: int) -> Iterator[slice]:
     """Yield slices covering `widths` (ascending window widths, one per pair) of at most
-    `max_batch` pairs, a new slice wherever a width exceeds WIDTH_GROWTH times the slice's first
-    (and its first + 1): a chunk runs every row on its widest window, so this bounds the positions
+    `max_batch` pairs, a new slice wherever the next width would make the slice compute more than
+    WASTE_FLOOR positions for nothing (a chunk runs every row on its widest window) and exceeds
+    WIDTH_GROWTH times the slice's first width (and its first + 1): this bounds the positions
     computed for nothing to a quarter, where fixed-size chunks of a key's windows (4 to 35
-    positions) ran most rows on 30 or more."""
+    positions) ran most rows on 30 or more, while short windows (ATR's patches near the query:
+    1 to 20 positions) share a few forwards instead of one per width."""
     start = 0
     while start < len(widths):
         limit = max(widths[start] * WIDTH_GROWTH, widths[start] + 1)
-        stop = start + 1
-        while stop < len(widths) and stop - start < max_batch and widths[stop] <= limit:
+        stop, total = start + 1, widths[start]
+        while stop < len(widths) and stop - start < max_batch:
+            waste = (stop + 1 - start) * widths[stop] - (total + widths[stop])
+            if widths[stop] > limit and waste > WASTE_FLOOR:
+                break
+            total += widths[stop]
             stop += 1
         yield slice(start, stop)
         start = stop

@@ -86,6 +86,22 @@ def test_chunked_and_recurrent_match_explicit_matrices(chunk_size):
     torch.testing.assert_close(torch.einsum("bthvk,bthk->bthv", all_states, q), expected, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("chunk_size", [4, 5, 13, 16])
+def test_chunked_keeps_the_state_after_each_whole_chunk(chunk_size):
+    """``return_states="chunks"`` (the engine's base runs): the recurrence's states after positions
+    chunk_size - 1, 2 chunk_size - 1, ... (none for a run shorter than a chunk), outputs unchanged."""
+    q, k, v, beta = random_qkvb()
+    n_pos = k.shape[1]
+    expected = explicit_delta_rule(q, k, v, beta)
+    out, kept = delta_rule_chunked(q, k, v, beta, chunk_size, return_states="chunks")
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-10)
+    assert kept.shape == (k.shape[0], n_pos // chunk_size, k.shape[2], v.shape[-1], k.shape[-1])
+    for index in range(n_pos // chunk_size):  # the sequential recurrence up to the chunk's last position
+        end = (index + 1) * chunk_size
+        want = delta_rule_recurrent(q[:, :end], k[:, :end], v[:, :end], beta[:, :end])[1]
+        torch.testing.assert_close(kept[:, index], want, rtol=1e-10, atol=1e-10)
+
+
 def test_chunked_continues_from_an_initial_state():
     q, k, v, beta = random_qkvb()
     initial = torch.randn(2, 2, 5, 5, dtype=torch.float64)

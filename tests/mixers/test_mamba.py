@@ -22,7 +22,7 @@ from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import mamba as mamba_module
 from hookmech.mixers.mamba import Mamba
-from hookmech.mixers.selective_scan import linear_scan, selective_scan, selective_scan_ref
+from hookmech.mixers.selective_scan import linear_scan, selective_scan, selective_scan_ref, strided_selective_scan
 from hookmech.model import HookedLM
 
 from helpers import assert_state_edit_propagates
@@ -167,6 +167,18 @@ def test_fast_scan_matches_the_sequential_reference_forward_and_backward(chunk, 
     torch.testing.assert_close(fast, slow, rtol=1e-12, atol=1e-12)
     for name, got, want in zip(["u", "delta", "A", "B", "C", "D"], fast_grads, slow_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("stride,n_pos", [(16, 7), (16, 40), (4, 13), (1, 5)])
+def test_strided_scan_gives_the_output_and_every_strideth_state_of_the_sequential_reference(stride, n_pos):
+    """`strided_selective_scan` (the engine's base runs): y as the sequential reference's (without
+    D) and its states after positions stride - 1, 2 stride - 1, ... (none for a run shorter than a stride)."""
+    u, delta, A, B, C = (t.detach() for t in scan_inputs(n_pos=n_pos))
+    y, kept = strided_selective_scan(u, delta, A, B, C, stride)
+    want, states = selective_scan_ref(u, delta, A, B, C)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    assert kept.shape == (u.shape[0], n_pos // stride, *states.shape[2:])
+    torch.testing.assert_close(kept, states[:, stride - 1 :: stride][:, : n_pos // stride], rtol=1e-12, atol=1e-12)
 
 
 def test_fast_scan_gradients_match_finite_differences():

@@ -17,7 +17,7 @@ from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import mamba2 as mamba2_module
-from hookmech.mixers.mamba2 import Mamba2, ssd_chunked, ssd_recurrent, ssd_sequential
+from hookmech.mixers.mamba2 import Mamba2, ssd_chunked, ssd_kept_states, ssd_recurrent, ssd_sequential
 from hookmech.model import HookedLM
 
 from helpers import (assert_state_built_only_when_hooked, assert_state_edit_propagates, random_state_edits,
@@ -130,6 +130,24 @@ def test_chunked_ssd_matches_the_sequential_recurrence(chunk_size, n_pos, ngroup
     torch.testing.assert_close(states_rec, states_seq, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(y_rec_final, y_seq, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(final_rec, states_seq[:, -1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("stride,n_pos,ngroups", [(16, 40, 1), (4, 13, 2), (16, 9, 1), (3, 12, 4)])
+def test_kept_states_are_every_strideth_state_of_the_sequential_recurrence(stride, n_pos, ngroups):
+    """`ssd_kept_states` (the engine's base runs): y and the states after positions stride - 1,
+    2 stride - 1, ... of `ssd_sequential` (none for a run shorter than a stride)."""
+    torch.manual_seed(2)
+    batch, heads, headdim, d_state = 2, 4, 3, 5
+    x = torch.randn(batch, n_pos, heads, headdim, dtype=torch.double)
+    dt = F.softplus(torch.randn(batch, n_pos, heads, dtype=torch.double))
+    A = -torch.rand(heads, dtype=torch.double) * 5
+    B = torch.randn(batch, n_pos, ngroups, d_state, dtype=torch.double)
+    C = torch.randn(batch, n_pos, ngroups, d_state, dtype=torch.double)
+    y_seq, states_seq = ssd_sequential(x, dt, A, B, C)
+    y, kept = ssd_kept_states(x, dt, A, B, C, stride)
+    torch.testing.assert_close(y, y_seq, rtol=1e-10, atol=1e-10)
+    assert kept.shape == (batch, n_pos // stride, heads, headdim, d_state)
+    torch.testing.assert_close(kept, states_seq[:, stride - 1 :: stride][:, : n_pos // stride], rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("options", [{}, {"ngroups": 2, "chunk_size": 3}])

@@ -126,7 +126,9 @@ def test_window_helpers_by_hand():
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
 def test_overridden_forward_from_projects_only_the_window(name, options):
     """A mixer that implements its own `forward_from` runs its input-dependent linear layers
-    on the window only (that is the point of resuming); the default re-runs `forward`."""
+    on the window only (that is the point of resuming); the default re-runs `forward`. A mixer
+    that keeps its state every STATE_STRIDE positions may also project the STATE_STRIDE - 1
+    positions it replays (Mamba's x_proj and dt_proj, from the kept in_x), never the run's."""
     mixer = make_mixer(name, options)
     if type(mixer).forward_from is Mixer.forward_from:
         pytest.skip(f"{name} uses the default forward_from (re-runs forward on the spliced input)")
@@ -143,7 +145,8 @@ def test_overridden_forward_from_projects_only_the_window(name, options):
         handle.remove()
     per_row = [shape for shape in seen if len(shape) >= 3 and shape[0] == len(rows)]
     assert per_row, "no linear layer saw the window"
-    assert all(shape[1] <= width for shape in per_row), per_row
+    replayed = getattr(type(mixer), "STATE_STRIDE", 1) - 1
+    assert all(shape[1] <= width or shape[1] == replayed for shape in per_row), per_row
 
 
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=IDS)
@@ -210,6 +213,46 @@ def test_state_from_context_is_what_the_state_hook_fires_with(name, options):
             read = mixer.state_from_context(state, context, rows, positions)
         # another grouping of the same sums (a kept state carried over ≤ 3 positions): float64 round-off
         torch.testing.assert_close(read, fired["states"][rows, positions], rtol=1e-9, atol=1e-10)
+
+
+STRIDED = [(c, i) for c, i in zip(CONFIGS, IDS, strict=True) if hasattr(REGISTRY[c[0]], "STATE_STRIDE")]
+
+
+@pytest.mark.parametrize(("name", "options"), [c for c, _ in STRIDED], ids=[i for _, i in STRIDED])
+def test_kept_states_resume_at_every_start_of_a_run_several_strides_long(name, options):
+    """Mixers that keep their state only every STATE_STRIDE positions (Mamba, Mamba-2, DeltaNet, GLA,
+    quadratic Based),
+    on a run of 2.5 strides: `forward_from` at every start (each place in a block, blocks 0, 1, 2)
+    equals the mixer's forward on the spliced input, and `state_from_context` at every position
+    equals what the state hook fires with (reference: the mixer's own full forward)."""
+    mixer = make_mixer(name, options)
+    stride = type(mixer).STATE_STRIDE
+    n_pos = 2 * stride + stride // 2
+    generator = torch.Generator().manual_seed(1)
+    base = torch.randn(N_ROWS, n_pos, D_MODEL, dtype=torch.float64, generator=generator)
+    start = torch.arange(n_pos - 2)
+    rows = start % N_ROWS
+    window = torch.randn(len(rows), 3, D_MODEL, dtype=torch.float64, generator=generator)
+    fired = {}
+    points = {state: getattr(mixer, f"hook_{state}") for state in mixer.state_hooks}
+    for state, point in points.items():
+        point.add_hook(lambda act, hook, state=state: fired.setdefault(state, act.clone()))
+    try:
+        with torch.no_grad():
+            mixer(base)
+    finally:
+        for point in points.values():
+            point.remove_hooks()
+    with torch.no_grad():
+        context = mixer.prefix_context(base)
+        resumed = mixer.forward_from(window, context, rows, start)
+        expected = take_window(mixer(splice(base, rows, window, start)), start, 3)
+        every_row, every_pos = torch.arange(N_ROWS).repeat_interleave(n_pos), torch.arange(n_pos).repeat(N_ROWS)
+        read = {state: mixer.state_from_context(state, context, every_row, every_pos) for state in points}
+    # another grouping of the same sums (a kept state carried over < STATE_STRIDE positions): float64 round-off
+    torch.testing.assert_close(resumed, expected, rtol=1e-9, atol=1e-10)
+    for state in points:
+        torch.testing.assert_close(read[state], fired[state][every_row, every_pos], rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("with_state_hooks", [False, True])
