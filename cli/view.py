@@ -197,7 +197,6 @@ def _checkpoint_data(
     from pathlib import Path
 
     from hookmech.cache import CacheFile, UnverifiedCacheWarning
-    from hookmech.cache_rows import CacheRows
     from hookmech.view import checkpoint_page_data, default_positions
     from hookmech.view.checkpoint import page_chunk_rows
 
@@ -209,7 +208,7 @@ def _checkpoint_data(
         if cache_path is not None:
             source.check_model(model, checkpoint=ckpt, hooks=())
         # the first rows tell the roles and the row width; the rest is read a chunk at a time
-        first = CacheRows(source, slice(0, 1)).batch() if isinstance(source, CacheFile) else source.select(slice(0, 1))
+        first = source.window(slice(0, 1)).batch() if isinstance(source, CacheFile) else source.select(slice(0, 1))
         n_rows = source.n if isinstance(source, CacheFile) else len(source)
         chunks = math.ceil(n_rows / page_chunk_rows(model, source, memory))
         sites = split_flag(site_specs) or ["all"]

@@ -23,7 +23,6 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from .cache import CacheFile
-from .cache_rows import CacheRows
 from .errors import UsageError, unknown
 from .row_chunks import MEMORY_MIB, check_memory, chunk_rows, row_chunks
 from .sites import hook_to_site, row_positions
@@ -231,7 +230,7 @@ def fit_probe(
     try:
         label_parts, doc_parts = [], []
         for rows in row_chunks(cache.n, rows_per_chunk):
-            features, labels, doc_index = probe_data(CacheRows(cache, rows), hook, pos, target, which)
+            features, labels, doc_index = probe_data(cache.window(rows), hook, pos, target, which)
             store.append(features)
             label_parts.append(labels)
             doc_parts.append(doc_index)

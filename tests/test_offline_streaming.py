@@ -16,7 +16,6 @@ from torch.nn import functional as F
 
 import hookmech
 from hookmech.cache import CacheFile, write_cache
-from hookmech.cache_rows import CacheRows
 from hookmech.row_chunks import MEMORY_MIB, check_memory, chunk_rows, row_chunks
 from hookmech.das import train
 from hookmech.das.data import ORDER_ROWS, DasData
@@ -56,12 +55,11 @@ def row_reads(monkeypatch):
         largest["rows"] = max(largest["rows"], stop - start)
 
     def rows_spy(self, rows):
-        count(rows, self.n if not isinstance(self, CacheRows) else self._whole.n)
+        count(rows, self.n)  # a window's reads come here with the window's own rows
         return rows_of(self, rows)
 
     def read_spy(self, hook, which, rows):
-        if not isinstance(self, CacheRows):  # a window's read reaches here with the file's slice
-            count(rows, self.n)
+        count(rows, self.n)
         return read_of(self, hook, which, rows)
 
     monkeypatch.setattr(CacheFile, "_rows", rows_spy)
@@ -88,9 +86,9 @@ def test_a_window_reads_the_files_rows(attention_cache):
     hook = site_to_hook("L1.block_in")
     with CacheFile(path) as cache:
         whole = cache.batch()
-        window = CacheRows(cache, slice(31, 57))
+        window = cache.window(slice(31, 57))
         part = window.batch()
-        assert window.n == 26 and window.first_row == 31
+        assert window.n == 26
         for name in ("tokens", "corrupt_tokens", "answers", "lengths", "doc_index"):
             assert torch.equal(getattr(part, name), getattr(whole, name)[31:57]), name
         assert torch.equal(window.p_answer("corrupt"), cache.p_answer("corrupt")[31:57])

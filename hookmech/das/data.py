@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 
 from ..cache import CacheFile, check_batch_fits, check_cache_fits
-from ..cache_rows import CacheRows
 from ..errors import UsageError
 from ..hook_names import block_hook
 from ..hooks import pos_axis_of
@@ -142,7 +141,7 @@ class DasData:
         self.chunk_rows = self._budget_rows(memory) if chunk_rows is None else chunk_rows
         columns: dict[str, list[Tensor]] = {name: [] for name in ("positions", "query", "answers", "doc_index")}
         for rows in row_chunks(cache.n, self.chunk_rows):  # per-row numbers, a chunk's tokens at a time
-            batch = CacheRows(cache, rows).batch()
+            batch = cache.window(rows).batch()
             check_batch_fits(model, batch, str(cache.path))
             if rows.start == 0:
                 check_cache_fits(model, cache, batch, [self.source_hook, *self.base_hooks()])
@@ -241,7 +240,7 @@ class DasData:
         """The corrupt tokens ``[n, T]`` of the rows `kept` of the slice `rows`, or None where no
         forward starts from them (every hook they would give is read from the cache)."""
         needed = self.start_hook is None or any(not self.cache.has(hook, "corrupt") for hook in self.base_hooks())
-        return CacheRows(self.cache, rows).batch().corrupt_tokens[kept] if needed else None
+        return self.cache.window(rows).batch().corrupt_tokens[kept] if needed else None
 
     def _corrupt_hooks(self, numbers: Tensor, corrupt_tokens: Tensor | None, read) -> dict[str, Tensor]:
         """The corrupt run's `base_hooks` of rows `numbers`: read from the cache, or computed from

@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from ..cache import CacheFile
-from ..cache_rows import CacheRows
 from ..errors import HookmechError
 from ..row_chunks import MEMORY_MIB, chunk_rows, row_chunks
 from ..tasks.base import Task
@@ -160,7 +159,7 @@ def page_chunk_rows(model, source: Batch | CacheFile, memory: float = MEMORY_MIB
 
 def _window(source: Batch | CacheFile, rows: slice) -> Batch:
     """The `Batch` of the rows `rows` of `source`."""
-    return CacheRows(source, rows).batch() if isinstance(source, CacheFile) else source.select(rows)
+    return source.window(rows).batch() if isinstance(source, CacheFile) else source.select(rows)
 
 
 def _patched_rows(
@@ -188,7 +187,7 @@ def _patched_rows(
     tops: list[tuple[_Extremes, _Extremes]] = []
     n_pos = 0
     for rows in row_chunks(n_rows, rows_per_chunk):
-        window = CacheRows(source, rows) if isinstance(source, CacheFile) else source.select(rows)
+        window = source.window(rows) if isinstance(source, CacheFile) else source.select(rows)
         batch = window.batch() if isinstance(window, CacheFile) else window
         records = patch(
             model,
