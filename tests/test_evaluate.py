@@ -1,0 +1,174 @@
+"""`hookmech evaluate` end to end on a shrunken quick suite (`tiny_suite`: the quick suite's three
+tasks at 40 steps, two learning rates, 24 measured rows), with a mixer written outside the
+repository (docs/your_mixer.md's) and with a built-in one.
+
+References: the card's attributions against the plain `run_with_hooks` loop
+(hookmech.oracles.plain_loop_patch) on the best checkpoint at ENGINE_TOL; its verdict against
+`verdict` of those numbers; its best run against the results table; a rerun against the first
+card byte for byte; the budget's plan against a hand count. The quick suite at full length
+runs in the slow test (and is the bundled references' own command)."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+
+import pytest
+from helpers import ENGINE_TOL, REPO, run_cli
+from test_your_mixer import page_mixer_source
+
+import hookmech.evaluate.runner as runner
+from hookmech.errors import UsageError
+from hookmech.evaluate import evaluate, suite, verdict
+from hookmech.evaluate.card import best_row, task_rows
+
+TINY_STEPS = 40
+TINY_ROWS = 24
+
+
+def tiny(name: str):
+    """The suite `name` at TINY_STEPS steps, its first two learning rates, small dev sets."""
+    full = suite(name)
+    train = {"steps": TINY_STEPS, "eval_every": 20, "ckpt_every": 20, "n_dev": 32, "n_train": 0}
+    tasks = tuple(
+        dataclasses.replace(t, train={**{k: v for k, v in t.train.items() if k != "epochs"}, **train}, lrs=t.lrs[:2])
+        for t in full.tasks
+    )
+    return dataclasses.replace(full, tasks=tasks)
+
+
+@pytest.fixture
+def tiny_suite(monkeypatch):
+    monkeypatch.setattr(runner, "suite", tiny)
+    monkeypatch.setattr(runner, "MECH_N", TINY_ROWS)
+
+
+@pytest.fixture
+def smear(tmp_path):
+    folder = tmp_path / "mixers"
+    folder.mkdir()
+    (folder / "smear.py").write_text(page_mixer_source())
+    return f"{folder / 'smear.py'}:SmearAttention"
+
+
+def test_a_mixer_outside_the_repository_is_evaluated_by_one_command(tiny_suite, smear, tmp_path, capsys):
+    out = tmp_path / "eval"
+    code, stdout, err = run_cli(["evaluate", "--mixer", smear, "--threads", "1", "-o", out], capsys)
+    assert code == 0, err
+    card = json.loads((out / "card.json").read_text())
+    assert card["model"] == {"mixer": str((tmp_path / "mixers" / "smear.py").resolve()) + ":SmearAttention"}
+    assert [task["task"] for task in card["tasks"]] == ["ar", "mqar", "atr"]
+    for task in card["tasks"]:
+        rows = task_rows(out / task["task"])
+        assert sorted(row["lr"] for row in rows) == [1e-3, 3e-3]
+        assert task["best"] == best_row(rows)["run_id"]
+        assert task["verdict"] == verdict(best_row(rows))
+        assert (out / task["view"]).is_file()
+        assert task["verdict"]["label"] in stdout
+    assert "## mqar" in (out / "card.md").read_text()
+    assert str(out / "card.md") in stdout
+
+
+def test_the_cards_numbers_are_the_plain_loops(tiny_suite, tmp_path):
+    """The card's L1.block_in attributions of each task's best run, recomputed by the plain loop."""
+    from hookmech import tasks
+    from hookmech.checkpoint import load, read_metadata
+    from hookmech.mech import mech_batch
+    from hookmech.oracles import plain_loop_patch
+
+    card = evaluate(tmp_path / "e", mixer="attention", mixer_options={"L0.window": 2}, views=False, threads=1)
+    for task in card["tasks"]:
+        ckpt = tmp_path / "e" / task["task"] / task["best"] / "model.safetensors"
+        model, spec = load(ckpt), read_metadata(ckpt)["task"]
+        batch = mech_batch(tasks.from_spec(spec), 0, TINY_ROWS).trimmed()
+        reference = plain_loop_patch(model, batch, ["L1.block_in"], ["key", "value", "query"])
+        numbers = task["verdict"]["numbers"]
+        for (_hook, pos), record in reference.items():
+            p_clean, p_corrupt, p_patched = record["p_clean"], record["p_corrupt"], record["p_patched"]
+            if abs(p_clean - p_corrupt) > 1e-3:  # where the attribution is a well-conditioned ratio
+                expected = (p_patched - p_corrupt) / (p_clean - p_corrupt)
+                tolerance = 4 * ENGINE_TOL / abs(p_clean - p_corrupt)  # contract: engine vs plain loop
+                assert abs(numbers[pos] - expected) <= tolerance, (task["task"], pos)
+        assert abs(numbers["effect"] - (p_clean - p_corrupt)) <= 2 * ENGINE_TOL
+
+
+def test_a_rerun_trains_nothing_and_writes_the_same_card(tiny_suite, tmp_path):
+    first = evaluate(tmp_path / "e", mixer="attention", views=False, threads=1)
+    before = (tmp_path / "e" / "card.json").read_bytes()
+    messages = []
+    again = evaluate(tmp_path / "e", mixer="attention", views=False, threads=1, log=messages.append)
+    assert again == first and (tmp_path / "e" / "card.json").read_bytes() == before
+    assert sum("2 already done, 0 to run" in message for message in messages) == 3
+
+
+def test_another_evaluation_in_the_same_folder_is_refused(tiny_suite, tmp_path):
+    evaluate(tmp_path / "e", mixer="attention", views=False, threads=1)
+    with pytest.raises(UsageError, match="holds the evaluation of attention on suite quick, not mamba on suite quick"):
+        evaluate(tmp_path / "e", mixer="mamba", views=False)
+    with pytest.raises(UsageError, match="not attention L0.window=2 on suite quick"):
+        evaluate(tmp_path / "e", mixer="attention", mixer_options={"L0.window": 2}, views=False)
+    assert json.loads((tmp_path / "e" / "evaluate.json").read_text())["model"] == {"mixer": "attention"}
+
+
+def test_the_budget_keeps_runs_in_priority_order_and_the_card_lists_the_rest(tiny_suite, tmp_path, monkeypatch):
+    # 10 ms a step: a 40-step run is estimated at 40 * 0.01 * OVERHEAD = 0.5 s
+    monkeypatch.setattr(runner, "step_seconds", lambda run, device="cpu": 0.01)
+    budget = 1.2 / 3600  # room for two runs: ar and mqar at the first rate (3e-3)
+    card = evaluate(tmp_path / "e", mixer="attention", budget_hours=budget, views=False, threads=1)
+    kept = {task["task"]: [run["lr"] for run in task["runs"]] for task in card["tasks"]}
+    assert kept == {"ar": [3e-3], "mqar": [3e-3], "atr": []}
+    assert {task["task"]: task["left_out"] for task in card["tasks"]} == {
+        "ar": [1e-3], "mqar": [1e-3], "atr": [1e-3, 3e-3]}
+    text = (tmp_path / "e" / "card.md").read_text()
+    assert "Left out by the budget: lr 0.001, 0.003." in text and "No run finished: no verdict." in text
+    # the same budget again: finished runs cost nothing, so the next two in priority order fit
+    card = evaluate(tmp_path / "e", mixer="attention", budget_hours=budget, views=False, threads=1)
+    assert {task["task"]: task["left_out"] for task in card["tasks"]} == {"ar": [], "mqar": [1e-3], "atr": [1e-3]}
+
+
+def test_the_paper_suite_bundles_the_six_architectures_with_the_papers_numbers(tiny_suite, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "step_seconds", lambda run, device="cpu": 1.0)
+    card = evaluate(tmp_path / "e", mixer="attention", suite_name="paper", budget_hours=1e-3, views=False)
+    ar = card["tasks"][0]
+    assert ar["runs"] == [] and ar["left_out"] == [1e-3, 3e-3]  # nothing fits, nothing trains
+    labels = {ref["label"]: (ref["verdict"]["label"], ref["paper_acc"]) for ref in ar["references"]}
+    assert labels == {
+        "attention": ("induction at layer 1", 100.0),
+        "Based (BaseConv + Based)": ("induction at layer 1", 99.06),
+        "Mamba": ("direct retrieval at layer 1", 80.62),
+        "H3": ("neither", 1.88),
+        "Hyena": ("neither", 2.81),
+        "BaseConv (short + long conv)": ("neither", 3.75),
+    }
+    for ref in ar["references"]:
+        assert (REPO / ref["record"] / "summary.json").is_file()
+
+
+def test_the_references_are_what_the_committed_records_give():
+    import runpy
+
+    script = runpy.run_path(str(REPO / "scripts" / "evaluate_references.py"))
+    bundled = REPO / "hookmech" / "evaluate" / "references.json"
+    assert script["build"]() == bundled.read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (the dist extra)")
+def test_ray_gives_the_same_card(tiny_suite, tmp_path):
+    local = evaluate(tmp_path / "local", mixer="attention", views=False, threads=1)
+    on_ray = evaluate(tmp_path / "ray", mixer="attention", views=False, engine="ray", workers=2, threads=1)
+
+    def without_times(card):
+        for task in card["tasks"]:
+            for run in task["runs"]:
+                run.pop("seconds")
+        return card
+
+    assert without_times(on_ray) == without_times(local)
+
+
+@pytest.mark.slow
+def test_the_quick_suite_on_attention(tmp_path):
+    """The full quick suite (about 15 minutes on one core): attention recalls AR by induction."""
+    card = evaluate(tmp_path / "e", mixer="attention", mixer_options={"L0.window": 2}, views=False, threads=1)
+    ar = card["tasks"][0]
+    assert ar["verdict"]["mechanism"] == "induction" and max(run["dev_acc"] for run in ar["runs"]) > 0.9
