@@ -93,7 +93,15 @@ def test_the_cards_numbers_are_the_plain_loops(tiny_suite, tmp_path):
 
 
 def test_a_rerun_trains_nothing_and_writes_the_same_card(tiny_suite, tmp_path):
-    first = evaluate(tmp_path / "e", mixer="attention", views=False, threads=1)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    first = evaluate(tmp_path / "e", mixer="attention", views=False, threads=threads + 1)
+    # the runs trained in this process: the caller keeps its threads and its random stream
+    assert torch.get_num_threads() == threads and torch.equal(torch.rand(2), expected)
     before = (tmp_path / "e" / "card.json").read_bytes()
     messages = []
     again = evaluate(tmp_path / "e", mixer="attention", views=False, threads=1, log=messages.append)

@@ -10,8 +10,10 @@ the same evaluation again resumes it; another suite or model in the same folder 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,17 +61,32 @@ def evaluate(
     model_key = _model_key(mixer, arch)
     options = dict(mixer_options or {})
     out = Path(out)
-    # every run's options are checked before anything is written
-    sweeps = {task.name: _task_sweep(chosen, task, model_key, options) for task in chosen.tasks}
-    _claim_folder(out, chosen, model_key, options)
-    planned = _plan(chosen, sweeps, out, budget_hours, workers, device, log)
-    errors = _run(chosen, sweeps, planned, out, engine, workers, threads, device, address, log)
-    if views:
-        _write_views(chosen, out, device, log)
+    with _caller_state_kept():
+        # every run's options are checked before anything is written
+        sweeps = {task.name: _task_sweep(chosen, task, model_key, options) for task in chosen.tasks}
+        _claim_folder(out, chosen, model_key, options)
+        planned = _plan(chosen, sweeps, out, budget_hours, workers, device, log)
+        errors = _run(chosen, sweeps, planned, out, engine, workers, threads, device, address, log)
+        if views:
+            _write_views(chosen, out, device, log)
     card = build_card(out, chosen, model_key, options, planned, errors)
     write_card(card, out)
     log(f"wrote {out / 'card.md'} and {out / 'card.json'}")
     return card
+
+
+@contextlib.contextmanager
+def _caller_state_kept() -> Iterator[None]:
+    """Give the caller back its torch thread count and RNG state: runs train in this process
+    when there is one worker, and they set both."""
+    import torch
+
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng(devices=[]):
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
 
 def _model_key(mixer: str | None, arch: str | None) -> dict[str, Any]:
@@ -136,7 +153,7 @@ def _task_sweep(chosen: Suite, task: SuiteTask, model_key: dict[str, Any], optio
     )
     first = expand(base)[0]
     sites, positions = _mech_sites(first.as_dict())
-    sweep = Sweep(**{**base.__dict__, "mech": _mech(sites, positions)})
+    sweep = dataclasses.replace(base, mech=_mech(sites, positions))
     validate(expand(sweep))
     return sweep
 
@@ -202,8 +219,6 @@ def _plan(chosen: Suite, sweeps, out: Path, budget_hours, workers: int, device: 
 
 def _run(chosen: Suite, sweeps, planned: list[Planned], out: Path, engine, workers, threads, device, address, log):
     """Run each task's kept runs; return ``{task: error message}`` of tasks whose runs failed."""
-    import dataclasses
-
     from ..sweep import run_sweep
 
     errors: dict[str, str] = {}
