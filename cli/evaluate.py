@@ -23,11 +23,24 @@ from .common import CONTEXT, check_device, device_option, require_at_least, requ
 @click.option("--workers", type=int, default=1, show_default=True, help="runs in parallel")
 @click.option("--threads", type=int, default=None, help="torch threads per run (default: cores // workers)")
 @click.option("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
+@click.option("--gpus-per-run", type=float, default=0.0, show_default=True, help="Ray: fraction of a GPU per run")
 @click.option("--no-view", is_flag=True, help="skip the view page of each task's best run")
 @device_option
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(), help="the evaluation's folder (DIR)")
 def evaluate(
-    mixer, arch, suite_name, mixer_opt, budget_hours, engine, workers, threads, address, no_view, device, out_dir
+    mixer,
+    arch,
+    suite_name,
+    mixer_opt,
+    budget_hours,
+    engine,
+    workers,
+    threads,
+    address,
+    gpus_per_run,
+    no_view,
+    device,
+    out_dir,
 ):
     """Train a mixer on a suite's recall tasks, measure where the answer's information flows, and
     write DIR/card.md: accuracy, the mechanism verdict (induction / direct retrieval / both /
@@ -57,6 +70,7 @@ def evaluate(
         threads=threads,
         device=check_device(device),
         address=address,
+        gpus_per_run=gpus_per_run,
         views=not no_view,
         log=lambda message: click.echo(message, err=True),
     )

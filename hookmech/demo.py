@@ -70,6 +70,8 @@ def explain(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
     association was stored at the value by layer 0), query = direct retrieval by layer 0,
     key = direct retrieval deferred to layer 1.
     """
+    from .evaluate.verdict import MIN_EFFECT
+
     by_pos = {r["pos"]: r for r in records if r["site"] == site}
     first = next(iter(by_pos.values()))
     if not first["passes_filter"]:
@@ -91,6 +93,9 @@ def explain(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
             f"straight from the context, by layer 0 into the query (attribution {score.get('query', 0):.2f}) "
             f"and by layer 1 through the key's position ({score.get('key', 0):.2f}): direct retrieval."
         )
+    effect = first["p_clean"] - first["p_corrupt"]
+    if effect < MIN_EFFECT:  # passes the patching filter, yet too weak for the verdict's rules
+        return f"p_clean - p_corrupt = {effect:.3f} is below {MIN_EFFECT}: the model barely recalls, so no verdict."
     best = max(score, key=score.__getitem__)
     return f"No single mechanism dominates at {site} (largest attribution: {best} {score[best]:.2f})."
 

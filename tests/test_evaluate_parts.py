@@ -9,7 +9,7 @@ import torch
 
 from hookmech.errors import UsageError
 from hookmech.evaluate import suite
-from hookmech.evaluate.budget import OVERHEAD, plan, run_seconds, step_seconds
+from hookmech.evaluate.budget import OVERHEAD, plan, run_seconds, step_seconds, wall_seconds
 from hookmech.evaluate.card import WINDOW, best_row, card_markdown, inside_attributions, lr_window
 
 
@@ -18,8 +18,17 @@ def test_the_plan_keeps_runs_in_order_while_they_fit():
     kept = [p.kept for p in plan(runs, budget_hours=25 / 3600)]
     assert kept == [True, False, True, True]  # 10 s, then 30 s does not fit, a finished run is free, 10 s fits
     assert all(p.kept for p in plan(runs, budget_hours=None))
-    assert [p.kept for p in plan(runs, budget_hours=25 / 3600, workers=2)] == [True, True, True, True]  # 50 s
     assert [p.kept for p in plan(runs, budget_hours=1e-9)] == [False, False, True, False]
+
+
+def test_workers_share_a_task_not_the_suite():
+    # tasks run one after another; two ar runs of 10 s on 2 workers take 10 s, ar + mqar take 20 s
+    assert wall_seconds([("ar", 10.0), ("ar", 10.0)], workers=2) == 10.0
+    assert wall_seconds([("ar", 10.0), ("mqar", 10.0)], workers=2) == 20.0
+    assert wall_seconds([("ar", 10.0), ("ar", 6.0), ("ar", 2.0)], workers=2) == 9.0
+    runs = [("ar", 3e-3, 10.0, False), ("mqar", 3e-3, 10.0, False), ("ar", 1e-3, 10.0, False)]
+    assert [p.kept for p in plan(runs, budget_hours=20 / 3600, workers=2)] == [True, True, True]
+    assert [p.kept for p in plan(runs, budget_hours=19 / 3600, workers=2)] == [True, False, True]
 
 
 @pytest.mark.parametrize("budget", [0.0, -1.0, math.nan, math.inf])
@@ -40,9 +49,10 @@ def test_step_seconds_measures_without_moving_the_callers_rng():
     torch.manual_seed(7)
     expected = torch.rand(3)
     torch.manual_seed(7)
-    seconds = step_seconds(expand(sweep)[0].as_dict(), steps=2)
+    threads = torch.get_num_threads()
+    seconds = step_seconds(expand(sweep)[0].as_dict(), steps=2, threads=threads + 1)
     assert 0 < seconds < 10
-    assert torch.equal(torch.rand(3), expected)
+    assert torch.equal(torch.rand(3), expected) and torch.get_num_threads() == threads
 
 
 def row(run_id, lr, acc, status="finished", **columns):
@@ -87,7 +97,8 @@ def test_the_markdown_shows_noise_in_parentheses_and_what_was_left_out():
                      {"run_id": "b", "lr": 1e-2, "status": "finished", "dev_acc": 0.01, "verdict": noise},
                      {"run_id": "c", "lr": 3e-2, "status": "nan", "dev_acc": None, "verdict": None}],
             "lr_window": [1e-3], "left_out": [3e-3], "error": None, "view": None,
-            "references": [{"label": "attention", "lr": 1e-3, "dev_acc": 0.99, "paper_acc": 100.0, "verdict": recalls}],
+            "references": [{"label": "attention", "lr": 1e-3, "dev_acc": 0.99, "paper_acc": 1.0, "verdict": recalls}],
+            "not_applied": ["bias"], "view_error": None,
         }],
     }
     text = card_markdown(card)
@@ -97,7 +108,8 @@ def test_the_markdown_shows_noise_in_parentheses_and_what_was_left_out():
     assert "| 0.03 | nan | – | – | – |" in text
     assert "**Verdict: induction at layer 1**" in text and "0.001 — 1 of 2 rates trained" in text
     assert "Left out by the budget: lr 0.003." in text
-    assert "| attention | 0.001 | 0.990 | 100.00 % | induction at layer 1 | 1.00 / 0.00 / 0.00 |" in text
+    assert "The suite's mixer options `bias` were not applied: this mixer does not take them." in text
+    assert "| attention | 0.001 | 0.990 | 1.000 | induction at layer 1 | 1.00 / 0.00 / 0.00 |" in text
 
 
 def test_the_suites():

@@ -62,9 +62,9 @@ def test_thresholds_by_hand():
     assert both["label"] == "both: induction at layer 1, direct retrieval at layer 0"
     assert verdict(columns(key=0.3, query=0.2))["mechanism"] == "direct retrieval"  # 0.5 in all
     assert verdict(columns(key=0.3, query=0.2))["layers"] == {"direct retrieval": [1]}
-    # an even split under PRESENT names the larger position's layer
-    assert verdict(columns(key=0.24, query=0.26))["layers"] == {"direct retrieval": [0]}
-    assert verdict(columns(key=0.26, query=0.24))["layers"] == {"direct retrieval": [1]}
+    # retrieval split under PRESENT at both positions (but PRESENT together) names the larger's layer
+    assert verdict(columns(value=0.3, key=0.2, query=0.21))["layers"] == {"induction": [1], "direct retrieval": [0]}
+    assert verdict(columns(value=0.3, key=0.21, query=0.2))["layers"] == {"induction": [1], "direct retrieval": [1]}
 
 
 def test_the_effect_filter_and_missing_numbers():

@@ -78,8 +78,13 @@ def build_card(
     options: dict[str, Any],
     planned: list[Planned],
     errors: dict[str, str],
+    view_errors: dict[str, str] | None = None,
+    not_applied: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """Return the card of the evaluation in `out` (what ``card.json`` holds)."""
+    """Return the card of the evaluation in `out` (what ``card.json`` holds). `errors` and
+    `view_errors` are per task; `not_applied` lists per task the suite's mixer options the
+    evaluated mixer does not take."""
+    view_errors, not_applied = view_errors or {}, not_applied or {}
     bundled = references().get(chosen.name, {})
     tasks = []
     for task in chosen.tasks:
@@ -112,6 +117,8 @@ def build_card(
                 "lr_window": lr_window(rows),
                 "left_out": sorted(p.lr for p in planned if p.task == task.name and not p.kept),
                 "error": errors.get(task.name),
+                "view_error": view_errors.get(task.name),
+                "not_applied": not_applied.get(task.name, []),
                 "references": [_reference(entry) for entry in bundled.get(task.name, [])],
                 "view": str(view.relative_to(out)) if view is not None and view.exists() else None,
             }
@@ -170,8 +177,13 @@ def card_markdown(card: dict[str, Any]) -> str:
             lines += ["", "Left out by the budget: lr " + ", ".join(f"{lr:g}" for lr in task["left_out"]) + "."]
         if task["error"]:
             lines += ["", f"Failed: {task['error']}"]
+        if task["not_applied"]:
+            shown = ", ".join(f"`{key}`" for key in task["not_applied"])
+            lines += ["", f"The suite's mixer options {shown} were not applied: this mixer does not take them."]
         if task["view"]:
             lines += ["", f"Page of the best run: [{task['view']}]({task['view']})."]
+        elif task["view_error"]:
+            lines += ["", f"No page of the best run: {task['view_error']}"]
         lines += ["", *_references_table(task)]
     return "\n".join(lines) + "\n"
 
@@ -218,11 +230,11 @@ def _references_table(task: dict[str, Any]) -> list[str]:
     lines = [
         "References (hookmech's own runs; the paper's best where it reports one):",
         "",
-        "| architecture | lr | dev acc | paper | verdict | value / key / query |",
+        "| architecture | lr | dev acc | paper (best lr) | verdict | value / key / query |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for ref in task["references"]:
-        paper = f"{ref['paper_acc']:.2f} %" if _number(ref["paper_acc"]) else "–"
+        paper = f"{ref['paper_acc']:.3f}" if _number(ref["paper_acc"]) else "–"
         lines.append(
             f"| {ref['label']} | {ref['lr']:g} | {ref['dev_acc']:.3f} | {paper} | {ref['verdict']['label']} | "
             f"{_numbers_text(ref['verdict'])} |"

@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import HookmechError, UsageError
 from ..fileio import read_json, write_text_atomic
 from ..locking import FolderLocked
+from ..sweep.engines import check_ray_address, default_threads, import_ray
 from .budget import Planned, check_budget, plan, run_seconds, step_seconds
 from .card import build_card, write_card
 from .suites import Suite, SuiteTask, suite
@@ -41,6 +42,7 @@ def evaluate(
     threads: int | None = None,
     device: str = "cpu",
     address: str | None = None,
+    gpus_per_run: float = 0.0,
     views: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -48,10 +50,12 @@ def evaluate(
     model preset `arch` on suite `suite_name` into folder `out`; return the card (`card.json`'s
     data).
 
-    `mixer_options` (``{K: V}`` for every layer, ``{"L0.K": V}`` for one) go to every run.
-    `budget_hours` keeps the runs that fit (`budget.plan`) and lists the rest in the card.
-    Every run's options are checked before the first trains (UsageError). A run that fails is
-    marked so in the card and the others go on.
+    `mixer_options` (``{K: V}`` for every layer, ``{"L0.K": V}`` for one) go to every run; a
+    suite's own mixer option that the evaluated mixer does not take (the paper suite's ``bias``)
+    is left out and the card says so. `budget_hours` keeps the runs that fit (`budget.plan`)
+    and lists the rest in the card. Every run's options, and Ray, are checked before anything is
+    written (UsageError). A run, or a view page, that fails is marked so in the card and the
+    others go on.
     """
     log = log or (lambda message: None)
     check_budget(budget_hours)
@@ -60,29 +64,48 @@ def evaluate(
     chosen = suite(suite_name)
     model_key = _model_key(mixer, arch)
     options = dict(mixer_options or {})
+    _refuse_model_keys(options)
+    threads = default_threads(workers) if threads is None else threads
+    if engine == "ray":  # Ray absent or far away: one line before the folder is touched
+        import_ray()
+        check_ray_address(address)
     out = Path(out)
-    with _caller_state_kept():
+    with _caller_state_kept(device):
         # every run's options are checked before anything is written
-        sweeps = {task.name: _task_sweep(chosen, task, model_key, options) for task in chosen.tasks}
+        built = {task.name: _task_sweep(chosen, task, model_key, options) for task in chosen.tasks}
+        sweeps = {name: sweep for name, (sweep, _) in built.items()}
+        not_applied = {name: dropped for name, (_, dropped) in built.items() if dropped}
         _claim_folder(out, chosen, model_key, options)
-        planned = _plan(chosen, sweeps, out, budget_hours, workers, device, log)
-        errors = _run(chosen, sweeps, planned, out, engine, workers, threads, device, address, log)
-        if views:
-            _write_views(chosen, out, device, log)
-    card = build_card(out, chosen, model_key, options, planned, errors)
+        planned = _plan(chosen, sweeps, out, budget_hours, workers, threads, device, log)
+        errors = _run(chosen, sweeps, planned, out, engine, workers, threads, device, address, gpus_per_run, log)
+        view_errors = _write_views(chosen, out, device, log) if views else {}
+    card = build_card(out, chosen, model_key, options, planned, errors, view_errors, not_applied)
     write_card(card, out)
     log(f"wrote {out / 'card.md'} and {out / 'card.json'}")
     return card
 
 
+def _refuse_model_keys(options: dict[str, Any]) -> None:
+    """Raise a UsageError for a --mixer-opt that is a model setting of the suite (d_model,
+    mixer, …): the suite fixes those, so that cards and references compare."""
+    from ..sweep import MODEL_KEYS
+
+    for key in options:
+        if key.rpartition(".")[2] in MODEL_KEYS:
+            raise UsageError(
+                f"--mixer-opt {key}: {key.rpartition('.')[2]} is a model setting the suite fixes, not a mixer option"
+            )
+
+
 @contextlib.contextmanager
-def _caller_state_kept() -> Iterator[None]:
-    """Give the caller back its torch thread count and RNG state: runs train in this process
-    when there is one worker, and they set both."""
+def _caller_state_kept(device: str = "cpu") -> Iterator[None]:
+    """Give the caller back its torch thread count and RNG states (CPU, and CUDA when runs use
+    it): runs train in this process when there is one worker, and they set both."""
     import torch
 
     threads = torch.get_num_threads()
-    with torch.random.fork_rng(devices=[]):
+    cuda = list(range(torch.cuda.device_count())) if device.startswith("cuda") else []
+    with torch.random.fork_rng(devices=cuda):
         try:
             yield
         finally:
@@ -137,11 +160,17 @@ def _describe(what: Any) -> str:
 
 
 def _task_sweep(chosen: Suite, task: SuiteTask, model_key: dict[str, Any], options: dict[str, Any]):
-    """Return the `Sweep` of one task (every learning rate of the suite), checked: its sites are
-    every ``L{l}.block_in`` with l >= 1 and the mixers' inside hooks, its positions the task's roles."""
-    from ..sweep import Sweep, expand, validate
+    """Return (the `Sweep` of one task, every learning rate of the suite, checked; the suite's
+    mixer options left out because the evaluated mixers do not take them). Its sites are every
+    ``L{l}.block_in`` with l >= 1 and the mixers' inside hooks, its positions the task's roles."""
+    from ..sweep import MODEL_KEYS, Sweep, expand, validate
 
-    model = {**task.model, **model_key, **options}
+    settings = {key: value for key, value in task.model.items() if key in MODEL_KEYS}
+    suite_options = {key: value for key, value in task.model.items() if key not in MODEL_KEYS}
+    taken = _options_taken(model_key, settings.get("n_layers", 2))
+    dropped = sorted(key for key in suite_options if key not in taken)
+    kept = {key: value for key, value in suite_options.items() if key in taken}
+    model = {**settings, **kept, **model_key, **options}
     base = Sweep(
         name=f"evaluate-{chosen.name}-{task.name}",
         task=dict(task.task),
@@ -155,7 +184,20 @@ def _task_sweep(chosen: Suite, task: SuiteTask, model_key: dict[str, Any], optio
     sites, positions = _mech_sites(first.as_dict())
     sweep = dataclasses.replace(base, mech=_mech(sites, positions))
     validate(expand(sweep))
-    return sweep
+    return sweep, dropped
+
+
+def _options_taken(model_key: dict[str, Any], n_layers: int) -> set[str]:
+    """Return the option names every layer's mixer of the evaluated model takes."""
+    from ..mixers import mixer_class, mixer_options
+    from ..model_presets import expand_preset
+
+    if "arch" in model_key:
+        names = expand_preset(model_key["arch"], n_layers)[0]
+    else:
+        names = [name.strip() for name in model_key["mixer"].split(",")]
+    per_layer = [set(mixer_options(mixer_class(name))) for name in names]
+    return set.intersection(*per_layer)
 
 
 def _mech(sites: list[str], positions: list[str]) -> dict[str, Any]:
@@ -185,7 +227,9 @@ def _mech_sites(run: dict[str, Any]) -> tuple[list[str], list[str]]:
     return sites, list(task.roles)
 
 
-def _plan(chosen: Suite, sweeps, out: Path, budget_hours, workers: int, device: str, log) -> list[Planned]:
+def _plan(
+    chosen: Suite, sweeps, out: Path, budget_hours, workers: int, threads: int, device: str, log
+) -> list[Planned]:
     """Return the plan of every run: priority order is every task's first rate, then second, …"""
     from ..sweep import build_run, expand, run_is_complete
 
@@ -202,7 +246,7 @@ def _plan(chosen: Suite, sweeps, out: Path, budget_hours, workers: int, device: 
             seconds = 0.0
             if budget_hours is not None and not done:
                 if task.name not in step_time:
-                    step_time[task.name] = step_seconds(run, device)
+                    step_time[task.name] = step_seconds(run, device, threads=threads)
                     log(f"{task.name}: {step_time[task.name] * 1e3:.1f} ms a step here")
                 seconds = run_seconds(step_time[task.name], total)
             entries.append((task.name, float(task.lrs[index]), seconds, done))
@@ -217,41 +261,42 @@ def _plan(chosen: Suite, sweeps, out: Path, budget_hours, workers: int, device: 
     return planned
 
 
-def _run(chosen: Suite, sweeps, planned: list[Planned], out: Path, engine, workers, threads, device, address, log):
-    """Run each task's kept runs; return ``{task: error message}`` of tasks whose runs failed."""
-    from ..sweep import run_sweep
+def _run(chosen: Suite, sweeps, planned, out: Path, engine, workers, threads, device, address, gpus_per_run, log):
+    """Run each task's kept runs (one task after another; up to `workers` runs of a task at
+    once); return ``{task: error message}`` of tasks whose runs failed."""
+    from ..sweep import read_results, run_sweep, write_results
 
     errors: dict[str, str] = {}
     for task in chosen.tasks:
         lrs = [p.lr for p in planned if p.task == task.name and p.kept]
         if not lrs:
             continue
+        runs_dir = out / task.name
+        table = runs_dir / "results.csv"
+        # rows of runs this budget leaves out (a failure among them) outlive the sweep's rewrite
+        earlier = [row for row in read_results(table) if row["lr"] not in lrs] if table.exists() else []
         sweep = dataclasses.replace(sweeps[task.name], grid={"lr": lrs, "seed": [0]})
         try:
-            run_sweep(
-                sweep,
-                out / task.name,
-                engine=engine,
-                workers=workers,
-                threads=threads,
-                device=device,
-                address=address,
-                log=log,
-            )
+            run_sweep(sweep, runs_dir, engine=engine, workers=workers, threads=threads, device=device,
+                      address=address, gpus_per_run=gpus_per_run, log=log)  # fmt: skip
         except (UsageError, FolderLocked):
             raise
         except HookmechError as error:  # some runs failed: the card says which; go on
-            if not (out / task.name / "results.csv").exists():
+            if not table.exists():
                 raise
             errors[task.name] = str(error)
             log(f"{task.name}: {error}")
+        if earlier:
+            write_results(sorted(read_results(table) + earlier, key=lambda row: row["lr"]), table)
     return errors
 
 
-def _write_views(chosen: Suite, out: Path, device: str, log) -> None:
-    """Write the `hookmech view` page of each task's best run, unless it is there already."""
+def _write_views(chosen: Suite, out: Path, device: str, log) -> dict[str, str]:
+    """Write the `hookmech view` page of each task's best run, unless it is there already;
+    return ``{task: error}`` of pages that could not be made (the card still is)."""
     from .card import best_row, task_rows
 
+    errors: dict[str, str] = {}
     for task in chosen.tasks:
         best = best_row(task_rows(out / task.name))
         if best is None:
@@ -259,8 +304,14 @@ def _write_views(chosen: Suite, out: Path, device: str, log) -> None:
         page = out / task.name / f"view-{best['run_id']}.html"
         if page.exists():
             continue
-        _write_view(out / task.name / best["run_id"], page, device)
+        try:
+            _write_view(out / task.name / best["run_id"], page, device)
+        except HookmechError as error:
+            errors[task.name] = str(error)
+            log(f"{task.name}: no view page ({error})")
+            continue
         log(f"wrote {page}")
+    return errors
 
 
 def _write_view(run_dir: Path, page: Path, device: str) -> None:

@@ -3,6 +3,7 @@
 substring); `{tmp}` is the test's temporary folder."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -23,7 +24,14 @@ ROWS = [
     ("option", ["evaluate", "--mixer", "attention", "--mixer-opt", "nosuch=1", *OUT], "nosuch"),
     ("option-pair", ["evaluate", "--mixer", "attention", "--mixer-opt", "window", *OUT], "--mixer-opt expects K=V"),
     ("empty-name", ["evaluate", "--mixer", "", *OUT], "--mixer"),
+    ("model-setting", ["evaluate", "--mixer", "attention", "--mixer-opt", "d_model=32", *OUT],
+     "--mixer-opt d_model: d_model is a model setting the suite fixes, not a mixer option"),
+    ("layer-model-setting", ["evaluate", "--mixer", "attention", "--mixer-opt", "L1.mixer=mamba", *OUT],
+     "mixer is a model setting the suite fixes"),
 ]
+if importlib.util.find_spec("ray") is None:  # the dist extra absent: --engine ray says how to get it
+    ROWS.append(("no-dist-extra", ["evaluate", "--mixer", "attention", "--engine", "ray", *OUT],
+                 "--engine ray needs Ray: pip install 'hookmech[dist]'"))
 
 
 @pytest.mark.parametrize(("argv", "message"), [row[1:] for row in ROWS], ids=[row[0] for row in ROWS])
