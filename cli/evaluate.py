@@ -16,6 +16,9 @@ from .common import CONTEXT, check_device, device_option, require_at_least, requ
 )
 @click.option("--suite", "suite_name", default="quick", show_default=True, help="quick (CPU variants) or paper")
 @click.option(
+    "--lr", "lrs", type=float, multiple=True, help="learning rates in order of priority (default: the suite's)"
+)
+@click.option(
     "--mixer-opt", multiple=True, metavar="[L0.]K=V", help="mixer option for all layers, or L{l}.K=V for one layer"
 )
 @click.option("--budget-hours", type=float, default=None, help="run only what fits, planned from measured step times")
@@ -31,6 +34,7 @@ def evaluate(
     mixer,
     arch,
     suite_name,
+    lrs,
     mixer_opt,
     budget_hours,
     engine,
@@ -63,6 +67,7 @@ def evaluate(
         mixer=mixer,
         arch=arch,
         suite_name=suite_name,
+        lrs=list(lrs) or None,
         mixer_options=parse_options(mixer_opt, "--mixer-opt"),
         budget_hours=budget_hours,
         engine=engine,

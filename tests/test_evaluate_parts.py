@@ -112,6 +112,14 @@ def test_the_markdown_shows_noise_in_parentheses_and_what_was_left_out():
     assert "| attention | 0.001 | 0.990 | 1.000 | induction at layer 1 | 1.00 / 0.00 / 0.00 |" in text
 
 
+def test_rates_replace_every_tasks_in_their_order():
+    from hookmech.evaluate.suites import with_rates
+
+    quick = with_rates(suite("quick"), [1e-2, 3e-4])
+    assert [task.lrs for task in quick.tasks] == [(1e-2, 3e-4)] * 3
+    assert [task.train for task in quick.tasks] == [task.train for task in suite("quick").tasks]
+
+
 def test_the_suites():
     quick, paper = suite("quick"), suite("paper")
     assert [t.name for t in quick.tasks] == ["ar", "mqar", "atr"] and [t.name for t in paper.tasks] == ["ar", "atr"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from ..locking import FolderLocked
 from ..sweep.engines import check_ray_address, default_threads, import_ray
 from .budget import Planned, check_budget, plan, run_seconds, step_seconds
 from .card import build_card, write_card
-from .suites import Suite, SuiteTask, suite
+from .suites import Suite, SuiteTask, suite, with_rates
 
 #: the examples the attributions are measured on (every run), as the sweep presets' [mech]
 MECH_N, MECH_SEED = 320, 0
@@ -35,6 +35,7 @@ def evaluate(
     mixer: str | None = None,
     arch: str | None = None,
     suite_name: str = "quick",
+    lrs: Sequence[float] | None = None,
     mixer_options: dict[str, Any] | None = None,
     budget_hours: float | None = None,
     engine: str = "local",
@@ -50,6 +51,7 @@ def evaluate(
     model preset `arch` on suite `suite_name` into folder `out`; return the card (`card.json`'s
     data).
 
+    `lrs` replaces every task's learning rates (in order of priority; default: the suite's).
     `mixer_options` (``{K: V}`` for every layer, ``{"L0.K": V}`` for one) go to every run; a
     suite's own mixer option that the evaluated mixer does not take (the paper suite's ``bias``)
     is left out and the card says so. `budget_hours` keeps the runs that fit (`budget.plan`)
@@ -61,7 +63,7 @@ def evaluate(
     check_budget(budget_hours)
     if (mixer is None) == (arch is None):
         raise UsageError("give --mixer SPEC or --arch PRESET (one of them)")
-    chosen = suite(suite_name)
+    chosen = suite(suite_name) if lrs is None else with_rates(suite(suite_name), lrs)
     model_key = _model_key(mixer, arch)
     options = dict(mixer_options or {})
     _refuse_model_keys(options)

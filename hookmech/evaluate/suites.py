@@ -2,7 +2,7 @@
 over which learning rates.
 
 - ``quick`` — the CPU variants, minutes per run: AR (64 content tokens, 4 pairs: the ``ar-cpu``
-  preset's task), MQAR (sequence 64, 4 pairs, 128 tokens) and the easiest ATR (L_max 5, |Σ| 20),
+  preset's task), MQAR (sequence 32, 4 pairs, 64 tokens) and the easiest ATR (L_max 5, |Σ| 20),
   each 4000 steps on fresh documents (warm-up 50 %), d_model 64, two layers, untied head;
   learning rates 3e-3, 1e-3, 1e-2 in that order of priority.
 - ``paper`` — paper 000's code's configurations (the ``ar-paper-d64`` and ``atr-paper-d64``
@@ -16,10 +16,13 @@ every task before the second of any.
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import unknown
+from ..errors import UsageError, unknown
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ _QUICK_LRS = (3e-3, 1e-3, 1e-2)
 def _quick() -> Suite:
     tasks = (
         ("ar", {"name": "ar", "vocab_size": 64, "num_kv_pairs": 4}),
-        ("mqar", {"name": "mqar", "vocab_size": 128, "seq_len": 64, "num_kv_pairs": 4}),
+        ("mqar", {"name": "mqar", "vocab_size": 64, "seq_len": 32, "num_kv_pairs": 4}),
         ("atr", {"name": "atr", "max_rhs_len": 5, "num_terminals": 20}),
     )
     return Suite(
@@ -92,3 +95,17 @@ def suite(name: str) -> Suite:
     if name == "paper":
         return _paper()
     raise unknown("suite", name, SUITE_NAMES)
+
+
+def with_rates(chosen: Suite, lrs: Sequence[float]) -> Suite:
+    """Return `chosen` with every task's learning rates replaced by `lrs` (in order of
+    priority); rates must be finite, > 0 and distinct (UsageError)."""
+    if not lrs:
+        raise UsageError("--lr: give at least one learning rate")
+    for lr in lrs:
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):
+            raise UsageError(f"--lr must be a number > 0, got {lr}")
+    if len(set(lrs)) != len(lrs):
+        raise UsageError(f"--lr repeats a rate: {', '.join(f'{lr:g}' for lr in lrs)}")
+    rates = tuple(float(lr) for lr in lrs)
+    return dataclasses.replace(chosen, tasks=tuple(dataclasses.replace(task, lrs=rates) for task in chosen.tasks))
