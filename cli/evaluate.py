@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, check_device, device_option, require_at_least, require_name
+from .common import CONTEXT, check_device, device_option, require_at_least, require_name, runs_engine_options
 
 
 @click.command(context_settings=CONTEXT)
@@ -22,11 +22,7 @@ from .common import CONTEXT, check_device, device_option, require_at_least, requ
     "--mixer-opt", multiple=True, metavar="[L0.]K=V", help="mixer option for all layers, or L{l}.K=V for one layer"
 )
 @click.option("--budget-hours", type=float, default=None, help="run only what fits, planned from measured step times")
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--workers", type=int, default=1, show_default=True, help="runs in parallel")
-@click.option("--threads", type=int, default=None, help="torch threads per run (default: cores // workers)")
-@click.option("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
-@click.option("--gpus-per-run", type=float, default=0.0, show_default=True, help="Ray: fraction of a GPU per run")
+@runs_engine_options
 @click.option("--no-view", is_flag=True, help="skip the view page of each task's best run")
 @device_option
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(), help="the evaluation's folder (DIR)")

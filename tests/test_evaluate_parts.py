@@ -11,6 +11,7 @@ from hookmech.errors import UsageError
 from hookmech.evaluate import suite
 from hookmech.evaluate.budget import OVERHEAD, plan, run_seconds, step_seconds, wall_seconds
 from hookmech.evaluate.card import WINDOW, best_row, card_markdown, inside_attributions, lr_window
+from hookmech.sites import site_to_hook
 
 
 def test_the_plan_keeps_runs_in_order_while_they_fit():
@@ -128,3 +129,25 @@ def test_the_suites():
     assert max(paper.tasks[1].lrs) <= 3e-3  # the paper's ATR range
     with pytest.raises(UsageError, match="unknown suite 'quik'"):
         suite("quik")
+
+
+@pytest.mark.parametrize("model", [{"arch": "hyena"}, {"arch": "based"}, {"arch": "h3"}, {"mixer": "mamba"}])
+def test_the_measured_sites_are_every_block_input_and_the_inside_hooks_with_a_position(model):
+    """Hyena's and BaseConv's long-convolution filters do not depend on the input: they have no
+    position to patch at, and a run measuring them would fail after training."""
+    from hookmech.evaluate.runner import _mech_sites, _task_sweep
+    from hookmech.hooks import pos_axis_of
+    from hookmech.model import HookedLM
+    from hookmech.sites import hook_to_site
+    from hookmech.sweep import build_run, expand
+
+    quick = suite("quick")
+    sweep, _ = _task_sweep(quick, quick.tasks[0], model, {})
+    run = expand(sweep)[0].as_dict()
+    sites, positions = _mech_sites(run)
+    hooks = HookedLM(build_run(run)[1]).hook_dict
+    inside = [hook_to_site(h) for h, point in hooks.items() if ".mixer." in hook_to_site(h)]
+    with_position = [site for site in inside if pos_axis_of(hooks[site_to_hook(site)]) is not None]
+    assert sites == ["L1.block_in", *with_position] and positions == ["key", "value", "query", "divider"]
+    assert len(with_position) > 0
+    assert run["mech"]["sites"] == sites

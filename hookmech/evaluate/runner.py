@@ -209,23 +209,27 @@ def _mech(sites: list[str], positions: list[str]) -> dict[str, Any]:
 
 
 def _mech_sites(run: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Return (sites, positions) measured on every run of this task's models."""
+    """Return (sites, positions) measured on every run of this task's models: the inside hooks
+    are those with a position axis (a filter that does not depend on the input, as Hyena's,
+    cannot be patched at a position)."""
     import torch
 
+    from ..hooks import pos_axis_of
     from ..model import HookedLM
-    from ..sites import resolve_sites
+    from ..sites import hook_to_site, resolve_sites
     from ..sweep import build_run
 
     task, model_config, _ = build_run(run)
     with torch.random.fork_rng(devices=[]):
-        hook_names = list(HookedLM(model_config).hook_dict)
+        hook_dict = HookedLM(model_config).hook_dict
     sites = [f"L{layer}.block_in" for layer in range(1, model_config.n_layers)]
     if not sites:
         raise UsageError("the mechanistic evaluation needs at least two layers (it reads L1.block_in)")
     try:
-        sites += resolve_sites(["L*.mixer.*"], hook_names)
+        inside = resolve_sites(["L*.mixer.*"], hook_dict)  # hook names, in forward order
     except UsageError:  # a mixer without inside hooks
-        pass
+        inside = []
+    sites += [hook_to_site(hook) for hook in inside if pos_axis_of(hook_dict[hook]) is not None]
     return sites, list(task.roles)
 
 
