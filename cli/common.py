@@ -84,6 +84,24 @@ max_batch_option = click.option(
     help="rows per forward pass (bounds memory; 256 is fastest on CPU, bench/patch_engine.py)",
 )
 
+
+def runs_engine_options(command):
+    """Add the options of commands that train many runs (sweep, evaluate): --engine, --workers,
+    --threads, --address, --gpus-per-run; return the decorated command."""
+    options = [
+        click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True),
+        click.option("--workers", type=int, default=1, show_default=True, help="runs in parallel"),
+        click.option("--threads", type=int, default=None, help="torch threads per run (default: cores // workers)"),
+        click.option("--address", default=None, help="Ray cluster address (default: start a local Ray instance)"),
+        click.option(
+            "--gpus-per-run", type=float, default=0.0, show_default=True, help="Ray: fraction of a GPU per run"
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 #: `hookmech.row_chunks.DEFAULT_MEMORY_MIB`, spelled here so that parsing imports no torch (a test pins them)
 DEFAULT_MEMORY_MIB = 256
 memory_option = click.option(

@@ -14,6 +14,7 @@ from .common import CONTEXT
 from .das import das
 from .data import data
 from .demo import demo
+from .evaluate import evaluate
 from .offline import inspect, probe
 from .report import report
 from .sweep import sweep
@@ -29,12 +30,13 @@ def cli() -> None:
     Make data (data), train models (train, sweep), list their hook sites (sites), cache
     activations (cache), measure where the answer's information flows with interchange
     interventions (patch) and in which subspace (das), analyse caches offline (inspect, probe),
-    plot (report), and look at results in a browser (view).
+    plot (report), look at results in a browser (view), and evaluate a mixer end to end
+    (evaluate: accuracy and mechanism on a suite of tasks, as a report card).
     `hookmech demo` runs it all on the bundled fixtures.
     """
 
 
-for _command in (data, train, sites, cache, patch, das, inspect, probe, demo, sweep, report, view):
+for _command in (data, train, sites, cache, patch, das, inspect, probe, demo, sweep, report, view, evaluate):
     cli.add_command(_command)
 
 

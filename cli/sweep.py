@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, check_device, device_option, refuse_overwriting_inputs, require_at_least, require_name
+from .common import (
+    CONTEXT,
+    check_device,
+    device_option,
+    refuse_overwriting_inputs,
+    require_at_least,
+    require_name,
+    runs_engine_options,
+)
 
 
 @click.command(context_settings=CONTEXT)
@@ -16,11 +24,7 @@ from .common import CONTEXT, check_device, device_option, refuse_overwriting_inp
 )
 @click.option("--show-preset", default=None, metavar="NAME", help="print a preset's TOML and exit")
 @click.option("-o", "--out", "runs_dir", default=None, type=click.Path(file_okay=False), help="runs folder (RUNS)")
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--workers", type=int, default=1, show_default=True, help="runs in parallel")
-@click.option("--threads", type=int, default=None, help="torch threads per run (default: cores // workers)")
-@click.option("--address", default=None, help="Ray cluster address (default: start a local Ray instance)")
-@click.option("--gpus-per-run", type=float, default=0.0, show_default=True, help="Ray: fraction of a GPU per run")
+@runs_engine_options
 @click.option("--dry-run", is_flag=True, help="check every run's options, list the runs and exit")
 @device_option
 def sweep(sweep_file, preset, show_preset, runs_dir, engine, workers, threads, address, gpus_per_run, dry_run, device):

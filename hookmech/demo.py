@@ -70,6 +70,8 @@ def explain(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
     association was stored at the value by layer 0), query = direct retrieval by layer 0,
     key = direct retrieval deferred to layer 1.
     """
+    from .evaluate.verdict import MIN_EFFECT
+
     by_pos = {r["pos"]: r for r in records if r["site"] == site}
     first = next(iter(by_pos.values()))
     if not first["passes_filter"]:
@@ -91,22 +93,26 @@ def explain(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
             f"straight from the context, by layer 0 into the query (attribution {score.get('query', 0):.2f}) "
             f"and by layer 1 through the key's position ({score.get('key', 0):.2f}): direct retrieval."
         )
+    effect = first["p_clean"] - first["p_corrupt"]
+    if effect < MIN_EFFECT:  # passes the patching filter, yet too weak for the verdict's rules
+        return f"p_clean - p_corrupt = {effect:.3f} is below {MIN_EFFECT}: the model barely recalls, so no verdict."
     best = max(score, key=score.__getitem__)
     return f"No single mechanism dominates at {site} (largest attribution: {best} {score[best]:.2f})."
 
 
 def mechanism(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
     """Return the mechanism the records of `site` point to: "induction" (value), "direct
-    retrieval" (query or key), or "unclear" (filter failed or no position dominates)."""
-    by_pos = {r["pos"]: r for r in records if r["site"] == site}
-    if not any(r["passes_filter"] for r in by_pos.values()):
+    retrieval" (query or key), or "unclear" (filter failed, both, or no position dominates), by
+    `hookmech.evaluate.verdict`'s rules."""
+    from .evaluate.verdict import verdict
+
+    at_site = [r for r in records if r["site"] == site]
+    if not any(r["passes_filter"] for r in at_site):
         return "unclear"
-    score = {pos: (r["attribution"] or 0.0) for pos, r in by_pos.items()}
-    if score.get("value", 0.0) >= 0.5:
-        return "induction"
-    if score.get("query", 0.0) + score.get("key", 0.0) >= 0.5:
-        return "direct retrieval"
-    return "unclear"
+    columns = {f"attr:{site}@{r['pos']}": r["attribution"] for r in at_site}
+    columns.update(mech_p_clean=at_site[0]["p_clean"], mech_p_corrupt=at_site[0]["p_corrupt"])
+    found = verdict(columns, site)["mechanism"]
+    return found if found in ("induction", "direct retrieval") else "unclear"
 
 
 def contrast(results: list[tuple[str, list[dict[str, Any]]]], site: str = DEMO_SITE) -> str:

@@ -1,0 +1,122 @@
+"""`--budget-hours`: which runs of an evaluation fit, planned from measured step times.
+
+`step_seconds` times a few optimizer steps of a task's model here (after warm-up steps that are
+not counted); `plan` keeps runs in priority order — every task's first learning rate, then every
+task's second, … — while their estimated times, spread over the workers, fit the budget. Runs
+already finished in the folder cost nothing and are always kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+
+#: optimizer steps timed per task, after WARMUP_STEPS uncounted ones
+PROBE_STEPS = 20
+WARMUP_STEPS = 3
+#: a run costs its steps plus evaluations, checkpoints and the end-of-run attributions: the
+#: estimate multiplies the steps' time by this (measured: 1.1-1.2 on the quick suite)
+OVERHEAD = 1.25
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A run of the plan: its task, learning rate, estimated seconds and whether it is kept."""
+
+    task: str
+    lr: float
+    seconds: float
+    done: bool
+    kept: bool
+
+
+def step_seconds(
+    run: dict[str, Any], device: str = "cpu", steps: int = PROBE_STEPS, threads: int | None = None
+) -> float:
+    """Return the measured seconds of one optimizer step of sweep run `run` (a `Run.as_dict()`)
+    on `device` with `threads` torch threads (None: as set): the mean of `steps` steps on fresh
+    documents after WARMUP_STEPS. Gives the caller back its RNG and thread count."""
+    import torch
+
+    from ..model import HookedLM
+    from ..sweep import build_run
+    from ..training import DataStream, answer_loss
+
+    task, model_config, train_config = build_run(run)
+    was_threads = torch.get_num_threads()
+    cuda = device.startswith("cuda")
+
+    def now() -> float:
+        if cuda:  # kernels run asynchronously: time the work, not its launch
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    with torch.random.fork_rng(devices=[torch.device(device).index or 0] if cuda else []):
+        try:
+            if threads is not None:
+                torch.set_num_threads(threads)
+            torch.manual_seed(0)
+            model = HookedLM(model_config).to(device).train()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=train_config.lr)
+            data = DataStream(task, dataclasses.replace(train_config, n_train=0))
+            began = 0.0
+            for step in range(WARMUP_STEPS + steps):
+                if step == WARMUP_STEPS:
+                    began = now()
+                loss = answer_loss(model, data.batch(step).trimmed().to(device))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            return (now() - began) / steps
+        finally:
+            torch.set_num_threads(was_threads)
+
+
+def plan(runs: Sequence[tuple[str, float, float, bool]], budget_hours: float | None, workers: int = 1) -> list[Planned]:
+    """Return the plan of `runs`, given as ``(task, lr, estimated seconds, done)`` in priority
+    order, with whether each is kept.
+
+    Without a budget every run is kept. With one, runs are kept in order while the estimated
+    wall time of the kept unfinished runs (`wall_seconds`: tasks one after another, up to
+    `workers` runs of a task at once) stays within `budget_hours`; a run that does not fit is
+    left out, and a later, shorter one may still fit. Finished runs cost nothing and are kept.
+    """
+    check_budget(budget_hours)
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    limit = math.inf if budget_hours is None else budget_hours * 3600
+    pending: list[tuple[str, float]] = []
+    planned = []
+    for task, lr, seconds, done in runs:
+        kept = done or wall_seconds([*pending, (task, seconds)], workers) <= limit
+        if kept and not done:
+            pending.append((task, seconds))
+        planned.append(Planned(task, lr, seconds, done, kept))
+    return planned
+
+
+def wall_seconds(runs: Sequence[tuple[str, float]], workers: int) -> float:
+    """Return the estimated wall time of `runs` (``(task, seconds)``): tasks run one after
+    another, and a task's runs share ``min(workers, its runs)`` workers evenly."""
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for task, seconds in runs:
+        by_task[task].append(seconds)
+    return sum(sum(times) / min(workers, len(times)) for times in by_task.values())
+
+
+def run_seconds(step_time: float, total_steps: int) -> float:
+    """Return the estimated seconds of a run of `total_steps` steps of `step_time` seconds."""
+    return step_time * total_steps * OVERHEAD
+
+
+def check_budget(budget_hours: float | None) -> None:
+    """Raise a UsageError unless `budget_hours` is None or a finite number > 0."""
+    if budget_hours is not None and not (math.isfinite(budget_hours) and budget_hours > 0):
+        raise UsageError(f"--budget-hours must be a number > 0, got {budget_hours}")

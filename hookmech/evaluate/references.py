@@ -1,0 +1,34 @@
+"""The reference architectures of the report card: hookmech's own runs of paper 000's six
+architectures on each suite's tasks, bundled as ``references.json`` (package data).
+
+The file is built from committed run records by ``scripts/evaluate_references.py`` (a test
+rebuilds it and compares): the quick suite's from ``results/evaluate/quick-<arch>/`` (each an
+evaluation of a built-in model preset), the paper suite's AR from the runs of docs/results.md's
+d_model-64 table, with the paper's best number beside each. An entry holds what the card
+shows: ``label``, ``lr``, ``dev_acc``, ``paper_acc`` (None where the paper has none), the
+attribution ``columns`` its verdict is computed from, and ``record`` (its folder in the
+repository).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+from typing import Any
+
+from ..errors import HookmechError
+
+FILE = "references.json"
+
+
+@functools.cache
+def references() -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Return ``{suite: {task: [entry, …]}}`` from the bundled ``references.json``."""
+    try:
+        text = importlib.resources.files("hookmech.evaluate").joinpath(FILE).read_text()
+        return json.loads(text)["suites"]
+    except (OSError, ValueError, KeyError) as error:
+        raise HookmechError(
+            f"the bundled {FILE} of hookmech.evaluate is unreadable ({error}); reinstall hookmech"
+        ) from None

@@ -1,0 +1,136 @@
+"""Build hookmech/evaluate/references.json — the report card's reference architectures — from
+the run records committed in results/ (tests/test_evaluate.py rebuilds and compares).
+
+    python scripts/evaluate_references.py            # rewrite the bundled file
+    python scripts/evaluate_references.py --check    # exit 1 if it is not what the records give
+
+- quick suite: ``results/evaluate/quick-<arch>/`` — `hookmech evaluate --arch <arch> --suite
+  quick` of each of paper 000's six model presets (attention with its CPU calibration, layer 0
+  a window of 2 tokens: docs/guide.md §4); per task the best finished run (`card.best_row`).
+- paper suite, AR: the d_model-64 runs of docs/results.md at the ``ar-paper-d64`` configuration
+  (PAPER_AR_RECORDS), the best of each architecture's, beside paper 000's best cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = REPO / "hookmech" / "evaluate" / "references.json"
+ARCHS = ("attention", "based", "mamba", "h3", "hyena", "baseconv")
+LABELS = {
+    "attention": "attention",
+    "based": "Based (BaseConv + Based)",
+    "mamba": "Mamba",
+    "h3": "H3",
+    "hyena": "Hyena",
+    "baseconv": "BaseConv (short + long conv)",
+}
+#: paper 000's AR table, d_model 64, best over its learning rates (docs/results.md), as fractions
+PAPER_AR_D64 = {"attention": 1.0, "based": 0.9906, "mamba": 0.8062, "h3": 0.0188, "hyena": 0.0281, "baseconv": 0.0375}
+#: run records at the ar-paper-d64 configuration (attention: learned positions; the others none)
+PAPER_AR_RECORDS = {
+    "attention": ["results/ar-paper-d64/attention_lr0.001_s0_9e1ba1"],
+    "based": ["results/ar-table/d64-based-lr1e-3-s0-byname/based_lr0.001_s0_c23be3"],
+    "mamba": [
+        "results/ar-table/d64-mamba-lr1e-2-s0/mamba_lr0.01_s0_432a19",
+        "results/ar-table/d64-mamba-lr3e-3-s0/mamba_lr0.003_s0_ce8adf",
+    ],
+    "h3": ["results/ar-table/d64-h3-lr1e-3-s0/h3_lr0.001_s0_09826e"],
+    "hyena": ["results/ar-table/d64-hyena-lr1e-3-s0/hyena_lr0.001_s0_c87741"],
+    "baseconv": ["results/ar-table/d64-baseconv-lr1e-3-s0/baseconv_lr0.001_s0_6ae320"],
+}
+VERDICT_SITE = "L1.block_in"
+
+
+def verdict_columns(columns: dict[str, Any]) -> dict[str, Any]:
+    """The columns a verdict reads: the attributions at VERDICT_SITE and the filter's p's."""
+    keep = {key: value for key, value in columns.items() if key.startswith(f"attr:{VERDICT_SITE}@")}
+    return {**keep, "mech_p_clean": columns["mech_p_clean"], "mech_p_corrupt": columns["mech_p_corrupt"]}
+
+
+def quick_references() -> dict[str, list[dict[str, Any]]]:
+    """Return ``{task: [entry per architecture with a committed evaluation]}`` of the quick suite."""
+    from hookmech.evaluate.card import best_row, task_rows
+    from hookmech.evaluate.suites import suite
+
+    by_task: dict[str, list[dict[str, Any]]] = {task.name: [] for task in suite("quick").tasks}
+    for arch in ARCHS:
+        folder = REPO / "results" / "evaluate" / f"quick-{arch}"
+        if not folder.is_dir():
+            continue
+        what = json.loads((folder / "evaluate.json").read_text())
+        options = "".join(f", {key} {value}" for key, value in sorted(what["mixer_options"].items()))
+        for task in by_task:
+            best = best_row(task_rows(folder / task))
+            if best is None:
+                continue
+            by_task[task].append(
+                {
+                    "label": LABELS[arch] + (f" ({options[2:]})" if options else ""),
+                    "lr": best["lr"],
+                    "dev_acc": best["dev_acc"],
+                    "paper_acc": None,
+                    "columns": verdict_columns(best),
+                    "record": str((folder / task / best["run_id"]).relative_to(REPO)),
+                }
+            )
+    return by_task
+
+
+def paper_ar_references() -> list[dict[str, Any]]:
+    """Return one entry per architecture: its best committed run at the ar-paper-d64 configuration."""
+    entries = []
+    for arch in ARCHS:
+        runs = []
+        for record in PAPER_AR_RECORDS[arch]:
+            folder = REPO / record
+            summary = json.loads((folder / "summary.json").read_text())
+            mech = json.loads((folder / "mech.json").read_text())
+            run = json.loads((folder / "run.json").read_text())
+            runs.append((summary["dev_acc"], run, mech["columns"], record))
+        dev_acc, run, columns, record = max(runs, key=lambda item: item[0])
+        entries.append(
+            {
+                "label": LABELS[arch],
+                "lr": run["train"]["lr"],
+                "dev_acc": dev_acc,
+                "paper_acc": PAPER_AR_D64[arch],
+                "columns": verdict_columns(columns),
+                "record": record,
+            }
+        )
+    return entries
+
+
+def build() -> str:
+    """Return the text of references.json."""
+    data = {
+        "about": "built by scripts/evaluate_references.py from the committed run records; do not edit",
+        "suites": {"quick": quick_references(), "paper": {"ar": paper_ar_references(), "atr": []}},
+    }
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def main() -> int:
+    from hookmech.fileio import write_text_atomic
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the bundled file differs")
+    args = parser.parse_args()
+    text = build()
+    if args.check:
+        same = TARGET.exists() and TARGET.read_text() == text
+        print(f"{TARGET.relative_to(REPO)} is {'current' if same else 'stale: rerun without --check'}")
+        return 0 if same else 1
+    write_text_atomic(TARGET, text)
+    print(f"wrote {TARGET.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
