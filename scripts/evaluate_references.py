@@ -9,6 +9,8 @@ the run records committed in results/ (tests/test_evaluate.py rebuilds and compa
   a window of 2 tokens: docs/guide.md §4); per task the best finished run (`card.best_row`).
 - paper suite, AR: the d_model-64 runs of docs/results.md at the ``ar-paper-d64`` configuration
   (PAPER_AR_RECORDS), the best of each architecture's, beside paper 000's best cell.
+- paper suite, ATR: the runs of results/atr-table at the ``atr-paper-d64`` configuration
+  (PAPER_ATR_RECORDS; an architecture without a finished run is left out), beside PAPER_ATR_D64.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ LABELS = {
     "baseconv": "BaseConv (short + long conv)",
 }
 #: paper 000's AR table, d_model 64, best over its learning rates (docs/results.md), as fractions
-PAPER_AR_D64 = {"attention": 1.0, "based": 0.9906, "mamba": 0.8062, "h3": 0.0188, "hyena": 0.0281, "baseconv": 0.0375}
+PAPER_AR_D64: dict[str, float | None] = {
+    "attention": 1.0,
+    "based": 0.9906,
+    "mamba": 0.8062,
+    "h3": 0.0188,
+    "hyena": 0.0281,
+    "baseconv": 0.0375,
+}
 #: run records at the ar-paper-d64 configuration (attention: learned positions; the others none)
 PAPER_AR_RECORDS = {
     "attention": ["results/ar-paper-d64/attention_lr0.001_s0_9e1ba1"],
@@ -44,6 +53,10 @@ PAPER_AR_RECORDS = {
     "hyena": ["results/ar-table/d64-hyena-lr1e-3-s0/hyena_lr0.001_s0_c87741"],
     "baseconv": ["results/ar-table/d64-baseconv-lr1e-3-s0/baseconv_lr0.001_s0_6ae320"],
 }
+#: paper 000's figure 4(a), L_max 5, |Σ| 20, d_model 64, best over its learning rates, as fractions
+PAPER_ATR_D64: dict[str, float | None] = {}
+#: run records at the atr-paper-d64 configuration (results/atr-table)
+PAPER_ATR_RECORDS: dict[str, list[str]] = {}
 VERDICT_SITE = "L1.block_in"
 
 
@@ -82,12 +95,14 @@ def quick_references() -> dict[str, list[dict[str, Any]]]:
     return by_task
 
 
-def paper_ar_references() -> list[dict[str, Any]]:
-    """Return one entry per architecture: its best committed run at the ar-paper-d64 configuration."""
+def paper_references(records: dict[str, list[str]], paper: dict[str, float | None]) -> list[dict[str, Any]]:
+    """Return one entry per architecture of `records`: its best committed run, beside `paper`'s number."""
     entries = []
     for arch in ARCHS:
+        if arch not in records:
+            continue
         runs = []
-        for record in PAPER_AR_RECORDS[arch]:
+        for record in records[arch]:
             folder = REPO / record
             summary = json.loads((folder / "summary.json").read_text())
             mech = json.loads((folder / "mech.json").read_text())
@@ -99,7 +114,7 @@ def paper_ar_references() -> list[dict[str, Any]]:
                 "label": LABELS[arch],
                 "lr": run["train"]["lr"],
                 "dev_acc": dev_acc,
-                "paper_acc": PAPER_AR_D64[arch],
+                "paper_acc": paper.get(arch),
                 "columns": verdict_columns(columns),
                 "record": record,
             }
@@ -111,7 +126,13 @@ def build() -> str:
     """Return the text of references.json."""
     data = {
         "about": "built by scripts/evaluate_references.py from the committed run records; do not edit",
-        "suites": {"quick": quick_references(), "paper": {"ar": paper_ar_references(), "atr": []}},
+        "suites": {
+            "quick": quick_references(),
+            "paper": {
+                "ar": paper_references(PAPER_AR_RECORDS, PAPER_AR_D64),
+                "atr": paper_references(PAPER_ATR_RECORDS, PAPER_ATR_D64),
+            },
+        },
     }
     return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
