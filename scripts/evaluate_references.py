@@ -133,6 +133,13 @@ def paper_references(records: dict[str, list[str]], paper: dict[str, float | Non
     return entries
 
 
+def paper_pending(records: dict[str, list[str]], paper: dict[str, float | None]) -> list[dict[str, Any]]:
+    """Return ``{label, paper_acc}`` of each architecture `paper` reports that `records` lacks."""
+    return [
+        {"label": LABELS[arch], "paper_acc": paper[arch]} for arch in ARCHS if arch in paper and arch not in records
+    ]
+
+
 def build() -> str:
     """Return the text of references.json."""
     data = {
@@ -143,6 +150,12 @@ def build() -> str:
                 "ar": paper_references(PAPER_AR_RECORDS, PAPER_AR_D64),
                 "atr": paper_references(PAPER_ATR_RECORDS, PAPER_ATR_D64),
             },
+        },
+        "pending": {
+            "paper": {
+                "ar": paper_pending(PAPER_AR_RECORDS, PAPER_AR_D64),
+                "atr": paper_pending(PAPER_ATR_RECORDS, PAPER_ATR_D64),
+            }
         },
     }
     return json.dumps(data, indent=1, sort_keys=True) + "\n"

@@ -154,6 +154,14 @@ def test_the_paper_suite_bundles_the_six_architectures_with_the_papers_numbers(t
     }
     for ref in ar["references"]:
         assert (REPO / ref["record"] / "summary.json").is_file()
+    # ATR: each of the six is either a bundled run or listed as pending, never both, with the paper's number
+    atr = card["tasks"][1]
+    bundled = {ref["label"] for ref in atr["references"]}
+    pending = {entry["label"] for entry in atr["references_pending"]}
+    assert bundled | pending == set(labels) and not bundled & pending
+    assert all(entry["paper_acc"] > 0.8 for entry in [*atr["references"], *atr["references_pending"]])
+    text = (tmp_path / "e" / "card.md").read_text()
+    assert ("Not bundled yet (their runs have not finished): " in text) == bool(pending)
 
 
 def test_a_mixer_without_the_suites_options_runs_without_them(tiny_suite, smear, tmp_path, monkeypatch):

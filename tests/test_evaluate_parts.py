@@ -101,6 +101,7 @@ def test_the_markdown_shows_noise_in_parentheses_and_what_was_left_out():
             "lr_window": [1e-3], "left_out": [3e-3], "error": None, "view": None,
             "references": [{"label": "attention", "lr": 1e-3, "dev_acc": 0.99, "paper_acc": 1.0, "verdict": recalls}],
             "not_applied": ["bias"], "view_error": None,
+            "references_pending": [{"label": "Mamba", "paper_acc": 0.9625}, {"label": "H3", "paper_acc": None}],
         }],
     }
     text = card_markdown(card)
@@ -112,6 +113,12 @@ def test_the_markdown_shows_noise_in_parentheses_and_what_was_left_out():
     assert "Left out by the budget: lr 0.003." in text
     assert "The suite's mixer options `bias` were not applied: this mixer does not take them." in text
     assert "| attention | 0.001 | 0.990 | 1.000 | induction at layer 1 | 1.00 / 0.00 / 0.00 |" in text
+    assert "Not bundled yet (their runs have not finished): Mamba (paper 0.963), H3." in text
+    card["tasks"][0]["references"] = []
+    without_runs = card_markdown(card)
+    assert "No reference runs are bundled for this task.\nThe paper reports: Mamba (paper 0.963), H3." in without_runs
+    del card["tasks"][0]["references_pending"]  # a card.json from before the field
+    assert "The paper reports" not in card_markdown(card)
 
 
 def test_rates_replace_every_tasks_in_their_order():

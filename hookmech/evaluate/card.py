@@ -13,7 +13,7 @@ from typing import Any
 
 from ..fileio import write_text_atomic
 from .budget import Planned
-from .references import references
+from .references import pending_references, references
 from .suites import Suite
 from .verdict import MIN_EFFECT, PRESENT, STRONG, verdict
 
@@ -86,6 +86,7 @@ def build_card(
     evaluated mixer does not take."""
     view_errors, not_applied = view_errors or {}, not_applied or {}
     bundled = references().get(chosen.name, {})
+    pending = pending_references().get(chosen.name, {})
     tasks = []
     for task in chosen.tasks:
         rows = task_rows(out / task.name)
@@ -120,6 +121,7 @@ def build_card(
                 "view_error": view_errors.get(task.name),
                 "not_applied": not_applied.get(task.name, []),
                 "references": [_reference(entry) for entry in bundled.get(task.name, [])],
+                "references_pending": pending.get(task.name, []),
                 "view": str(view.relative_to(out)) if view is not None and view.exists() else None,
             }
         )
@@ -225,8 +227,15 @@ def _headline(task: dict[str, Any]) -> str:
 
 
 def _references_table(task: dict[str, Any]) -> list[str]:
+    pending = task.get("references_pending") or []  # a card.json written before the field has none
+    not_yet = ", ".join(
+        f"{entry['label']} (paper {entry['paper_acc']:.3f})" if _number(entry["paper_acc"]) else entry["label"]
+        for entry in pending
+    )
     if not task["references"]:
-        return ["No reference runs are bundled for this task."]
+        return ["No reference runs are bundled for this task."] + (
+            [f"The paper reports: {not_yet}."] if pending else []
+        )
     lines = [
         "References (hookmech's own runs; the paper's best where it reports one):",
         "",
@@ -239,4 +248,6 @@ def _references_table(task: dict[str, Any]) -> list[str]:
             f"| {ref['label']} | {ref['lr']:g} | {ref['dev_acc']:.3f} | {paper} | {ref['verdict']['label']} | "
             f"{_numbers_text(ref['verdict'])} |"
         )
+    if pending:
+        lines += ["", f"Not bundled yet (their runs have not finished): {not_yet}."]
     return lines

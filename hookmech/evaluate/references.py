@@ -7,7 +7,8 @@ evaluation of a built-in model preset), the paper suite's AR from the runs of do
 d_model-64 table, with the paper's best number beside each. An entry holds what the card
 shows: ``label``, ``lr``, ``dev_acc``, ``paper_acc`` (None where the paper has none), the
 attribution ``columns`` its verdict is computed from, and ``record`` (its folder in the
-repository).
+repository). ``pending`` lists, per suite and task, the architectures the paper reports whose
+run has not finished yet (``label``, ``paper_acc``), so that a card says what it lacks.
 """
 
 from __future__ import annotations
@@ -22,13 +23,26 @@ from ..errors import HookmechError
 FILE = "references.json"
 
 
-@functools.cache
 def references() -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Return ``{suite: {task: [entry, …]}}`` from the bundled ``references.json``."""
+    return _bundled()["suites"]
+
+
+def pending_references() -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Return ``{suite: {task: [{label, paper_acc}, …]}}``: the paper's architectures without a
+    finished bundled run."""
+    return _bundled().get("pending", {})
+
+
+@functools.cache
+def _bundled() -> dict[str, Any]:
     try:
         text = importlib.resources.files("hookmech.evaluate").joinpath(FILE).read_text()
-        return json.loads(text)["suites"]
-    except (OSError, ValueError, KeyError) as error:
+        data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("suites"), dict):
+            raise ValueError("no 'suites' object")
+        return data
+    except (OSError, ValueError) as error:
         raise HookmechError(
             f"the bundled {FILE} of hookmech.evaluate is unreadable ({error}); reinstall hookmech"
         ) from None
