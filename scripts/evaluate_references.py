@@ -10,7 +10,7 @@ the run records committed in results/ (tests/test_evaluate.py rebuilds and compa
 - paper suite, AR: the d_model-64 runs of docs/results.md at the ``ar-paper-d64`` configuration
   (PAPER_AR_RECORDS), the best of each architecture's, beside paper 000's best cell.
 - paper suite, ATR: the runs of results/atr-table at the ``atr-paper-d64`` configuration
-  (PAPER_ATR_RECORDS; an architecture without a finished run is left out), beside PAPER_ATR_D64.
+  (PAPER_ATR_RECORDS), beside PAPER_ATR_D64; an architecture without a finished run goes to ``pending``.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ architectures on each suite's tasks, bundled as ``references.json`` (package dat
 
 The file is built from committed run records by ``scripts/evaluate_references.py`` (a test
 rebuilds it and compares): the quick suite's from ``results/evaluate/quick-<arch>/`` (each an
-evaluation of a built-in model preset), the paper suite's AR from the runs of docs/results.md's
-d_model-64 table, with the paper's best number beside each. An entry holds what the card
+evaluation of a built-in model preset), the paper suite's AR and ATR from the runs of
+docs/results.md's d_model-64 tables (sections 5.1 and 5.2), with the paper's best number beside
+each. An entry holds what the card
 shows: ``label``, ``lr``, ``dev_acc``, ``paper_acc`` (None where the paper has none), the
 attribution ``columns`` its verdict is computed from, and ``record`` (its folder in the
 repository). ``pending`` lists, per suite and task, the architectures the paper reports whose
