@@ -68,6 +68,7 @@ PAPER_ATR_D64: dict[str, float | None] = {
 PAPER_ATR_RECORDS: dict[str, list[str]] = {
     "attention": ["results/atr-table/d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1"],
     "based": ["results/atr-table/d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3"],
+    "baseconv": ["results/atr-table/d64-baseconv-lr1e-3-s0/baseconv_lr0.001_s0_6ae320"],
 }
 VERDICT_SITE = "L1.block_in"
 
