@@ -311,7 +311,7 @@ def train(
     ``status``. `on_step(step)` is called after each optimizer step (tests use it to
     interrupt a run); `on_eval(step, model)` at each evaluation, its dict is added to that
     step's metrics line (e.g. attributions measured during training). Raises `HookmechError` if
-    the loss or the weights become NaN or inf, saying which checkpoint the folder keeps: only
+    the loss, the weights or a dev metric become NaN or inf, saying which checkpoint the folder keeps: only
     finite weights are written, and summary.json gets ``status`` "nan" and ``checkpoint_step``
     (None when the run diverged before its first checkpoint). A resume state holding NaN or inf
     is refused. `device` must exist here and the model fit its memory (`check_fits`), or a
@@ -499,7 +499,12 @@ def _train_loop(
             if bad is not None:
                 raise diverged(f"the weights became non-finite (NaN or inf in {bad[0]})", done)
         if evaluating:
-            last_eval = evaluate(model, dev)
+            metrics = evaluate(model, dev)
+            if (bad_metric := _first_non_finite_metric(metrics)) is not None:
+                # finite weights can still compute NaN on some dev documents (an overflow in the
+                # forward pass): such a model's later numbers would be noise, so the run stops
+                raise diverged(f"the dev metric {bad_metric} became {metrics[bad_metric]}", done)
+            last_eval = metrics
             entry = {
                 "step": done,
                 "loss": loss_sum / loss_count,
@@ -530,6 +535,11 @@ def _train_loop(
     )
     _write_summary(summary_path, summary)
     return summary
+
+
+def _first_non_finite_metric(metrics: dict[str, float]) -> str | None:
+    """Return the name of the first NaN or infinite value in `metrics`, or None when all are finite."""
+    return next((name for name, value in metrics.items() if not math.isfinite(value)), None)
 
 
 def _training_state(model: HookedLM, optimizer: torch.optim.Optimizer):

@@ -159,6 +159,29 @@ def test_nan_loss_stops_with_a_clear_message_keeping_the_last_checkpoint(tmp_pat
     assert hookmech.load(tmp_path / "run" / "model.safetensors").cfg == model_config
 
 
+def test_a_nan_dev_metric_stops_the_run_keeping_the_last_checkpoint(tmp_path, monkeypatch):
+    """Finite weights whose forward pass gives NaN on dev documents: the run stops with status "nan"
+    at that evaluation (step 14, the second), and the checkpoint of step 10 is the one kept."""
+    task, model_config, config = small_setup(lr=1e-3)
+    import hookmech.training as training
+
+    real_evaluate = training.evaluate
+
+    def evaluate_that_overflows(model, batch):
+        metrics = real_evaluate(model, batch)
+        evaluate_that_overflows.calls += 1
+        return {**metrics, "dev_p_answer": float("nan")} if evaluate_that_overflows.calls == 2 else metrics
+
+    evaluate_that_overflows.calls = 0
+    monkeypatch.setattr(training, "evaluate", evaluate_that_overflows)
+    with pytest.raises(HookmechError, match="dev metric dev_p_answer became nan at step 14.*step 10"):
+        train(task, model_config, config, tmp_path / "run", progress=False)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "nan" and summary["steps"] == 14 and summary["checkpoint_step"] == 10
+    assert math.isfinite(summary["dev_p_answer"])  # the last finite evaluation (step 7), not the NaN
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [7]
+
+
 @pytest.mark.parametrize("options", [{"lr": 0}, {"lr": -1}, {"steps": 0}, {"batch_size": 0}, {"n_dev": 0},
                                      {"warmup_frac": 2}, {"epochs": 3}, {"steps": None, "epochs": 2, "n_train": 0},
                                      {"order": "random"}])
