@@ -69,6 +69,7 @@ PAPER_ATR_RECORDS: dict[str, list[str]] = {
     "attention": ["results/atr-table/d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1"],
     "based": ["results/atr-table/d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3"],
     "baseconv": ["results/atr-table/d64-baseconv-lr1e-3-s0/baseconv_lr0.001_s0_6ae320"],
+    "hyena": ["results/atr-table/d64-hyena-lr1e-3-s0/hyena_lr0.001_s0_c87741"],
 }
 VERDICT_SITE = "L1.block_in"
 
