@@ -70,6 +70,8 @@ PAPER_ATR_RECORDS: dict[str, list[str]] = {
     "based": ["results/atr-table/d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3"],
     "baseconv": ["results/atr-table/d64-baseconv-lr1e-3-s0/baseconv_lr0.001_s0_6ae320"],
     "hyena": ["results/atr-table/d64-hyena-lr1e-3-s0/hyena_lr0.001_s0_c87741"],
+    "h3": ["results/atr-table/d64-h3-lr1e-3-s0/h3_lr0.001_s0_09826e"],
+    "mamba": ["results/atr-table/d64-mamba-lr1e-3-s0/mamba_lr0.001_s0_cb91e7"],
 }
 VERDICT_SITE = "L1.block_in"
 

@@ -15,7 +15,7 @@ from hookmech.evaluate.verdict import MIN_EFFECT, PRESENT, STRONG, site_layer, v
 #: the paper says of their architecture: attention and Based induction; Mamba direct retrieval
 #: (layer 0 into the query, or layer 1 from the key); H3, Hyena and BaseConv fail AR there; on
 #: ATR (L_max 5, |Σ| 20, atr-paper-d64) attention's and Based's induction again, BaseConv's half of it, and
-#: Hyena's none of it (000 §5.2, fig. 4b's notebook table: value 0.51 and 0.11)
+#: Hyena's, H3's and Mamba's none of it (000 §5.2, fig. 4b's notebook table: value 0.51, 0.11, 0.07, 0.03)
 CALIBRATION = [
     ("ar-paper-d64/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("ar-table/d64-based-lr1e-3-s0-byname/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
@@ -33,6 +33,8 @@ CALIBRATION = [
     ("atr-table/d64-baseconv-lr1e-3-s0/baseconv_lr0.001_s0_6ae320", "both",
      "both: induction at layer 1, direct retrieval at layer 1"),
     ("atr-table/d64-hyena-lr1e-3-s0/hyena_lr0.001_s0_c87741", "direct retrieval", "direct retrieval at layers 0 and 1"),
+    ("atr-table/d64-h3-lr1e-3-s0/h3_lr0.001_s0_09826e", "direct retrieval", "direct retrieval at layers 0 and 1"),
+    ("atr-table/d64-mamba-lr1e-3-s0/mamba_lr0.001_s0_cb91e7", "direct retrieval", "direct retrieval at layers 0 and 1"),
 ]
 
 
