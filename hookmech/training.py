@@ -501,7 +501,7 @@ def _train_loop(
         if evaluating:
             metrics = evaluate(model, dev)
             if (bad_metric := _first_non_finite_metric(metrics)) is not None:
-                # finite weights can still compute NaN on some dev documents (an overflow in the
+                # finite weights can still compute NaN on some dev documents (e.g. an overflow in the
                 # forward pass): such a model's later numbers would be noise, so the run stops
                 raise diverged(f"the dev metric {bad_metric} became {metrics[bad_metric]}", done)
             last_eval = metrics
