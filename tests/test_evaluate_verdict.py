@@ -15,7 +15,9 @@ from hookmech.evaluate.verdict import MIN_EFFECT, PRESENT, STRONG, site_layer, v
 #: the paper says of their architecture: attention and Based induction; Mamba direct retrieval
 #: (layer 0 into the query, or layer 1 from the key); H3, Hyena and BaseConv fail AR there; on
 #: ATR (L_max 5, |Σ| 20, atr-paper-d64) attention's and Based's induction again, BaseConv's half of it, and
-#: Hyena's, H3's and Mamba's none of it (000 §5.2, fig. 4b's notebook table: value 0.51, 0.11, 0.07, 0.03)
+#: Hyena's, H3's and Mamba's none of it (000 §5.2, fig. 4b's notebook table: value 0.51, 0.11, 0.07, 0.03);
+#: §5.4's ablations: Mamba recalls by direct retrieval with d_conv >= 2 and not at all with d_conv
+#: 1 or none, Based not at all with a long convolution in place of its short one
 CALIBRATION = [
     ("ar-paper-d64/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("ar-table/d64-based-lr1e-3-s0-byname/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
@@ -28,6 +30,10 @@ CALIBRATION = [
     ("ar-table/d64-hyena-lr1e-3-s0/hyena_lr0.001_s0_c87741", "neither", "neither"),
     ("ar-table/d64-baseconv-lr1e-3-s0/baseconv_lr0.001_s0_6ae320", "neither", "neither"),
     ("ar-table/d32-h3-lr1e-3-s0/h3_lr0.001_s0_09826e", "neither", "neither"),
+    ("ar-table/d64-mamba-lr1e-2-dconv2-s0/mamba_lr0.01_s0_d_conv2_57c87d", "direct retrieval", "direct retrieval at layer 1"),
+    ("ar-table/d64-mamba-lr1e-2-dconv3-s0/mamba_lr0.01_s0_d_conv3_45f947", "direct retrieval", "direct retrieval at layer 0"),
+    ("ar-table/d64-mamba-lr1e-2-dconv1-s0/mamba_lr0.01_s0_d_conv1_3be78f", "neither", "neither"),
+    ("ar-table/d64-based-longconv-lr1e-3-s0/based_lr0.001_s0_c23be3", "neither", "neither"),
     ("atr-table/d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-table/d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
     ("atr-table/d64-baseconv-lr1e-3-s0/baseconv_lr0.001_s0_6ae320", "both",
