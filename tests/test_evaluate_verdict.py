@@ -36,6 +36,7 @@ CALIBRATION = [
     ("ar-table/d64-mamba-lr1e-2-dconv1-s0/mamba_lr0.01_s0_d_conv1_3be78f", "neither", "neither"),
     ("ar-table/d64-mamba-lr3e-3-dconv1-s0/mamba_lr0.003_s0_d_conv1_8fffab", "neither", "neither"),
     ("ar-table/d64-mamba-lr1e-2-dconv0-s0/mamba_lr0.01_s0_d_conv0_f7d3e0", "neither", "neither"),
+    ("ar-table/d64-mamba-lr3e-3-dconv0-s0/mamba_lr0.003_s0_d_conv0_53297d", "neither", "neither"),
     ("ar-table/d64-based-longconv-lr1e-3-s0/based_lr0.001_s0_c23be3", "neither", "neither"),
     ("atr-table/d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-table/d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
