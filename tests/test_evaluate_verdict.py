@@ -33,6 +33,7 @@ CALIBRATION = [
     ("ar-table/d64-mamba-lr1e-2-dconv2-s0/mamba_lr0.01_s0_d_conv2_57c87d", "direct retrieval", "direct retrieval at layer 1"),
     ("ar-table/d64-mamba-lr1e-2-dconv3-s0/mamba_lr0.01_s0_d_conv3_45f947", "direct retrieval", "direct retrieval at layer 0"),
     ("ar-table/d64-mamba-lr1e-2-dconv3-s1/mamba_lr0.01_s1_d_conv3_fe8c4e", "direct retrieval", "direct retrieval at layer 1"),
+    ("ar-table/d64-mamba-lr1e-2-dconv3-s2/mamba_lr0.01_s2_d_conv3_8de5ea", "direct retrieval", "direct retrieval at layer 1"),
     ("ar-table/d64-mamba-lr1e-2-dconv1-s0/mamba_lr0.01_s0_d_conv1_3be78f", "neither", "neither"),
     ("ar-table/d64-mamba-lr3e-3-dconv1-s0/mamba_lr0.003_s0_d_conv1_8fffab", "neither", "neither"),
     ("ar-table/d64-mamba-lr1e-2-dconv0-s0/mamba_lr0.01_s0_d_conv0_f7d3e0", "neither", "neither"),
