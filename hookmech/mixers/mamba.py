@@ -47,6 +47,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, row_blocks, state_before
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
+from .decay_exp import decay_exp_
 from .mixer_spec import MixerSpec, StateLoop
 from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan, strided_selective_scan
@@ -356,7 +357,8 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         are no-ops (Δ = 0: decay 1, no input)."""
         u, delta, B, _ = self._ssm_inputs(conv, convolved=True)
         delta = delta * live[..., None]
-        decay = (delta[..., None] * self._A()).exp_()
+        A = self._A()
+        decay = decay_exp_(delta[..., None] * A, factors=(delta, A))
         drive = (delta * u)[..., None] * B[:, :, None, :]
         h = kept_state.clone()
         for t in range(conv.shape[1]):
@@ -529,7 +531,8 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     def _compute_base_branch(self, in_x: Tensor, z: Tensor | None) -> tuple[Tensor, ...]:
         conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
         u, delta, B, C = self._ssm_inputs(conv, convolved=True)
-        decay = (delta[..., None] * self._A()).exp_()
+        A = self._A()
+        decay = decay_exp_(delta[..., None] * A, factors=(delta, A))
         states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :], overwrite=True)
         gate = torch.ones_like(u) if z is None else F.silu(z)
         gated = ((states @ C[..., None])[..., 0] + u * self.D) * gate
@@ -559,7 +562,8 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
                 conv_j = new_in_x[rows, positions]
             u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
             # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [P, d_inner, d_state] temporary
-            h = (delta_j[..., None] * A).exp_().mul_(h).addcmul_((delta_j * u_j)[..., None], B_j[:, None, :])
+            h = decay_exp_(delta_j[..., None] * A, factors=(delta_j, A)).mul_(h)
+            h.addcmul_((delta_j * u_j)[..., None], B_j[:, None, :])
             y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
             gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
             yield j, at, y_j * gate_j, h

@@ -37,6 +37,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .base import needs_grad
+from .decay_exp import decay_exp_
 
 #: positions per chunk of the fast scan; 8-32 measure alike on CPU (bench/mamba_scan.py)
 DEFAULT_CHUNK = 16
@@ -124,7 +125,7 @@ def linear_scan(a: Tensor, b: Tensor, overwrite: bool = False) -> Tensor:
 def _chunk_states(delta: Tensor, delta_u: Tensor, B: Tensor, A: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
     """States of one chunk, time-major. delta, delta_u ``[T, b, d]``, B ``[T, b, n]``,
     h0 ``[b, d, n]`` (the state before the chunk). Returns (decay, states), ``[T, b, d, n]``."""
-    decay = torch.mul(delta[..., None], A).exp_()
+    decay = decay_exp_(torch.mul(delta[..., None], A), factors=(delta, A))
     h = delta_u[..., None] * B[:, :, None, :]
     h[0].addcmul_(decay[0], h0)
     for t in range(1, h.shape[0]):
