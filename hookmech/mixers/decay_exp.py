@@ -28,8 +28,7 @@ def decay_exp_(x: Tensor, factors: tuple[Tensor, Tensor] | None = None) -> Tenso
     Only a float32 CPU tensor that autograd does not record takes the split; anything else is
     `x.exp_()` itself (the masks would give autograd another graph). When `x` is the broadcast
     product of two `factors` (Δ and A), their extremes bound x from below without reading it (Δ
-    is 1/d_state of Δ A); the bound only chooses the path, and
-    both paths give the same bytes.
+    is 1/d_state of Δ A); the bound only chooses the path, and both paths give the same bytes.
     """
     if x.dtype != torch.float32 or x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
         return x.exp_()
