@@ -18,12 +18,13 @@ time of each and the ratio plain / ours (above 1: ours is faster).
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import torch
 
 from hookmech.mixers import selective_scan as scan_module
-from hookmech.mixers.decay_exp import decay_exp_
+from hookmech.mixers.decay_exp import ROUNDS_TO_ZERO_BELOW, decay_exp_
 from hookmech.mixers.mamba import Mamba
 
 
@@ -73,7 +74,9 @@ def underflow_fractions(mixer: Mamba, x: torch.Tensor) -> tuple[float, float]:
         in_x, _ = mixer._split(mixer.in_proj(x))
         _, delta, _, _ = mixer._ssm_inputs(mixer._causal_conv(in_x), convolved=True)
         log_decay = delta[..., None] * mixer._A()
-    return (log_decay < -104).float().mean().item(), ((log_decay >= -104) & (log_decay < -87.3)).float().mean().item()
+    zero = log_decay < ROUNDS_TO_ZERO_BELOW
+    subnormal = ~zero & (log_decay < math.log(torch.finfo(torch.float32).tiny))  # below -87.34
+    return zero.float().mean().item(), subnormal.float().mean().item()
 
 
 def main() -> None:
