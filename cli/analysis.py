@@ -10,6 +10,8 @@ from .common import (
     CONTEXT,
     DEFAULT_MEMORY_MIB,
     EXAMPLES_SEED,
+    OutputPath,
+    allow_mixer_option,
     device_option,
     load_model_and_task,
     max_batch_option,
@@ -29,6 +31,7 @@ from .common import (
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.option("--ckpt", required=True, type=click.Path(dir_okay=False), help="checkpoint (.safetensors)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 def sites(ckpt, as_json):
@@ -59,6 +62,7 @@ def sites(ckpt, as_json):
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
 @click.option("--n", type=int, default=320, show_default=True, help="number of examples")
 @click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
@@ -67,7 +71,7 @@ def sites(ckpt, as_json):
 @click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True)
 @device_option
 @threads_option
-@click.option("-o", "--out", "out_path", required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_path", required=True, type=OutputPath(dir_okay=False))
 def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_path):
     """Cache clean and corrupt activations of a checkpoint on task examples (HDF5)."""
     from hookmech.cache import write_cache
@@ -100,6 +104,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
 @click.option("--site", "site_specs", multiple=True, help="site or pattern (repeatable, comma lists)")
 @click.option("--pos", "pos_specs", multiple=True, help="position: role, integer, all, whole, a+b")
@@ -179,13 +184,13 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     "-o",
     "--out",
     "heatmap_path",
-    type=click.Path(),
+    type=OutputPath(dir_okay=False),
     default=None,
     help="also draw the records' heatmap into this PNG (site x position; path patches: sender x receiver)",
 )
 @click.option(
     "--per-example",
-    type=click.Path(dir_okay=False),
+    type=OutputPath(dir_okay=False),
     default=None,
     help="also write per-row p_patched to this JSON file",
 )

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, check_device, device_option, require_at_least, require_name, runs_engine_options
+from .common import (
+    CONTEXT,
+    OutputPath,
+    check_device,
+    device_option,
+    require_at_least,
+    require_name,
+    runs_engine_options,
+)
 
 
 @click.command(context_settings=CONTEXT)
@@ -25,7 +33,7 @@ from .common import CONTEXT, check_device, device_option, require_at_least, requ
 @runs_engine_options
 @click.option("--no-view", is_flag=True, help="skip the view page of each task's best run")
 @device_option
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(), help="the evaluation's folder (DIR)")
+@click.option("-o", "--out", "out_dir", required=True, type=OutputPath(), help="the evaluation's folder (DIR)")
 def evaluate(
     mixer,
     arch,

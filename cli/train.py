@@ -8,6 +8,7 @@ import click
 
 from .common import (
     CONTEXT,
+    OutputPath,
     check_device,
     device_option,
     refuse_overwriting_inputs,
@@ -96,7 +97,7 @@ from .common import (
 )
 @device_option
 @threads_option
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="run folder")
+@click.option("-o", "--out", "out_dir", required=True, type=OutputPath(file_okay=False), help="run folder")
 def train(
     task_name,
     task_opt,

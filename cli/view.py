@@ -7,6 +7,8 @@ import click
 from .common import (
     CONTEXT,
     EXAMPLES_SEED,
+    OutputPath,
+    allow_mixer_option,
     device_option,
     load_model_and_task,
     max_batch_option,
@@ -37,6 +39,7 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.argument("runs_dir", required=False, type=click.Path(file_okay=False, exists=True))
 @click.option(
     "--ckpt", type=click.Path(dir_okay=False), default=None, help="checkpoint (.safetensors) instead of RUNS_DIR"
@@ -75,7 +78,7 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 @memory_option
 @device_option
 @threads_option
-@click.option("-o", "--out", "out_path", required=True, type=click.Path(), help="the HTML file to write")
+@click.option("-o", "--out", "out_path", required=True, type=OutputPath(dir_okay=False), help="the HTML file to write")
 def view(
     runs_dir,
     ckpt,

@@ -16,6 +16,7 @@ Hook names contain dots, which HDF5 allows in names; they are stored verbatim.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -39,7 +40,7 @@ from .row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks
 from .shapes import Acts, ActsAt, RowFloats
 from .sites import as_specs, hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
-from .validate import check_finite_parameters, first_non_finite, value_at
+from .validate import check_finite_parameters, first_non_finite, refuse_non_finite_run, value_at
 
 FORMAT = "hookmech-cache"
 FORMAT_VERSION = 1
@@ -249,8 +250,8 @@ def write_cache(
                     p_answer, acts = forward_rows(
                         model, tokens[rows], batch.query_pos[rows], batch.answers[rows], hooks, device
                     )
+                    refuse_non_finite_run(model, p_answer, tokens[rows], which, rows.start)
                     probabilities = p_answer.cpu().numpy()
-                    _refuse_non_finite_output(probabilities, "p(answer)", which, rows.start, "float32")
                     writer.put(f"p_answer/{which}", rows, probabilities)
                     for hook in hooks:
                         if hook not in acts:
@@ -1007,14 +1008,17 @@ class CacheFile:
         ``[N, head, q, k]`` scores and patterns): `gather` would read heads as positions."""
         from .config import ModelConfig
         from .hooks import axes_of, pos_axis_of
+        from .mixers.allow_list import plug_ins
         from .model import HookedLM
 
         if self._hook_points is None:  # the model's hooks, shapes only (meta device), once
-            try:
-                with torch.device("meta"):
+            # layout unknown for a config no model builds from, and for one naming a plug-in
+            # mixer: reading a cache never imports code its config names
+            self._hook_points = {}
+            mixers = self._model_config.get("mixers")
+            if isinstance(mixers, list) and not plug_ins(map(str, mixers)):
+                with contextlib.suppress(HookmechError, TypeError, ValueError, KeyError), torch.device("meta"):
                     self._hook_points = HookedLM(ModelConfig.from_json(json.dumps(self._model_config))).hook_dict
-            except (HookmechError, TypeError, ValueError, KeyError):  # a config no model builds from: layout unknown
-                self._hook_points = {}
         point = self._hook_points.get(hook)
         if point is not None and pos_axis_of(point) != 1:
             raise UsageError(

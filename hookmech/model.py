@@ -42,7 +42,7 @@ from .hook_names import (
 )
 from .hook_names import MLP as MLP_SUBLAYER
 from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
-from .mixers import mixer_class, spec_of
+from .mixers import build_mixer, spec_of
 from .mixers.base import Mixer, hook_in_use, take_window, window_of
 from .mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
 from .path_routes import ActsReader, PathEnds, path_change, path_ends
@@ -141,7 +141,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.ln1 = make_norm(cfg.norms[layer], cfg.d_model)
-        self.mixer: Mixer = mixer_class(cfg.mixers[layer])(d_model=cfg.d_model, **cfg.mixer_kwargs[layer])
+        self.mixer: Mixer = build_mixer(cfg.mixers[layer], cfg.d_model, cfg.mixer_kwargs[layer], cfg.n_ctx)
         self.hook_resid_pre = AxisHookPoint()
         self.hook_mixer_in = AxisHookPoint()
         self.hook_mixer_out = AxisHookPoint()

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import HookmechError, UsageError
 from ..fileio import read_json, write_text_atomic
-from ..locking import FolderLocked
+from ..locking import FolderLocked, folder_lock
 from ..sweep.engines import check_ray_address, default_threads, import_ray
 from .budget import Planned, check_budget, plan, run_seconds, step_seconds
 from .card import build_card, write_card
@@ -77,12 +77,17 @@ def evaluate(
         built = {task.name: _task_sweep(chosen, task, model_key, options) for task in chosen.tasks}
         sweeps = {name: sweep for name, (sweep, _) in built.items()}
         not_applied = {name: dropped for name, (_, dropped) in built.items() if dropped}
-        _claim_folder(out, chosen, model_key, options)
-        planned = _plan(chosen, sweeps, out, budget_hours, workers, threads, device, log)
-        errors = _run(chosen, sweeps, planned, out, engine, workers, threads, device, address, gpus_per_run, log)
-        view_errors = _write_views(chosen, out, device, log) if views else {}
-    card = build_card(out, chosen, model_key, options, planned, errors, view_errors, not_applied)
-    write_card(card, out)
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"-o {out} is a file; give a folder")
+        # two evaluations into one folder would mix their runs and cards: one at a time
+        with folder_lock(out, "evaluation folder"):
+            _claim_folder(out, chosen, model_key, options)
+            planned = _plan(chosen, sweeps, out, budget_hours, workers, threads, device, log)
+            errors = _run(chosen, sweeps, planned, out, engine, workers, threads, device, address, gpus_per_run, log)
+            mixers = model_key["mixer"].split(",") if "mixer" in model_key else []
+            view_errors = _write_views(chosen, out, device, log, mixers) if views else {}
+            card = build_card(out, chosen, model_key, options, planned, errors, view_errors, not_applied)
+            write_card(card, out)
     log(f"wrote {out / 'card.md'} and {out / 'card.json'}")
     return card
 
@@ -136,8 +141,6 @@ def _model_key(mixer: str | None, arch: str | None) -> dict[str, Any]:
 
 def _claim_folder(out: Path, chosen: Suite, model_key: dict[str, Any], options: dict[str, Any]) -> None:
     """Write ``out/evaluate.json``, or refuse a folder that holds another evaluation."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"-o {out} is a file; give a folder")
     what = {"suite": chosen.name, "model": model_key, "mixer_options": options}
     path = out / "evaluate.json"
     if path.exists():
@@ -297,9 +300,10 @@ def _run(chosen: Suite, sweeps, planned, out: Path, engine, workers, threads, de
     return errors
 
 
-def _write_views(chosen: Suite, out: Path, device: str, log) -> dict[str, str]:
+def _write_views(chosen: Suite, out: Path, device: str, log, mixers: list[str]) -> dict[str, str]:
     """Write the `hookmech view` page of each task's best run, unless it is there already;
-    return ``{task: error}`` of pages that could not be made (the card still is)."""
+    return ``{task: error}`` of pages that could not be made (the card still is). The runs'
+    checkpoints are loaded allowing the evaluated `mixers` (the user named them)."""
     from .card import best_row, task_rows
 
     errors: dict[str, str] = {}
@@ -311,7 +315,7 @@ def _write_views(chosen: Suite, out: Path, device: str, log) -> dict[str, str]:
         if page.exists():
             continue
         try:
-            _write_view(out / task.name / best["run_id"], page, device)
+            _write_view(out / task.name / best["run_id"], page, device, mixers)
         except HookmechError as error:
             errors[task.name] = str(error)
             log(f"{task.name}: no view page ({error})")
@@ -320,7 +324,7 @@ def _write_views(chosen: Suite, out: Path, device: str, log) -> dict[str, str]:
     return errors
 
 
-def _write_view(run_dir: Path, page: Path, device: str) -> None:
+def _write_view(run_dir: Path, page: Path, device: str, mixers: list[str]) -> None:
     """Write the checkpoint page of the run in `run_dir`: its task's MECH_N examples of the card."""
     from .. import tasks
     from ..checkpoint import load, read_metadata
@@ -328,7 +332,7 @@ def _write_view(run_dir: Path, page: Path, device: str) -> None:
     from ..view import checkpoint_page_data, write_page
 
     checkpoint = run_dir / "model.safetensors"
-    model = load(checkpoint, device=device)
+    model = load(checkpoint, device=device, allow_mixers=mixers)
     task = tasks.from_spec(read_metadata(checkpoint)["task"])
     batch = mech_batch(task, MECH_SEED, MECH_N).trimmed()  # the rows the card's numbers come from
     about = {"run": run_dir.name, "evaluated by": "hookmech evaluate"}
