@@ -134,6 +134,7 @@ def train(
     from hookmech import tasks
     from hookmech.config import build_config
     from hookmech.errors import UsageError
+    from hookmech.mixers.allow_list import plug_ins
     from hookmech.option_pairs import parse_options
     from hookmech.training import RUN_FILES, TrainConfig
     from hookmech.training import train as run_training
@@ -179,6 +180,8 @@ def train(
         pos_emb=pos_emb,
         init=init,
     )
+    for name in plug_ins(model_config.mixers):  # the name the checkpoint records, resolved: loading it names it
+        click.echo(f"hookmech: note: the checkpoint records mixer {name} (load it with --allow-mixer {name})", err=True)
     set_threads(threads)
     on_eval = _mech_on_eval(task, model_config, train_config, mech_every, mech_sites, mech_positions, device)
     summary = run_training(

@@ -20,6 +20,7 @@ from .common import (
     split_flag,
     threads_option,
     threshold_option,
+    verify_cache_option,
 )
 
 #: options of one kind of page, refused with the other (name shown, click parameter name)
@@ -34,6 +35,7 @@ CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
     ("--device", "device"),
     ("--random-repeat-induction", "random_repeat_induction"),
     ("--memory", "memory"),
+    ("--no-verify-cache", "verify_cache"),
 )
 SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 
@@ -75,6 +77,7 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
     help="checkpoint: also show Olsson et al.'s prefix matching on random repeated tokens (out of the task's "
     "distribution) beside the induction scores on the examples",
 )
+@verify_cache_option
 @memory_option
 @device_option
 @threads_option
@@ -98,6 +101,7 @@ def view(
     threads,
     out_path,
     random_repeat_induction=False,
+    verify_cache=True,
 ):
     """Write one HTML page (no network needed to open it) of a checkpoint or a sweep folder.
 
@@ -160,6 +164,7 @@ def view(
             memory,
             device,
             random_repeat_induction,
+            verify_cache,
         )
     path = write_page(data, out_path, title)
     click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
@@ -191,6 +196,7 @@ def _checkpoint_data(
     memory,
     device,
     random_repeat,
+    verify_cache=True,
 ):
     """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`) or
     the cache's rows, patched in chunks within `memory` MiB (the per-row arrays left in temporary
@@ -206,7 +212,7 @@ def _checkpoint_data(
     model, task = load_model_and_task(ckpt, device)
     about = {"source": ckpt if cache_path is None else f"{ckpt} with the cache {cache_path}"}
     about.update({"n": n, "seed": seed} if cache_path is None else {"n": None, "seed": None})
-    source = task.sample(n, seed=seed) if cache_path is None else CacheFile(cache_path)
+    source = task.sample(n, seed=seed) if cache_path is None else CacheFile(cache_path, verify=verify_cache)
     try:
         if cache_path is not None:
             source.check_model(model, checkpoint=ckpt, hooks=())

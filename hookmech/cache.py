@@ -687,13 +687,29 @@ class CacheFile:
         try:
             for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
                 p_answer, acts = forward_rows(model, tokens, batch.query_pos, batch.answers, todo, device)
-                self._compare_p_answer(which, rows, p_answer.double().cpu())
-                for hook in todo:
-                    if self.has(hook, which):
-                        self._compare_acts(hook, which, rows, acts[hook].detach().to("cpu", torch.float64))
+                try:
+                    self._compare_p_answer(which, rows, p_answer.double().cpu())
+                    for hook in todo:
+                        if self.has(hook, which):
+                            self._compare_acts(hook, which, rows, acts[hook].detach().to("cpu", torch.float64))
+                except HookmechError:  # the cache's fault, unless the model disagrees with itself
+                    again, _ = forward_rows(model, tokens, batch.query_pos, batch.answers, [], device)
+                    self._refuse_nondeterministic(which, p_answer, again)
+                    raise
         finally:
             model.train(was_training)
         self._checked.update((own, what) for what in ("p_answer", *todo))
+
+    def _refuse_nondeterministic(self, which: str, first: Tensor, second: Tensor) -> None:
+        """Raise a HookmechError when two runs of the same rows (`which` run) gave different
+        p(answer) `first`, `second`: the model, not the cache, is why the rows disagree."""
+        differ = float((first.double() - second.double()).abs().max())
+        if differ > 0:
+            raise HookmechError(
+                f"{self.path} cannot be checked with this model: two runs of the same {which} rows give p(answer) "
+                f"{differ:.3g} apart (a mixer that draws random numbers in eval mode?), so its rows cannot be "
+                "recomputed; skip the check (--no-verify-cache; CacheFile(path, verify=False)) if you trust the file"
+            )
 
     def verify_rows(self) -> slice:
         """Return the rows `check_model` recomputes: `VERIFY_ROWS` consecutive rows (all, in a

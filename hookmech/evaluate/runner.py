@@ -20,6 +20,8 @@ from typing import Any
 from ..errors import HookmechError, UsageError
 from ..fileio import read_json, write_text_atomic
 from ..locking import FolderLocked, folder_lock
+from ..option_pairs import parse_layer_options
+from ..sweep.driver import check_gpus_per_run
 from ..sweep.engines import check_ray_address, default_threads, import_ray
 from .budget import Planned, check_budget, plan, run_seconds, step_seconds
 from .card import build_card, write_card
@@ -68,6 +70,7 @@ def evaluate(
     options = dict(mixer_options or {})
     _refuse_model_keys(options)
     threads = default_threads(workers) if threads is None else threads
+    check_gpus_per_run(gpus_per_run, engine)
     if engine == "ray":  # Ray absent or far away: one line before the folder is touched
         import_ray()
         check_ray_address(address)
@@ -172,6 +175,8 @@ def _task_sweep(chosen: Suite, task: SuiteTask, model_key: dict[str, Any], optio
 
     settings = {key: value for key, value in task.model.items() if key in MODEL_KEYS}
     suite_options = {key: value for key, value in task.model.items() if key not in MODEL_KEYS}
+    # a layer the suite's models lack, in this command's words (the sweep's would name its file's tables)
+    parse_layer_options([f"{key}=0" for key in options], settings.get("n_layers", 2), "--mixer-opt")
     taken = _options_taken(model_key, settings.get("n_layers", 2))
     dropped = sorted(key for key in suite_options if key not in taken)
     kept = {key: value for key, value in suite_options.items() if key in taken}
