@@ -180,8 +180,6 @@ def train(
         pos_emb=pos_emb,
         init=init,
     )
-    for name in plug_ins(model_config.mixers):  # the name the checkpoint records, resolved: loading it names it
-        click.echo(f"hookmech: note: the checkpoint records mixer {name} (load it with --allow-mixer {name})", err=True)
     set_threads(threads)
     on_eval = _mech_on_eval(task, model_config, train_config, mech_every, mech_sites, mech_positions, device)
     summary = run_training(
@@ -194,6 +192,8 @@ def train(
         train_set_sha256=train_set_sha256,
         on_eval=on_eval,
     )
+    for name in plug_ins(model_config.mixers):  # the name the checkpoint records, resolved: loading it names it
+        click.echo(f"hookmech: note: the checkpoint records mixer {name} (load it with --allow-mixer {name})", err=True)
     click.echo(json.dumps(summary, sort_keys=True))
 
 

@@ -7,7 +7,8 @@ The check runs the freshly built mixer (eval mode, no gradients, the RNG states 
 ``[2, T, d_model]`` input, T = min(n_ctx, 16): its output must be a tensor of the input's shape
 and dtype. Then the input is redrawn from a late position p on (p = T - 1, then T // 2): an output
 before p that changes by more than `Mixer.causal_tolerance` times the output's largest magnitude
-is a leak, refused naming the first position it reached. The tolerance (1e-5 by default, the
+is a leak, refused naming the first position it reached (as is an output that changes when the
+same input is run twice: the engine compares runs of the same rows). The tolerance (1e-5 by default, the
 engine's own exactness) is there for mixers that are causal up to float rounding (FFT
 convolutions); a mixer sets it higher, or to None to skip the check. Registered mixers are tested
 by the package's tests instead.
@@ -55,7 +56,8 @@ def build_mixer(name: str, d_model: int, options: dict[str, Any], n_ctx: int) ->
 
 def check_plug_in(name: str, mixer: Mixer, d_model: int, n_ctx: int) -> None:
     """Raise a UsageError naming mixer `name` when `mixer` fails on a ``[2, T, d_model]`` input,
-    returns anything but a tensor of its shape and dtype, or is not causal (module docstring);
+    returns anything but a tensor of its shape and dtype, or is not deterministic or not causal
+    (module docstring);
     return None. The caller's RNG states and the mixer's train/eval mode are kept."""
     n_pos = max(1, min(n_ctx, CHECK_POSITIONS))
     parameter = next(mixer.parameters(), None)
@@ -70,10 +72,12 @@ def check_plug_in(name: str, mixer: Mixer, d_model: int, n_ctx: int) -> None:
             tolerance = type(mixer).causal_tolerance
             if tolerance is None:  # the mixer's author vouches for it
                 return
+            _refuse_change(name, out, _output(name, mixer, x), n_pos, tolerance, "running it twice on one input")
             for start in sorted({n_pos - 1, n_pos // 2} - {0}):
                 changed = x.clone()
                 changed[:, start:] = torch.randn(2, n_pos - start, d_model, generator=generator).to(device)
-                _refuse_leak(name, out, _output(name, mixer, changed), start, tolerance)
+                changed_out = _output(name, mixer, changed)
+                _refuse_change(name, out, changed_out, start, tolerance, f"changing its input from position {start} on")
     finally:
         mixer.train(was_training)
 
@@ -105,19 +109,20 @@ def _output(name: str, mixer: Mixer, x: Tensor) -> Tensor:
     return out
 
 
-def _refuse_leak(name: str, out: Tensor, changed_out: Tensor, start: int, tolerance: float) -> None:
-    """Raise a UsageError when `changed_out` (the output after the input changed from `start` on)
-    differs from `out` before `start` by more than `tolerance` x the largest |out|."""
+def _refuse_change(name: str, out: Tensor, other: Tensor, start: int, tolerance: float, how: str) -> None:
+    """Raise a UsageError when `other` (the output after `how`) differs from `out` before position
+    `start` by more than `tolerance` x the largest |out|, naming the first position that moved."""
     scale = float(out.abs().max())
-    change = (changed_out[:, :start] - out[:, :start]).abs().amax(dim=(0, 2))  # [start]: per position
-    leaked = (change > tolerance * scale).nonzero()
-    if len(leaked):
-        first = int(leaked[0])
+    change = (other[:, :start] - out[:, :start]).abs().amax(dim=(0, 2))  # [start]: per position
+    moved = (change > tolerance * scale).nonzero()
+    if len(moved):
+        first = int(moved[0])
+        what = "not causal" if start < out.shape[1] else "not deterministic in eval mode"
         raise UsageError(
-            f"mixer {name} is not causal: changing its input from position {start} on changed its output at "
-            f"position {first} by {float(change[first]):.3g} (more than causal_tolerance {tolerance:g} x its "
-            f"largest output {scale:.3g}); the patching engine assumes a causal mixer (a mixer causal up to "
-            "float rounding sets Mixer.causal_tolerance higher, or None to skip this check)"
+            f"mixer {name} is {what}: {how} changed its output at position {first} by "
+            f"{float(change[first]):.3g} (more than causal_tolerance {tolerance:g} x its largest output {scale:.3g}); "
+            "the patching engine assumes a causal, deterministic mixer (a mixer causal up to float rounding "
+            "sets Mixer.causal_tolerance higher, or None to skip this check)"
         )
 
 
