@@ -184,7 +184,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     "-o",
     "--out",
     "heatmap_path",
-    type=OutputPath(dir_okay=False),
+    type=OutputPath(file=True),
     default=None,
     help="also draw the records' heatmap into this PNG (site x position; path patches: sender x receiver)",
 )

@@ -74,9 +74,14 @@ def check_device(device: str) -> str:
 
 class OutputPath(click.Path):
     """A `click.Path` naming what a command writes: refused when empty (``-o ''``); for a file
-    (``dir_okay=False``) also when it ends in a path separator (``-o dir/`` names a folder) or
-    exists as what no file may replace: a folder, a socket, a block device (a FIFO or a
-    character device is written in place, `hookmech.fileio.atomic_path`)."""
+    (`file`, or ``dir_okay=False``) also when it ends in a path separator (``-o dir/`` names a
+    folder) or exists as a socket or a block device, which no file may replace (a FIFO or a
+    character device is written in place, `hookmech.fileio.atomic_path`; a folder is refused by
+    ``dir_okay=False`` or by the command, with its own words)."""
+
+    def __init__(self, *args, file: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.file = file or not self.dir_okay
 
     def convert(self, value, param, ctx):
         import os
@@ -84,13 +89,13 @@ class OutputPath(click.Path):
         text = os.fspath(value)
         if not text.strip():
             self.fail("is empty; give a path", param, ctx)
-        if not self.dir_okay:
+        if self.file:
             from hookmech.fileio import WRITTEN_IN_PLACE, destination_kind
 
             if text.endswith(("/", os.sep)):
                 self.fail(f"{text} ends in '/', which names a folder; give a file name", param, ctx)
             kind = destination_kind(text)
-            if kind is not None and kind not in WRITTEN_IN_PLACE:
+            if kind not in (None, "a folder", *WRITTEN_IN_PLACE):
                 self.fail(f"{text} is {kind}, not a file; give a file name", param, ctx)
         return super().convert(value, param, ctx)
 

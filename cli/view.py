@@ -81,7 +81,7 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 @memory_option
 @device_option
 @threads_option
-@click.option("-o", "--out", "out_path", required=True, type=OutputPath(dir_okay=False), help="the HTML file to write")
+@click.option("-o", "--out", "out_path", required=True, type=OutputPath(file=True), help="the HTML file to write")
 def view(
     runs_dir,
     ckpt,
