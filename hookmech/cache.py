@@ -34,13 +34,12 @@ from torch import Tensor
 from . import __version__
 from .errors import HookmechError, UsageError, suggest, unknown
 from .fileio import atomic_h5, sha256_of
-from .hook_names import parse_hook
 from .identity import model_hash
 from .row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks
 from .shapes import Acts, ActsAt, RowFloats
 from .sites import as_specs, hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
-from .validate import check_finite_parameters, first_non_finite, refuse_non_finite_run, value_at
+from .validate import allows_minus_inf, check_finite_parameters, first_non_finite, refuse_non_finite_run, value_at
 
 FORMAT = "hookmech-cache"
 FORMAT_VERSION = 1
@@ -68,12 +67,6 @@ VERIFY_P_TOL = 1e-3
 #: the same for activations, relative to the hook's largest |value| on the checked rows, by the
 #: dtype stored (float16 rounds to 2**-11 ≈ 5e-4 of a value)
 VERIFY_ACTS_RTOL = {"float32": 1e-3, "float16": 4e-3}
-
-
-def allows_minus_inf(hook: str) -> bool:
-    """Whether `hook`'s activations hold -inf by definition: masked attention scores (before the softmax)."""
-    name = parse_hook(hook)
-    return name is not None and (name.part if name.inside is None else name.inside) == "attn_scores"
 
 
 def default_chunk(n_rows: int, n_pos: int) -> int:

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from . import schema
 from .errors import HookmechError, UsageError
+from .hook_names import parse_hook
 
 #: the largest seed every random stream of hookmech takes (numpy's SeedSequence, torch's Generator:
 #: unsigned 64-bit), one range for every command (`schema.SEED`)
@@ -35,6 +36,12 @@ def first_non_finite(values: Tensor | np.ndarray, allow_minus_inf: bool = False)
         bad |= tensor == -math.inf
     flat = int(bad.flatten().nonzero()[0])
     return tuple(int(i) for i in np.unravel_index(flat, tuple(tensor.shape)))
+
+
+def allows_minus_inf(hook: str) -> bool:
+    """Whether `hook`'s activations hold -inf by definition: masked attention scores (before the softmax)."""
+    name = parse_hook(hook)
+    return name is not None and (name.part if name.inside is None else name.inside) == "attn_scores"
 
 
 def value_at(values: Tensor | np.ndarray, index: tuple[int, ...]) -> str:
@@ -100,8 +107,6 @@ def first_non_finite_hook(model, tokens: Tensor) -> tuple[str, str] | None:
     """Return (hook name, its first non-finite value as text) of the first hook, in the order they
     fire, whose activation on `tokens` ``[1, T]`` holds a NaN or an infinity (-inf of masked
     attention scores aside), or None when none does."""
-    from .cache import allows_minus_inf
-
     found: list[tuple[str, str]] = []
 
     def watch(activation: Tensor, hook) -> None:

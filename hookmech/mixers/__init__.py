@@ -21,7 +21,7 @@ from . import external
 from .base import Mixer, check_mixer_options, mixer_options
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MissingCapability, PathRoutes
 from .mixer_spec import Heads, MixerSpec, StateLoop
-from .plug_in_check import build_mixer
+from .plug_in_check import build_plug_in
 
 
 def _collect_specs() -> dict[str, MixerSpec]:
@@ -75,6 +75,16 @@ def canonical_name(name: str) -> str:
 def mixer_class(name: str) -> type[Mixer]:
     """Return the class of mixer `name` (`spec_of`), built as ``cls(d_model=..., **options)``."""
     return spec_of(name).mixer
+
+
+def build_mixer(name: str, d_model: int, options: dict, n_ctx: int) -> Mixer:
+    """Return mixer `name` built as ``mixer_class(name)(d_model=d_model, **options)``; a plug-in
+    mixer (not registered) is named in one line when it fails, and checked when first built in a
+    model of `n_ctx` positions (`plug_in_check`)."""
+    cls = mixer_class(name)
+    if name in SPECS:
+        return cls(d_model=d_model, **options)
+    return build_plug_in(name, cls, d_model, options, n_ctx)
 
 
 def unknown_mixer(name: str) -> UsageError:

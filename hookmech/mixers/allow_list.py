@@ -49,8 +49,13 @@ def _split(spec: str) -> tuple[str, str, bool]:
 
 def check_stored_name(name: str) -> None:
     """Raise a HookmechError when the stored mixer name `name` names a file by a relative path
-    (``evil.py:S``, ``../x.py:S``), which would import whatever file sits beside the reader;
-    return None."""
+    (``evil.py:S``, ``../x.py:S``), which would import whatever file sits beside the reader, and
+    a UsageError for a bare name that is neither registered nor an installed entry point (read
+    from the packages' metadata: nothing is imported); return None."""
+    from . import SPECS, external, unknown_mixer
+
+    if name not in SPECS and not external.is_import_name(name) and external.entry_point_value(name) is None:
+        raise unknown_mixer(name)
     where, _, is_file = _split(name)
     if is_file and not Path(where).is_absolute():
         raise HookmechError(

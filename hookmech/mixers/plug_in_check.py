@@ -1,7 +1,7 @@
-"""Building a mixer (`build_mixer`), and the checks a plug-in mixer (one from outside the package,
-`external`) passes the first time a process builds it: a broken one is named in one line, and one
-that reads later positions is refused, since the patching engine assumes causality (a patch at
-position p changes nothing before p).
+"""Building a plug-in mixer (one from outside the package, `external`; `build_plug_in`, which
+`hookmech.mixers.build_mixer` calls) and the checks it passes the first time a process builds it:
+a broken one is named in one line, and one that reads later positions is refused, since the
+patching engine assumes causality (a patch at position p changes nothing before p).
 
 The check runs the freshly built mixer (eval mode, no gradients, the RNG states kept) on a random
 ``[2, T, d_model]`` input, T = min(n_ctx, 16): its output must be a tensor of the input's shape
@@ -31,16 +31,11 @@ CHECK_POSITIONS = 16
 _CHECKED: set[tuple[str, int, str]] = set()
 
 
-def build_mixer(name: str, d_model: int, options: dict[str, Any], n_ctx: int) -> Mixer:
-    """Return mixer `name` built as ``cls(d_model=d_model, **options)``. For a plug-in mixer, a
-    constructor that raises (SystemExit included) is one UsageError naming it, and its first
+def build_plug_in(name: str, cls: type[Mixer], d_model: int, options: dict[str, Any], n_ctx: int) -> Mixer:
+    """Return the plug-in mixer `cls` (named `name`) built as ``cls(d_model=d_model, **options)``:
+    a constructor that raises (SystemExit included) is one UsageError naming it, and its first
     build in this process for these settings is checked (`check_plug_in`) in a model of `n_ctx`
     positions."""
-    from . import SPECS, mixer_class
-
-    cls = mixer_class(name)
-    if name in SPECS:
-        return cls(d_model=d_model, **options)
     try:
         mixer = cls(d_model=d_model, **options)
     except HookmechError:
