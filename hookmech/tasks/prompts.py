@@ -1,7 +1,8 @@
 """The user's own prompts: clean and corrupt texts, the answer, and role spans, one JSON per line.
 
-    {"clean": "The Eiffel Tower is in the city of", "corrupt": "The Colosseum is in the city of",
-     "answer": " Paris", "roles": {"key": [4, 16], "query": [32, 34]}}
+    {"clean": "When Mary and John went to the store, John gave a drink to",
+     "corrupt": "When Mary and John went to the store, Mary gave a drink to",
+     "answer": " Mary", "roles": {"value": [5, 9], "key": [38, 42], "query": [56, 58]}}
 
 `roles` maps key, value, query and divider (any of them; every line the same ones) to a
 character span ``[start, end)`` of the clean text; the role's position is the span's *last*

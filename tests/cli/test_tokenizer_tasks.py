@@ -122,6 +122,9 @@ def test_prompts_through_patch_cache_and_view(setup, tmp_path, capsys):
     assert code == 0, err
     page = read_page_data(tmp_path / "p.html")
     assert page["rows"]["n"] == 3 and set(page["rows"]["roles"]) == {"key", "query"}
+    code, out, err = run_cli(["data", "prompts", "--task-opt", f"data={data}", "--task-opt", f"tokenizer={tokenizer}",
+                              "-o", tmp_path / "d.h5"], capsys)
+    assert code == 0 and "3 rows of prompts" in out, err
 
 
 def test_task_opt_alone_changes_the_checkpoints_own_task(capsys):

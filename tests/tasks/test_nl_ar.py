@@ -127,3 +127,12 @@ def test_bad_options_are_one_line(bpe, options, error, message):
     with pytest.raises(error, match=message) as raised:
         tasks.make("nl-ar", **{"tokenizer": str(bpe), "num_kv_pairs": 3, **options})
     assert "\n" not in str(raised.value)
+
+
+def test_for_checkpoint_takes_a_model_folders_own_tokenizer(bpe):
+    # a Hugging Face model folder holds its tokenizer beside the weights and stores no task
+    task = tasks.for_checkpoint(bpe, "nl-ar", {"num_kv_pairs": 3})
+    assert task.spec["tokenizer"] == str(bpe.resolve())
+    assert tasks.stored_task_spec(bpe) is None
+    with pytest.raises(UsageError, match="stores no task: give one with --task"):
+        tasks.for_checkpoint(bpe)

@@ -148,3 +148,14 @@ def test_file_errors(word_level, tmp_path):
     write_prompts(good, [prompt(CLEAN, CLEAN, "milk")])
     with pytest.raises(HookmechError, match="prompts changed since the spec was made"):
         tasks.from_spec(spec)
+
+
+def test_the_docs_example_spans_mark_the_words_they_mean():
+    from helpers import REPO
+
+    text = (REPO / "docs" / "tasks.md").read_text()
+    start = text.index('    {"clean": "When Mary')
+    example = json.loads(" ".join(line.strip() for line in text[start:].split("\n\n")[0].splitlines()))
+    clean, roles = example["clean"], example["roles"]
+    assert {role: clean[a:b] for role, (a, b) in roles.items()} == {"value": "Mary", "key": "John", "query": "to"}
+    assert len(example["corrupt"]) == len(clean) and example["answer"] == " Mary"
