@@ -99,7 +99,7 @@ def das(
         [("--ckpt", ckpt), ("--cache", cache_path)],
     )
     set_threads(threads)
-    model, _ = load_model_and_task(ckpt, device)
+    model, _ = load_model_and_task(ckpt, device, need_task=False)  # the rows and their task are the cache's
     check_finite_parameters(model, ckpt)
     with CacheFile(cache_path, verify=verify_cache) as cache:
         # the one identity check; the checkpoint file checks an older cache without model_hash
