@@ -44,7 +44,11 @@ def redraw(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
 
 
 def save(model, folder: Path, **save_options) -> Path:
-    """Save `model` and the word tokenizer into `folder` (``save_pretrained``); return the folder."""
+    """Save `model` and the word tokenizer into `folder` (``save_pretrained``, without its progress
+    bar on stderr, which the command-line tests read); return the folder."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
     model.save_pretrained(folder, **save_options)
     word_tokenizer().save_pretrained(folder)
     return folder
