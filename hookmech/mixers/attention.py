@@ -352,4 +352,10 @@ SPEC = MixerSpec(
     ),
     bench_hooks=("q", "k", "v"),
     head_results=_head_results,
+    notes=(
+        "With rotary position embeddings (`rotary_pct` > 0, as pretrained GPT-NeoX / Pythia models load), "
+        "`L0.mixer.rot_q` and `L0.mixer.rot_k` (`blocks.0.mixer.hook_rot_q`, `hook_rot_k`; TransformerLens's "
+        "`blocks.0.attn.hook_rot_q`, `hook_rot_k`) hold q and k after the rotation, of the same shape; "
+        "`q` and `k` are before it, as in TransformerLens."
+    ),
 )

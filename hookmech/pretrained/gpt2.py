@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..hook_names import block_path
-from .options import count, flag, hidden_multiple, mlp_activation, number, refuse
+from .hf_config import count, flag, hidden_multiple, mlp_activation, number, refuse
 from .weights import Weights, strip_prefix
 
 #: buffers older GPT-2 checkpoints store (the causal mask), which hookmech computes

@@ -19,7 +19,7 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import HookmechError
 from ..hook_names import block_path
-from .options import count, flag, hidden_multiple, mlp_activation, number
+from .hf_config import count, flag, hidden_multiple, mlp_activation, number
 from .weights import Weights, strip_prefix
 
 #: buffers older checkpoints store (the causal mask, the rotary frequencies), which hookmech computes
