@@ -154,6 +154,35 @@ def refuse_overwriting_inputs(outputs, inputs) -> None:
                 )
 
 
+#: what ``--ckpt`` takes: a hookmech checkpoint file or a Hugging Face model folder
+CKPT_HELP = "checkpoint (.safetensors), or a Hugging Face model folder (config.json, weights, tokenizer)"
+ckpt_path = click.Path(dir_okay=True)
+
+
+def load_model(ckpt: str, device: str):
+    """Return the model of `ckpt` on `device`: a hookmech checkpoint file or a Hugging Face model
+    folder (`hookmech.checkpoint.load`)."""
+    from hookmech.checkpoint import load
+
+    return load(ckpt, device=check_device(device))
+
+
+def model_file_identity(ckpt: str) -> dict[str, str]:
+    """Return what a cache records of the model file it was made from (`write_cache`'s arguments
+    ``model_sha256`` and ``model_source``): the SHA-256 of a checkpoint file, or the resolved path
+    of a model folder or the hub name (whose identity is the cache's model_hash), the other ''."""
+    from pathlib import Path
+
+    from hookmech.fileio import sha256_of
+    from hookmech.pretrained import is_hub_name
+
+    if Path(ckpt).is_dir():
+        return {"model_sha256": "", "model_source": str(Path(ckpt).resolve())}
+    if is_hub_name(ckpt):
+        return {"model_sha256": "", "model_source": str(ckpt)}
+    return {"model_sha256": sha256_of(ckpt), "model_source": ""}
+
+
 #: the names `--task` takes (`hookmech.tasks.REGISTRY`), spelled here: parsing imports no torch (a test pins them)
 TASK_NAMES = ("ar", "mqar", "atr", "induction", "nl-ar", "prompts")
 
@@ -197,7 +226,6 @@ def load_model_and_task(ckpt: str, device: str, task_name=None, task_opts=(), pr
     it; `hookmech.tasks.for_checkpoint`). Without `need_task` and with no task option given,
     the task is None (examples from a cache). A task whose ids the model's d_vocab does not
     cover is refused."""
-    from hookmech.checkpoint import load
     from hookmech.errors import UsageError
     from hookmech.option_pairs import parse_options
     from hookmech.tasks import check_vocabulary, for_checkpoint
@@ -209,7 +237,7 @@ def load_model_and_task(ckpt: str, device: str, task_name=None, task_opts=(), pr
         options["data"] = prompts_path
     wanted = need_task or task_name is not None or bool(options)
     task = for_checkpoint(ckpt, task_name, options) if wanted else None
-    model = load(ckpt, device=check_device(device))
+    model = load_model(ckpt, device)
     if task is not None:
         check_vocabulary(task, model.cfg.d_vocab)
     return model, task

@@ -27,9 +27,10 @@ DEPRECATED = {
     "hookmech.patching.plain_loop": ("hookmech.oracles", ["plain_loop_patch"]),
 }
 #: file names that several packages use by convention, each in its own package: a package's base
-#: classes (mixers, tasks), the records a package writes (patching, das), and a checkpoint (the file
-#: format, hookmech.checkpoint) vs the page of one (hookmech.view.checkpoint)
-SHARED_BY_CONVENTION = {"base.py", "records.py", "checkpoint.py"}
+#: classes (mixers, tasks), the records a package writes (patching, das), a checkpoint (the file
+#: format, hookmech.checkpoint) vs the page of one (hookmech.view.checkpoint), and a pretrained
+#: family's converter (hookmech.pretrained.mamba) vs the mixer it loads into (hookmech.mixers.mamba)
+SHARED_BY_CONVENTION = {"base.py", "records.py", "checkpoint.py", "mamba.py", "mamba2.py"}
 
 
 def _file_of(module: str) -> Path:
