@@ -7,13 +7,17 @@ import json
 import click
 
 from .common import (
+    CKPT_HELP,
     CONTEXT,
     DEFAULT_MEMORY_MIB,
     EXAMPLES_SEED,
+    ckpt_path,
     device_option,
+    load_model,
     load_model_and_task,
     max_batch_option,
     memory_option,
+    model_file_identity,
     notes_of,
     patch_count,
     path_count,
@@ -29,15 +33,14 @@ from .common import (
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--ckpt", required=True, type=click.Path(dir_okay=False), help="checkpoint (.safetensors)")
+@click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 def sites(ckpt, as_json):
     """List every hook site of a checkpoint's model with its hook name and shape."""
-    from hookmech.checkpoint import load
     from hookmech.sites import list_sites
     from hookmech.tables import format_table
 
-    rows = list_sites(load(ckpt))
+    rows = list_sites(load_model(ckpt, "cpu"))
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -59,7 +62,7 @@ def sites(ckpt, as_json):
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
+@click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--n", type=int, default=320, show_default=True, help="number of examples")
 @click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
 @click.option("--sites", "site_specs", multiple=True, help="sites to store (default: all block-level sites)")
@@ -72,7 +75,6 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     """Cache clean and corrupt activations of a checkpoint on task examples (HDF5)."""
     from hookmech.cache import write_cache
     from hookmech.errors import UsageError
-    from hookmech.fileio import sha256_of
     from hookmech.sites import resolve_sites
     from hookmech.validate import check_finite_parameters
 
@@ -81,6 +83,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     refuse_overwriting_inputs([("-o", out_path)], [("--ckpt", ckpt)])
     set_threads(threads)
     model, task = load_model_and_task(ckpt, device)
+    identity = model_file_identity(ckpt)  # the file's sha256, or the folder's resolved path
     check_finite_parameters(model, ckpt)
     hooks = resolve_sites(split_flag(site_specs) or ["all"], model.hook_dict)
     batch = task.sample(n, seed=seed)
@@ -90,7 +93,8 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
             batch,
             out_path,
             hooks,
-            model_sha256=sha256_of(ckpt),
+            model_sha256=identity["model_sha256"],
+            model_source=identity["model_source"],
             task_spec=task.spec,
             dtype=dtype,
             compression=None if compression == "none" else compression,
@@ -100,7 +104,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
+@click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--site", "site_specs", multiple=True, help="site or pattern (repeatable, comma lists)")
 @click.option("--pos", "pos_specs", multiple=True, help="position: role, integer, all, whole, a+b")
 @click.option(

@@ -154,12 +154,45 @@ def refuse_overwriting_inputs(outputs, inputs) -> None:
                 )
 
 
-def load_model_and_task(ckpt: str, device: str):
-    """Return (model on `device`, task) of a checkpoint."""
+#: what ``--ckpt`` takes: a hookmech checkpoint file or a Hugging Face model folder
+CKPT_HELP = "checkpoint (.safetensors), or a Hugging Face model folder (config.json, weights, tokenizer)"
+ckpt_path = click.Path(dir_okay=True)
+
+
+def load_model(ckpt: str, device: str):
+    """Return the model of `ckpt` on `device`: a hookmech checkpoint file or a Hugging Face model
+    folder (`hookmech.checkpoint.load`)."""
     from hookmech.checkpoint import load
+
+    return load(ckpt, device=check_device(device))
+
+
+def load_model_and_task(ckpt: str, device: str):
+    """Return (model on `device`, task) of a checkpoint. A model folder stores no task: a
+    UsageError says one must be given (`hookmech.tasks.from_checkpoint`), before the model loads."""
+    from hookmech.pretrained import is_pretrained
     from hookmech.tasks import from_checkpoint
 
-    return load(ckpt, device=check_device(device)), from_checkpoint(ckpt)
+    if is_pretrained(ckpt):
+        from_checkpoint(ckpt)  # refuses a folder in one line, before it loads
+    model = load_model(ckpt, device)
+    return model, from_checkpoint(ckpt)
+
+
+def model_file_identity(ckpt: str) -> dict[str, str]:
+    """Return what a cache records of the model file it was made from (`write_cache`'s arguments
+    ``model_sha256`` and ``model_source``): the SHA-256 of a checkpoint file, or the resolved path
+    of a model folder or the hub name (whose identity is the cache's model_hash), the other ''."""
+    from pathlib import Path
+
+    from hookmech.fileio import sha256_of
+    from hookmech.pretrained import is_hub_name
+
+    if Path(ckpt).is_dir():
+        return {"model_sha256": "", "model_source": str(Path(ckpt).resolve())}
+    if is_hub_name(ckpt):
+        return {"model_sha256": "", "model_source": str(ckpt)}
+    return {"model_sha256": sha256_of(ckpt), "model_source": ""}
 
 
 @contextlib.contextmanager

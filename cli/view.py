@@ -5,8 +5,10 @@ from __future__ import annotations
 import click
 
 from .common import (
+    CKPT_HELP,
     CONTEXT,
     EXAMPLES_SEED,
+    ckpt_path,
     device_option,
     load_model_and_task,
     max_batch_option,
@@ -38,9 +40,7 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 
 @click.command(context_settings=CONTEXT)
 @click.argument("runs_dir", required=False, type=click.Path(file_okay=False, exists=True))
-@click.option(
-    "--ckpt", type=click.Path(dir_okay=False), default=None, help="checkpoint (.safetensors) instead of RUNS_DIR"
-)
+@click.option("--ckpt", type=ckpt_path, default=None, help=f"{CKPT_HELP}, instead of RUNS_DIR")
 @click.option(
     "--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of --ckpt (its rows)"
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import HookmechError, unknown
+from ..errors import HookmechError, UsageError, unknown
 from ..seeds import EXAMPLES_SEED
 from .ar import AssociativeRecall
 from .atr import AssociativeTreecall
@@ -39,8 +39,13 @@ def from_spec(spec: dict[str, Any]) -> Task:
 
 
 def from_checkpoint(path: str | Path) -> Task:
-    """Rebuild the task stored in a checkpoint's metadata."""
+    """Rebuild the task stored in a checkpoint's metadata. A Hugging Face model folder stores
+    none: a UsageError says a task must be given."""
     from ..checkpoint import read_metadata
+    from ..pretrained import is_pretrained
+
+    if is_pretrained(path):
+        raise UsageError(f"{path} is a Hugging Face model folder, which stores no task: give the task (--task)")
 
     spec = read_metadata(path).get("task")
     if spec is None:
