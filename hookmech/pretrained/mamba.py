@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..errors import HookmechError
+from ..hook_names import block_path
 from .weights import Weights
 
 #: the context a loaded model states (`ModelConfig.n_ctx`, the longest sequence it accepts): the
@@ -146,9 +147,9 @@ def backbone_weights(field, weights: Mapping[str, Tensor], mixer_parameters: lis
     }
     for layer in range(field("num_hidden_layers")):
         theirs = f"backbone.layers.{layer}"
-        state[f"blocks.{layer}.ln1.weight"] = source.take(f"{theirs}.norm.weight")
+        state[block_path(layer, "ln1.weight")] = source.take(f"{theirs}.norm.weight")
         for name in mixer_parameters:
-            state[f"blocks.{layer}.mixer.{name}"] = source.take(f"{theirs}.mixer.{name}")
+            state[block_path(layer, f"mixer.{name}")] = source.take(f"{theirs}.mixer.{name}")
     tied = bool(field("tie_word_embeddings"))
     if not tied or source.has("lm_head.weight"):
         head = source.take("lm_head.weight")

@@ -145,11 +145,12 @@ def test_residual_in_fp32_changes_nothing_in_float32(tmp_path):
         torch.testing.assert_close(load(folder)(tokens), transformers_run(without, tokens)[0], rtol=0, atol=PARITY_TOL)
 
 
-def test_the_patching_engine_equals_the_plain_loop_on_a_loaded_model(tmp_path):
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_the_patching_engine_equals_the_plain_loop_on_a_loaded_model(tmp_path, name):
     """The exact engine (resumed runs, kept states, inside hooks and the recurrent state) against
     the plain `run_with_hooks` loop on a loaded folder, at every block-level site and inside block 1."""
     task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3)
-    folder, _ = mamba_folder(tmp_path, vocab_size=task.d_vocab)
+    folder, _ = mamba_folder(tmp_path, vocab_size=task.d_vocab, **OPTIONS[name])
     model = load(folder)
     batch = task.sample(6, seed=3)
     inside = [name for name, point in model.hook_dict.items()
