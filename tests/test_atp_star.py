@@ -138,7 +138,9 @@ def test_based_position_effects_equal_patched_forwards(train_view, hook, rows_at
     torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
 
 
-@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
+# the last options are those a pretrained folder may have (hookmech.pretrained.mamba): biases, no conv bias
+@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False},
+                                     {"bias": True, "conv_bias": False, "d_conv": 3}])
 @pytest.mark.parametrize("hook", [None, "hook_in_x"])
 def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_once):
     """Mamba: Δ, B, C and the state recomputed over the convolution's reach, the adjoint state
@@ -180,7 +182,9 @@ def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_on
     torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
 
 
-@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
+# the last options are those a pretrained folder may have (hookmech.pretrained.mamba): biases, no conv bias
+@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False},
+                                     {"bias": True, "conv_bias": False, "d_conv": 3}])
 def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, rows_at_once):
     """Mamba's output change at each row's query `at` for a patch at every s: within the
     convolution's reach of s, beyond it (the state carried by the base run's decays) and after

@@ -77,6 +77,27 @@ def test_engine_equals_plain_loop_at_every_position(ar_task, mixer):
     assert_matches_reference(model, batch, ["all", *positional_inside_sites(model)], ALL_POSITIONS, sensitive=True)
 
 
+#: Mamba-2 as pretrained folders have it (`hookmech.pretrained.mamba2`): heads in groups of B/C,
+#: Δ clamped (transformers' time_step_limit: both bounds bite at these weights), biases
+MAMBA2_PRETRAINED_OPTIONS = [
+    {"ngroups": 2, "headdim": 4},
+    {"ngroups": 4, "headdim": 4, "dt_limit": [0.005, 0.02], "bias": True, "conv_bias": False, "chunk_size": 8},
+]
+
+
+@pytest.mark.parametrize("options", MAMBA2_PRETRAINED_OPTIONS, ids=["groups", "groups-clamp-bias"])
+def test_engine_equals_plain_loop_for_mamba2_with_groups_and_a_clamped_delta(options):
+    """Every block-level site and every inside hook (the state included) at the key, the value and
+    the query, on rows of 43 tokens (resumed runs replay from the kept states of every 16th
+    position), and the whole-run base forwards with contexts (`fused_forward_with_context`)."""
+    task = hookmech.tasks.make("ar", vocab_size=64, num_kv_pairs=20)
+    model = unit_variance(make_model(task, mixers="mamba2", d_model=16, layer_options=[options] * 2))
+    batch = task.sample(6, seed=5)
+    assert batch.tokens.shape[1] == 43
+    assert_matches_reference(model, batch, ["all", *positional_inside_sites(model)], ["key", "value", "query"],
+                             max_batch=11, sensitive=True)
+
+
 @pytest.mark.parametrize("mixer", ["attention", "mamba"])
 @pytest.mark.parametrize("metric", ["log_p", "logit_diff", "kl"])
 def test_metrics_equal_plain_loop(ar_task, mixer, metric):
