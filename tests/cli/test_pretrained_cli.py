@@ -101,3 +101,16 @@ def test_a_cache_of_another_model_is_refused_for_a_folder(gpt2_folder_and_cache,
     code, _, err = run_cli(["patch", "--ckpt", other, "--cache", cache, "--site", "L0.block_in", "--pos", "key"],
                            capsys)
     assert code == 1 and len(err.strip().splitlines()) == 1 and "made from another model" in err
+
+
+def test_weights_that_do_not_match_the_config_are_one_line_naming_the_weights_file(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from pretrained_folders import folder_of
+
+    folder = folder_of("gpt2", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "n_layer": 3}))
+    code, _, err = run_cli(["sites", "--ckpt", folder], capsys)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and str(folder / "model.safetensors") in lines[0]
+    assert "missing h.2." in lines[0]
