@@ -41,6 +41,13 @@ class Task(abc.ABC):
         """Return a human-readable rendering of one row of token ids."""
         return " ".join(str(t) for t in tokens)
 
+    def chance(self) -> float | None:
+        """Return the task's chance accuracy: that of a guess which knows the task's format but
+        not which pair the query asks, uniform among the answers the document offers to its
+        possible queries (AR, MQAR: its values; ATR: the parents of its eligible keys). None
+        where the task defines none."""
+        return None
+
 
 def check_task_options(cls: type[Task], options: dict[str, Any]) -> None:
     """Raise a UsageError naming the task if `options` holds a key `cls` does not take."""
