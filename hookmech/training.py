@@ -44,7 +44,7 @@ from torch.nn import functional as F
 from . import schema
 from .allocator import keep_freed_memory
 from .cache import answer_probs, run_chunks
-from .checkpoint import save
+from .checkpoint import read_metadata, save
 from .config import ModelConfig
 from .devices import check_device
 from .errors import HookmechError, UsageError
@@ -309,9 +309,10 @@ def train(
     """Train a model in `out_dir` (resuming or skipping as the folder says) and return its summary.
 
     The summary holds at least ``dev_acc``, ``dev_p_answer``, ``steps``, ``seconds``,
-    ``status``. `on_step(step)` is called after each optimizer step (tests use it to
-    interrupt a run); `on_eval(step, model)` at each evaluation, its dict is added to that
-    step's metrics line (e.g. attributions measured during training). Raises `HookmechError` if
+    ``status``, and a finished run's ``model_hash`` (of model.safetensors). `on_step(step)` is
+    called after each optimizer step (tests use it to interrupt a run); `on_eval(step, model)`
+    at each evaluation, its dict is added to that step's metrics line (e.g. attributions
+    measured during training). Raises `HookmechError` if
     the loss, the weights or a dev metric become NaN or inf, saying which checkpoint the folder keeps: only
     finite weights are written, and summary.json gets ``status`` "nan" and ``checkpoint_step``
     (None when the run diverged before its first checkpoint). A resume state holding NaN or inf
@@ -538,6 +539,9 @@ def _train_loop(
         task_spec=task.spec,
         summary={key: value for key, value in summary.items() if key != "seconds"},
     )
+    # the final model's identity, so that its weights are found where the folder does not keep
+    # them (a record committed without its checkpoint: `hookmech.weights`)
+    summary["model_hash"] = read_metadata(out / "model.safetensors")["model_hash"]
     _write_summary(summary_path, summary)
     return summary
 

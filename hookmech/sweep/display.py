@@ -99,7 +99,9 @@ class SweepDisplay:
         self.finished_now += 1
         acc, seconds = row.get("dev_acc"), row.get("seconds")
         detail = row.get("error") or (f"dev_acc {acc:.3f}" if isinstance(acc, float) else "")
-        own = f", trained in {duration_text(seconds)}" if _number(seconds) and not row.get("error") else ""
+        own = ""
+        if isinstance(seconds, (int, float)) and _number(seconds) and not row.get("error"):
+            own = f", trained in {duration_text(seconds)}"
         elapsed = time.perf_counter() - self.began
         left = self._seconds_left(elapsed)
         sweep = f"sweep: {duration_text(elapsed)}" + (f", ~{duration_text(left)} left" if left else "")
