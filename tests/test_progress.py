@@ -6,6 +6,7 @@ timed beside the command."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pty
@@ -154,3 +155,14 @@ def test_without_a_terminal_there_is_no_status_line(tmp_path):
     )  # fmt: skip
     assert done.returncode == 1 and done.stderr.count("\n") == 1 and "starting" not in done.stderr + done.stdout
 
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (the dist extra)")
+def test_ray_workers_send_their_progress_to_the_driver(tmp_path, monkeypatch):
+    monkeypatch.setattr(display_module, "LINE_EVERY_S", 0.0)
+    messages: list[str] = []
+    sweep = _small_sweep(tmp_path)
+    rows = run_sweep(sweep, tmp_path / "runs", engine="ray", workers=2, threads=1, log=messages.append, progress=False)
+    for index, row in enumerate(rows):
+        assert any(m.startswith(f"  {row['run_id']}: step ") for m in messages), row["run_id"]
+    assert sum(": finished dev_acc" in m and "trained in" in m for m in messages) == len(rows)
