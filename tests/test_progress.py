@@ -163,6 +163,6 @@ def test_ray_workers_send_their_progress_to_the_driver(tmp_path, monkeypatch):
     messages: list[str] = []
     sweep = _small_sweep(tmp_path)
     rows = run_sweep(sweep, tmp_path / "runs", engine="ray", workers=2, threads=1, log=messages.append, progress=False)
-    for index, row in enumerate(rows):
+    for row in rows:
         assert any(m.startswith(f"  {row['run_id']}: step ") for m in messages), row["run_id"]
     assert sum(": finished dev_acc" in m and "trained in" in m for m in messages) == len(rows)
