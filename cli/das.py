@@ -5,9 +5,11 @@ from __future__ import annotations
 import click
 
 from .common import (
+    CKPT_HELP,
     CONTEXT,
+    ckpt_path,
     device_option,
-    load_model_and_task,
+    load_model,
     memory_option,
     progress,
     refuse_overwriting_inputs,
@@ -19,7 +21,7 @@ from .common import (
 
 
 @click.command(context_settings=CONTEXT)
-@click.option("--ckpt", required=True, type=click.Path(dir_okay=False), help="checkpoint (.safetensors)")
+@click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option(
     "--cache",
     "cache_path",
@@ -99,7 +101,7 @@ def das(
         [("--ckpt", ckpt), ("--cache", cache_path)],
     )
     set_threads(threads)
-    model, _ = load_model_and_task(ckpt, device)
+    model = load_model(ckpt, device)
     check_finite_parameters(model, ckpt)
     with CacheFile(cache_path, verify=verify_cache) as cache:
         # the one identity check; the checkpoint file checks an older cache without model_hash

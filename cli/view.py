@@ -8,17 +8,22 @@ from pathlib import Path
 import click
 
 from .common import (
+    CKPT_HELP,
     CONTEXT,
     EXAMPLES_SEED,
+    ckpt_path,
     device_option,
+    examples_count,
     load_model_and_task,
     max_batch_option,
     memory_option,
     patch_count,
     progress,
+    prompts_option,
     refuse_overwriting_inputs,
     set_threads,
     split_flag,
+    task_options,
     threads_option,
     threshold_option,
 )
@@ -35,6 +40,9 @@ CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
     ("--device", "device"),
     ("--random-repeat-induction", "random_repeat_induction"),
     ("--memory", "memory"),
+    ("--task", "task_name"),
+    ("--task-opt", "task_opts"),
+    ("--data", "prompts_path"),
 )
 SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 #: options of the sweep and checkpoint pages that a patch --json file's page has no use for
@@ -43,9 +51,7 @@ RECORDS_REFUSED = (("--n", "n"), ("--seed", "seed"), ("--threads", "threads"))
 
 @click.command(context_settings=CONTEXT)
 @click.argument("runs_dir", metavar="[RUNS_DIR | RECORDS.json]", required=False, type=click.Path(exists=True))
-@click.option(
-    "--ckpt", type=click.Path(dir_okay=False), default=None, help="checkpoint (.safetensors) instead of RUNS_DIR"
-)
+@click.option("--ckpt", type=ckpt_path, default=None, help=f"{CKPT_HELP}, instead of RUNS_DIR")
 @click.option(
     "--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of --ckpt (its rows)"
 )
@@ -78,6 +84,8 @@ RECORDS_REFUSED = (("--n", "n"), ("--seed", "seed"), ("--threads", "threads"))
     "distribution) beside the induction scores on the examples",
 )
 @memory_option
+@task_options
+@prompts_option
 @device_option
 @threads_option
 @click.option("-o", "--out", "out_path", required=True, type=click.Path(), help="the HTML file to write")
@@ -100,6 +108,9 @@ def view(
     threads,
     out_path,
     random_repeat_induction=False,
+    task_name=None,
+    task_opts=(),
+    prompts_path=None,
 ):
     """Write one HTML page (no network needed to open it) of a checkpoint, a sweep folder or the
     records of a `hookmech patch --json` file.
@@ -130,12 +141,14 @@ def view(
         raise UsageError(f"--n must be >= 1, got {n}")
     if cache_path is not None and given & {"n", "seed"}:
         raise UsageError("--cache gives the examples; drop --n and --seed")
+    if cache_path is not None and given & {"task_name", "task_opts", "prompts_path"}:
+        raise UsageError("--cache holds its own examples and their task: drop --task, --task-opt and --data")
     if maps < 1 or not maps_mib > 0:
         raise UsageError(f"--maps must be >= 1 and --maps-mib > 0, got {maps} and {maps_mib}")
     check_memory(memory)
     if Path(out_path).is_dir():
         raise UsageError(f"-o {out_path} is a folder; give the page's file name (e.g. page.html)")
-    inputs = [("--ckpt", ckpt), ("--cache", cache_path), ("RUNS_DIR", runs_dir)]
+    inputs = [("--ckpt", ckpt), ("--cache", cache_path), ("--data", prompts_path), ("RUNS_DIR", runs_dir)]
     if runs_dir is not None and not records_file:
         inputs += [("RUNS_DIR", f"{runs_dir}/{name}") for name in ("results.csv", "sweep.json")]
     refuse_overwriting_inputs([("-o", out_path)], inputs)
@@ -166,6 +179,7 @@ def view(
             memory,
             device,
             random_repeat_induction,
+            (task_name, task_opts, prompts_path),
         )
     from hookmech.view import write_page
 
@@ -247,10 +261,11 @@ def _checkpoint_data(
     memory,
     device,
     random_repeat,
+    task_choice=(None, (), None),
 ):
-    """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`) or
-    the cache's rows, patched in chunks within `memory` MiB (the per-row arrays left in temporary
-    files for `write_page`)."""
+    """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`;
+    `task_choice` is --task, --task-opt and --data) or the cache's rows and task, patched in
+    chunks within `memory` MiB (the per-row arrays left in temporary files for `write_page`)."""
     import math
     import warnings
     from pathlib import Path
@@ -259,13 +274,17 @@ def _checkpoint_data(
     from hookmech.view import checkpoint_page_data, default_positions
     from hookmech.view.checkpoint import page_chunk_rows
 
-    model, task = load_model_and_task(ckpt, device)
+    task_name, task_opts, prompts_path = task_choice
+    model, task = load_model_and_task(ckpt, device, task_name, task_opts, prompts_path, need_task=cache_path is None)
     about = {"source": ckpt if cache_path is None else f"{ckpt} with the cache {cache_path}"}
+    if task is not None:
+        n = examples_count(task, n)
     about.update({"n": n, "seed": seed} if cache_path is None else {"n": None, "seed": None})
     source = task.sample(n, seed=seed) if cache_path is None else CacheFile(cache_path)
     try:
         if cache_path is not None:
             source.check_model(model, checkpoint=ckpt, hooks=())
+            task = _cache_task(source, ckpt, model)
         # the first rows tell the roles and the row width; the rest is read a chunk at a time
         first = source.window(slice(0, 1)).batch() if isinstance(source, CacheFile) else source.select(slice(0, 1))
         n_rows = source.n if isinstance(source, CacheFile) else len(source)
@@ -299,3 +318,17 @@ def _checkpoint_data(
             source.close()
     mixers = ", ".join(dict.fromkeys(model.cfg.mixers))
     return data, f"{Path(ckpt).name}: {mixers} on {task.name}"
+
+
+def _cache_task(cache, ckpt, model):
+    """Return the task of a cache's rows (their token names and roles): the one the cache
+    records, else the checkpoint's own; a HookmechError when neither has one."""
+    from hookmech.errors import HookmechError
+    from hookmech.tasks import check_vocabulary, from_spec, stored_task_spec
+
+    spec = cache.task or stored_task_spec(ckpt)
+    if not spec:
+        raise HookmechError(f"neither the cache {cache.path} nor {ckpt} records a task (the page names tokens by it)")
+    task = from_spec(spec)
+    check_vocabulary(task, model.cfg.d_vocab)
+    return task

@@ -141,11 +141,19 @@ def load(path: str | Path, config: ModelConfig | str | Path | None = None, devic
     """Return the `HookedLM` stored at `path`, in eval mode, on `device`.
 
     A ``.pt``/``.pth`` state dict is read with ``torch.load(weights_only=True)`` and needs
-    `config` (a ModelConfig, or a path to its JSON). Any other file must be a hookmech
-    safetensors checkpoint.
+    `config` (a ModelConfig, or a path to its JSON). A folder is a Hugging Face model folder, and
+    a missing path that reads as ``owner/name`` a hub name (`hookmech.pretrained.from_pretrained`,
+    which reads the folder's own config.json). Any other file must be a hookmech safetensors
+    checkpoint.
     """
     path = Path(path)
     check_device(device)
+    from .pretrained import from_pretrained, is_pretrained
+
+    if path.is_dir() and (path / "run.json").is_file() and not (path / "config.json").exists():
+        raise HookmechError(f"{path} is a hookmech run folder: its checkpoint is {path / 'model.safetensors'}")
+    if is_pretrained(path):
+        return from_pretrained(path, device=device)
     if path.suffix in (".pt", ".pth"):
         return _load_torch_state(path, config, device)
     meta = read_metadata(path)

@@ -70,6 +70,12 @@ _TRAIN_SET, _DEV_SET, _FRESH, _EPOCH_ORDER = 0, 1, 2, 3
 #: paper 000's code does (tinylang's training loop takes batch ``step % 3126`` of its set)
 ORDERS = ("shuffled", "fixed")
 
+#: learning-rate schedules (`TrainConfig.schedule`, `learning_rate`): "cosine" warms up over
+#: round(warmup_frac·T) steps at lr·(t+1)/W; "hf-cosine" is Hugging Face's
+#: `get_cosine_schedule_with_warmup` as paper 000's code calls it (tinylang `experiment.py`):
+#: W = int(warmup_frac·T) steps at lr·t/W, so step 0 runs at lr 0 — one step behind "cosine"
+SCHEDULES = ("cosine", "hf-cosine")
+
 #: what each trainer option may be (`TrainConfig` checks them; sweep files are checked against them)
 TRAIN_FIELDS: dict[str, schema.Field] = {
     "lr": schema.number(0, above=True),
@@ -83,6 +89,7 @@ TRAIN_FIELDS: dict[str, schema.Field] = {
     "eval_every": schema.COUNT,
     "ckpt_every": schema.COUNT,
     "order": schema.name("an order", choices=ORDERS),
+    "schedule": schema.name("a schedule", choices=SCHEDULES),
 }
 
 
@@ -103,6 +110,8 @@ class TrainConfig:
     #: how the fixed training set is replayed (ORDERS); left out of run.json when "shuffled", so
     #: run folders written before the option existed still resume
     order: str = "shuffled"
+    #: the learning-rate schedule (SCHEDULES); left out of run.json when "cosine", as `order`
+    schedule: str = "cosine"
 
     def __post_init__(self) -> None:
         for name, field in TRAIN_FIELDS.items():
@@ -127,8 +136,15 @@ class TrainConfig:
 
 def learning_rate(step: int, config: TrainConfig) -> float:
     """Return the learning rate of optimizer step `step` (0-based): linear warm-up over
-    the first `warmup_frac` of steps, then cosine decay to 0 at the last step."""
+    the first `warmup_frac` of steps, then cosine decay to 0 at the last step (`SCHEDULES`)."""
     total = config.total_steps()
+    if config.schedule == "hf-cosine":
+        # transformers' lr_lambda (num_cycles 0.5), multiplied in as LambdaLR does: base_lr * factor
+        warmup = int(config.warmup_frac * total)
+        if step < warmup:
+            return config.lr * (step / max(1, warmup))
+        progress = (step - warmup) / max(1, total - warmup)
+        return config.lr * max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
     warmup = int(round(config.warmup_frac * total))
     if step < warmup:
         return config.lr * (step + 1) / warmup
@@ -263,8 +279,11 @@ def _run_record(
         "task": task.spec,
         "train": dataclasses.asdict(config),
     }
-    if config.order == "shuffled":  # the default: older run folders, written without it, still match
+    # the defaults: older run folders, written without these options, still match
+    if config.order == "shuffled":
         del record["train"]["order"]
+    if config.schedule == "cosine":
+        del record["train"]["schedule"]
     if train_set_sha256 is not None:  # absent for sampled training sets: older run folders still match
         record["train_set_sha256"] = train_set_sha256
     return record

@@ -17,7 +17,7 @@ cases are the tests' `tests/test_evaluate_verdict.py`):
 
 1. the model must react to the corruption: ``p_clean − p_corrupt ≥ MIN_EFFECT`` (0.05), else
    **neither** ("does not recall"): attributions are ratios of two tiny differences then (H3,
-   Hyena and BaseConv at the paper's AR configuration: 0.019, 0.005 and −0.001; the weakest
+   Hyena and BaseConv at the paper's AR configuration: 0.019, 0.005 and −0.0004; the weakest
    model that recalls, Mamba at 19 % accuracy with learned positions, 0.15; attention on the
    CPU variant of ATR, whose corrupted key leaves the heuristics intact, 0.10);
 2. ``value ≥ STRONG`` (0.5) with ``key + query < PRESENT`` (0.25): **induction**;

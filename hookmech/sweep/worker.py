@@ -14,7 +14,7 @@ from ..errors import HookmechError
 from ..fileio import read_json, write_text_atomic
 from ..locking import folder_lock
 from ..progress import RunProgress
-from .grid import build_run, needs_test_split
+from .grid import build_run, needs_test_split, training_data
 from .results import RESULT_COLUMNS
 
 
@@ -77,6 +77,7 @@ def execute_run(
             device=device,
         )
     log = (lambda message: None) if quiet else None
+    train_set, train_set_sha256 = training_data(run, task, train_config)
     with folder_lock(out, "run folder"):  # training, test.json and mech.json: one process at a time
         try:
             summary = train(
@@ -88,6 +89,8 @@ def execute_run(
                 progress=False if progress is None else progress,
                 on_eval=on_eval,
                 log=log,
+                train_set=train_set,
+                train_set_sha256=train_set_sha256,
             )
         except HookmechError:
             summary = _read_json(out / "summary.json")
