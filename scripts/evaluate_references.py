@@ -84,9 +84,10 @@ ZOOLOGY_MQAR = (
     "zoology/experiments/paper_configs/iclr24_zoology_figure2/configs.py)"
 )
 QUICK_CAUSES = {
-    ("mqar", "mamba"): "the quick MQAR's budget, not the architecture: " + ZOOLOGY_MQAR
+    ("mqar", "mamba"): "most likely the quick MQAR's budget rather than the architecture (a longer run was not "
+    "measured): " + ZOOLOGY_MQAR
     + "; the same model recalls the quick AR, whose query follows the pairs (0.872)",
-    ("mqar", "h3"): "the quick MQAR's budget, as for Mamba: " + ZOOLOGY_MQAR
+    ("mqar", "h3"): "most likely the quick MQAR's budget, as for Mamba: " + ZOOLOGY_MQAR
     + "; the same model recalls the quick AR (0.831); only lr 3e-3 was trained",
     ("mqar", "baseconv"): "BaseConv does not recall AR at this size either (quick AR: at chance; paper 000's AR "
     "cell at d_model 64: 0.037), and the quick MQAR's budget is short of zoology's: " + ZOOLOGY_MQAR,
