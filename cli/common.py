@@ -287,6 +287,13 @@ class progress:
             return self.bar.update
         return lambda n: None
 
+    def say(self, message: str) -> None:
+        """Print `message` on stderr as a line (above the bar while one is drawn)."""
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+        else:
+            click.echo(message, err=True)
+
     def __exit__(self, *exc):
         if self.bar is not None:
             self.bar.close()

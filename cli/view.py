@@ -1,6 +1,9 @@
-"""`hookmech view`: one self-contained HTML page of a checkpoint, a cache or a sweep folder."""
+"""`hookmech view`: one self-contained HTML page of a checkpoint, a cache, a sweep folder or a
+`hookmech patch --json` file."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
@@ -42,10 +45,12 @@ CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
     ("--data", "prompts_path"),
 )
 SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
+#: options of the sweep and checkpoint pages that a patch --json file's page has no use for
+RECORDS_REFUSED = (("--n", "n"), ("--seed", "seed"), ("--threads", "threads"))
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("runs_dir", required=False, type=click.Path(file_okay=False, exists=True))
+@click.argument("runs_dir", metavar="[RUNS_DIR | RECORDS.json]", required=False, type=click.Path(exists=True))
 @click.option("--ckpt", type=ckpt_path, default=None, help=f"{CKPT_HELP}, instead of RUNS_DIR")
 @click.option(
     "--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of --ckpt (its rows)"
@@ -107,24 +112,29 @@ def view(
     task_opts=(),
     prompts_path=None,
 ):
-    """Write one HTML page (no network needed to open it) of a checkpoint or a sweep folder.
+    """Write one HTML page (no network needed to open it) of a checkpoint, a sweep folder or the
+    records of a `hookmech patch --json` file.
 
     With --ckpt (and --cache): the site x position attribution heatmap (hookmech patch's
     numbers); click a cell for its per-example p_clean / p_corrupt / p_patched and the examples
     of largest and smallest effect; per layer the effective attention of an example; the
     induction scores on the examples (query -> value, value -> key). With RUNS_DIR: the
-    interactive twin of every hookmech report figure.
+    interactive twin of every hookmech report figure (a run whose folder keeps no weights is
+    drawn from the bundled fixture that holds them). With RECORDS.json: its heatmap and table.
     """
-    from pathlib import Path
-
     from hookmech.errors import UsageError
     from hookmech.row_chunks import check_memory
 
     if (runs_dir is None) == (ckpt is None):
-        raise UsageError("give a sweep folder RUNS_DIR or --ckpt CKPT (one of them)")
+        raise UsageError("give a sweep folder RUNS_DIR, a patch --json file or --ckpt CKPT (one of them)")
     given = _given_options()
+    records_file = runs_dir is not None and Path(runs_dir).is_file()
+    if records_file:
+        wrong = [name for name, param in (*SWEEP_ONLY, *CHECKPOINT_ONLY, *RECORDS_REFUSED) if param in given]
+        if wrong:
+            raise UsageError(f"{wrong[0]} does not apply to the page of a patch --json file; drop it")
     wrong = [name for name, param in (SWEEP_ONLY if ckpt else CHECKPOINT_ONLY) if param in given]
-    if wrong:
+    if wrong and not records_file:
         kind = "sweep-folder (RUNS_DIR)" if ckpt else "checkpoint (--ckpt)"
         raise UsageError(f"{wrong[0]} belongs to {kind} pages; drop it")
     if n < 1:
@@ -139,23 +149,22 @@ def view(
     if Path(out_path).is_dir():
         raise UsageError(f"-o {out_path} is a folder; give the page's file name (e.g. page.html)")
     inputs = [("--ckpt", ckpt), ("--cache", cache_path), ("--data", prompts_path), ("RUNS_DIR", runs_dir)]
-    if runs_dir is not None:
+    if runs_dir is not None and not records_file:
         inputs += [("RUNS_DIR", f"{runs_dir}/{name}") for name in ("results.csv", "sweep.json")]
     refuse_overwriting_inputs([("-o", out_path)], inputs)
-    set_threads(threads)
-    from hookmech.view import sweep_page_data, write_page
+    from hookmech.fileio import size_text
 
-    if runs_dir is not None:
-        data = sweep_page_data(
-            runs_dir,
-            runs=split_flag(run_ids) or None,
-            n=n,
-            seed=seed,
-            heatmaps=not no_heatmaps,
-            log=lambda message: click.echo(message, err=True),
-        )
+    if records_file:
+        from hookmech.view.records import records_page_data
+
+        data = records_page_data(runs_dir)
+        title = f"{data['title']}: patch records"
+    elif runs_dir is not None:
+        set_threads(threads)
+        data = _sweep_data(runs_dir, run_ids, n, seed, no_heatmaps)
         title = f"{data['title']}: sweep"
     else:
+        set_threads(threads)
         data, title = _checkpoint_data(
             ckpt,
             cache_path,
@@ -172,8 +181,58 @@ def view(
             random_repeat_induction,
             (task_name, task_opts, prompts_path),
         )
+    from hookmech.view import write_page
+
     path = write_page(data, out_path, title)
-    click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
+    click.echo(f"wrote {path} ({size_text(path.stat().st_size)})")
+
+
+def _sweep_data(runs_dir, run_ids, n, seed, no_heatmaps):
+    """Return the page data of a sweep folder, with a bar over its selected runs on a terminal
+    (each run's heatmap patches its model)."""
+    from hookmech.view import sweep_page_data
+
+    bar = _RunsBar()
+    try:
+        return sweep_page_data(
+            runs_dir,
+            runs=split_flag(run_ids) or None,
+            n=n,
+            seed=seed,
+            heatmaps=not no_heatmaps,
+            log=bar.say,
+            progress=bar,
+        )
+    finally:
+        bar.close()
+
+
+class _RunsBar:
+    """A bar over a sweep page's selected runs (`progress`), made once their number is known;
+    `say` prints a line above it."""
+
+    def __init__(self) -> None:
+        self.bar: progress | None = None
+        self.advance = None
+        self.done = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = progress(total, "runs", unit="run")
+            self.advance = self.bar.__enter__()
+        assert self.advance is not None
+        self.advance(done - self.done)
+        self.done = done
+
+    def say(self, message: str) -> None:
+        if self.bar is not None:
+            self.bar.say(message)
+        else:
+            click.echo(message, err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
 
 
 def _given_options() -> set[str]:

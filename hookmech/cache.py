@@ -1022,8 +1022,11 @@ class CacheFile:
     def _refuse_other_position_axis(self, hook: str) -> None:
         """Raise a UsageError when `hook` stores positions elsewhere than axis 1 (attention's
         ``[N, head, q, k]`` scores and patterns): `gather` would read heads as positions."""
+        parsed = parse_hook(hook)
+        if parsed is not None and parsed.inside is None:
+            return  # a block's own hooks and the embeddings are [N, pos, ...] by the grammar: no model to build
         from .config import ModelConfig
-        from .hooks import axes_of, pos_axis_of
+        from .hooks import axes_of, pos_axis_of  # TransformerLens: only for hooks inside a sublayer
         from .model import HookedLM
 
         if self._hook_points is None:  # the model's hooks, shapes only (meta device), once

@@ -44,13 +44,14 @@ from torch.nn import functional as F
 from . import schema
 from .allocator import keep_freed_memory
 from .cache import answer_probs, run_chunks
-from .checkpoint import save
+from .checkpoint import read_metadata, save
 from .config import ModelConfig
 from .devices import check_device
 from .errors import HookmechError, UsageError
 from .fileio import atomic_path, disk_full_as_error, read_json, write_text_atomic
 from .locking import folder_lock
 from .model import HookedLM
+from .progress import RunProgress, reporter
 from .sizes import check_fits
 from .tasks import Task
 from .tasks.ar import rng_for
@@ -317,7 +318,7 @@ def train(
     out_dir: str | Path,
     *,
     device: str = "cpu",
-    progress: bool | None = None,
+    progress: bool | None | Callable[[RunProgress], Any] = None,
     on_step: Callable[[int], None] | None = None,
     on_eval: Callable[[int, HookedLM], dict[str, Any]] | None = None,
     log: Callable[[str], None] | None = None,
@@ -327,9 +328,10 @@ def train(
     """Train a model in `out_dir` (resuming or skipping as the folder says) and return its summary.
 
     The summary holds at least ``dev_acc``, ``dev_p_answer``, ``steps``, ``seconds``,
-    ``status``. `on_step(step)` is called after each optimizer step (tests use it to
-    interrupt a run); `on_eval(step, model)` at each evaluation, its dict is added to that
-    step's metrics line (e.g. attributions measured during training). Raises `HookmechError` if
+    ``status``, and a finished run's ``model_hash`` (of model.safetensors). `on_step(step)` is
+    called after each optimizer step (tests use it to interrupt a run); `on_eval(step, model)`
+    at each evaluation, its dict is added to that step's metrics line (e.g. attributions
+    measured during training). Raises `HookmechError` if
     the loss, the weights or a dev metric become NaN or inf, saying which checkpoint the folder keeps: only
     finite weights are written, and summary.json gets ``status`` "nan" and ``checkpoint_step``
     (None when the run diverged before its first checkpoint). A resume state holding NaN or inf
@@ -342,6 +344,10 @@ def train(
 
     The folder is locked while the run trains (`hookmech.locking.folder_lock`): a second
     process training into it gets a `HookmechError` naming the PID that holds it.
+
+    `progress` (`hookmech.progress.reporter`): None shows a bar when stderr is a terminal and a
+    line through `log` at evaluations otherwise (30 s apart at least), True a bar, False
+    nothing, a callable gets `RunProgress` events (a sweep's worker sends them to its driver).
     """
     keep_freed_memory()  # CPU steps allocate multi-MB temporaries: see hookmech/allocator.py
     out = Path(out_dir)
@@ -386,7 +392,7 @@ def _train_in_folder(
     record: dict[str, Any],
     *,
     device: str,
-    progress: bool | None,
+    progress: bool | None | Callable[[RunProgress], Any],
     on_step,
     on_eval,
     log,
@@ -449,7 +455,7 @@ def _train_loop(
     dev: Batch,
     *,
     device: str,
-    progress: bool | None,
+    progress: bool | None | Callable[[RunProgress], Any],
     on_step,
     on_eval,
     log,
@@ -469,7 +475,7 @@ def _train_loop(
 
     began = time.perf_counter()
     last_eval: dict[str, float] = {}
-    bar = _progress_bar(total, start, progress)
+    bar = reporter(progress, run=str(out), total=total, start=start, seconds_before=seconds_before, log=log)
 
     def elapsed() -> float:
         return seconds_before + time.perf_counter() - began
@@ -508,7 +514,7 @@ def _train_loop(
         optimizer.step()
         loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
         done = step + 1
-        bar.update(1)
+        bar.stepped(done, elapsed())
         evaluating = done % config.eval_every == 0 or done == total
         checkpointing = done % config.ckpt_every == 0 or done == total
         if evaluating or checkpointing:
@@ -537,7 +543,7 @@ def _train_loop(
             with disk_full_as_error(metrics_path), open(metrics_path, "a") as handle:
                 handle.write(json.dumps(entry) + "\n")
             loss_sum, loss_count = 0.0, 0
-            bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{last_eval['dev_acc']:.3f}")
+            bar.evaluated(done, elapsed(), entry["loss"], last_eval["dev_acc"])
         if checkpointing:
             checkpoint(done)
             kept = done
@@ -552,6 +558,9 @@ def _train_loop(
         task_spec=task.spec,
         summary={key: value for key, value in summary.items() if key != "seconds"},
     )
+    # the final model's identity, so that its weights are found where the folder does not keep
+    # them (a record committed without its checkpoint: `hookmech.weights`)
+    summary["model_hash"] = read_metadata(out / "model.safetensors")["model_hash"]
     _write_summary(summary_path, summary)
     return summary
 
@@ -572,24 +581,3 @@ def _training_state(model: HookedLM, optimizer: torch.optim.Optimizer):
 
 def _write_summary(path: Path, summary: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        """No progress bar: nothing to update."""
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        """No progress bar: nothing to show."""
-
-    def close(self) -> None:
-        """No progress bar: nothing to close."""
-
-
-def _progress_bar(total: int, start: int, progress: bool | None):
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, file=sys.stderr)

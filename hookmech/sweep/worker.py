@@ -6,12 +6,14 @@ attributions, then its results row. The worker holds its run folder's lock meanw
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import HookmechError
 from ..fileio import read_json, write_text_atomic
 from ..locking import folder_lock
+from ..progress import RunProgress
 from .grid import build_run, needs_test_split, training_data
 from .results import RESULT_COLUMNS
 
@@ -35,12 +37,18 @@ def run_is_complete(run: dict[str, Any], runs_dir: str | Path) -> bool:
 
 
 def execute_run(
-    run: dict[str, Any], runs_dir: str, threads: int | None = None, device: str = "cpu", quiet: bool = True
+    run: dict[str, Any],
+    runs_dir: str,
+    threads: int | None = None,
+    device: str = "cpu",
+    quiet: bool = True,
+    progress: Callable[[RunProgress], Any] | None = None,
 ) -> dict[str, Any]:
     """Train one run into ``runs_dir/<run_id>`` (skip/resume as its folder says), then add the
     test-split accuracy and the end-of-run attributions; return its results row.
 
-    A run stopped by a NaN loss returns its row with ``status = "nan"``.
+    `progress` gets the run's `RunProgress` events as it trains (the sweep's driver draws them;
+    None: nothing is shown). A run stopped by a NaN loss returns its row with ``status = "nan"``.
     """
     import torch
 
@@ -78,7 +86,7 @@ def execute_run(
                 train_config,
                 out,
                 device=device,
-                progress=False,
+                progress=False if progress is None else progress,
                 on_eval=on_eval,
                 log=log,
                 train_set=train_set,

@@ -44,6 +44,13 @@ class Task(abc.ABC):
         """Return a human-readable rendering of one row of token ids."""
         return " ".join(str(t) for t in tokens)
 
+    def chance(self) -> float | None:
+        """Return the task's chance accuracy: that of a guess which knows the task's format but
+        not which pair the query asks, uniform among the answers the document offers to its
+        possible queries (AR, MQAR: its values; ATR: the parents of its eligible keys). None
+        where the task defines none."""
+        return None
+
     def token_names(self, d_vocab: int) -> list[str]:
         """Return the name of every token id ``0 .. d_vocab - 1`` (`describe_tokens` of each:
         ``k3``, ``v0``, ``BOS``, ...); tasks whose names hold spaces (a tokenizer's) override it."""
