@@ -11,6 +11,8 @@ from .common import (
     CONTEXT,
     DEFAULT_MEMORY_MIB,
     EXAMPLES_SEED,
+    OutputPath,
+    allow_mixer_option,
     ckpt_path,
     device_option,
     examples_count,
@@ -36,6 +38,7 @@ from .common import (
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 def sites(ckpt, as_json):
@@ -65,6 +68,7 @@ def sites(ckpt, as_json):
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--n", type=int, default=320, show_default=True, help="number of examples")
 @click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
@@ -75,7 +79,7 @@ def sites(ckpt, as_json):
 @prompts_option
 @device_option
 @threads_option
-@click.option("-o", "--out", "out_path", required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_path", required=True, type=OutputPath(dir_okay=False))
 def cache(
     ckpt,
     n,
@@ -124,6 +128,7 @@ def cache(
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--site", "site_specs", multiple=True, help="site or pattern (repeatable, comma lists)")
 @click.option("--pos", "pos_specs", multiple=True, help="position: role, integer, all, whole, a+b")
@@ -204,13 +209,13 @@ def cache(
     "-o",
     "--out",
     "heatmap_path",
-    type=click.Path(),
+    type=OutputPath(file=True),
     default=None,
     help="also draw the records' heatmap into this PNG (site x position; path patches: sender x receiver)",
 )
 @click.option(
     "--per-example",
-    type=click.Path(dir_okay=False),
+    type=OutputPath(dir_okay=False),
     default=None,
     help="also write per-row p_patched to this JSON file",
 )

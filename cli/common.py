@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 import warnings
@@ -71,6 +72,34 @@ def check_device(device: str) -> str:
         raise UsageError(f"--device: {error}") from None
 
 
+class OutputPath(click.Path):
+    """A `click.Path` naming what a command writes: refused when empty (``-o ''``); for a file
+    (`file`, or ``dir_okay=False``) also when it ends in a path separator (``-o dir/`` names a
+    folder) or exists as a socket or a block device, which no file may replace (a FIFO or a
+    character device is written in place, `hookmech.fileio.atomic_path`; a folder is refused by
+    ``dir_okay=False`` or by the command, with its own words)."""
+
+    def __init__(self, *args, file: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.file = file or not self.dir_okay
+
+    def convert(self, value, param, ctx):
+        import os
+
+        text = os.fspath(value)
+        if not text.strip():
+            self.fail("is empty; give a path", param, ctx)
+        if self.file:
+            from hookmech.fileio import WRITTEN_IN_PLACE, destination_kind
+
+            if text.endswith(("/", os.sep)):
+                self.fail(f"{text} ends in '/', which names a folder; give a file name", param, ctx)
+            kind = destination_kind(text)
+            if kind not in (None, "a folder", *WRITTEN_IN_PLACE):
+                self.fail(f"{text} is {kind}, not a file; give a file name", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 device_option = click.option("--device", default="cpu", show_default=True, help="torch device to run on")
 threads_option = click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 threshold_option = click.option(
@@ -122,6 +151,29 @@ verify_cache_option = click.option(
     help="recompute 4 of the cache's rows with the checkpoint and compare them with its p(answer) and "
     "activations (refuses a cache of another model, or edited there, whatever its model_hash says)",
 )
+
+
+def allow_mixer_option(command):
+    """Add ``--allow-mixer SPEC`` (repeatable, comma lists) to a command that loads checkpoints:
+    the plug-in mixers their configs may import (`hookmech.mixers.allow_list`), added to
+    HOOKMECH_ALLOW_MIXERS while the command runs, so that the worker processes it starts allow
+    them too. Returns the decorated command (put it below ``@click.command``)."""
+
+    @functools.wraps(command)
+    def run(*args, allow_mixers=(), **kwargs):
+        from hookmech.mixers.allow_list import allowing
+
+        with allowing(split_flag(allow_mixers)):
+            return command(*args, **kwargs)
+
+    return click.option(
+        "--allow-mixer",
+        "allow_mixers",
+        multiple=True,
+        metavar="SPEC",
+        help="let the checkpoint's plug-in mixer (module[:Class] or file.py[:Class]) be imported; loading "
+        "imports no code a file names otherwise (also HOOKMECH_ALLOW_MIXERS=SPEC,...)",
+    )(run)
 
 
 def refuse_overwriting_inputs(outputs, inputs) -> None:

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from .common import CONTEXT, EXAMPLES_SEED
+from .common import CONTEXT, EXAMPLES_SEED, OutputPath
 
 _WRITE_N, _STATS_N = 100_032, 10_000
 
@@ -24,7 +24,7 @@ _WRITE_N, _STATS_N = 100_032, 10_000
 @click.option("--stats", is_flag=True, help="print the task's statistics instead of writing a file")
 @click.option("--json", "as_json", is_flag=True, help="with --stats: print JSON")
 @click.option(
-    "-o", "--out", "out_path", type=click.Path(dir_okay=False), default=None, help="dataset file to write (HDF5)"
+    "-o", "--out", "out_path", type=OutputPath(dir_okay=False), default=None, help="dataset file to write (HDF5)"
 )
 def data(task_name, task_opt, n, seed, stats, as_json, out_path):
     """Write TASK's rows to a dataset file (-o), or print its statistics (--stats).

@@ -6,6 +6,7 @@ import click
 
 from .common import (
     CONTEXT,
+    OutputPath,
     check_device,
     device_option,
     require_at_least,
@@ -39,7 +40,7 @@ from .common import (
 @runs_engine_options
 @click.option("--no-view", is_flag=True, help="skip the view page of each task's best run")
 @device_option
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(), help="the evaluation's folder (DIR)")
+@click.option("-o", "--out", "out_dir", required=True, type=OutputPath(), help="the evaluation's folder (DIR)")
 def evaluate(
     mixer,
     arch,

@@ -8,6 +8,7 @@ import click
 
 from .common import (
     CONTEXT,
+    OutputPath,
     check_device,
     device_option,
     refuse_overwriting_inputs,
@@ -105,7 +106,7 @@ from .common import (
 )
 @device_option
 @threads_option
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="run folder")
+@click.option("-o", "--out", "out_dir", required=True, type=OutputPath(file_okay=False), help="run folder")
 def train(
     task_name,
     task_opt,
@@ -143,6 +144,7 @@ def train(
     from hookmech import tasks
     from hookmech.config import build_config
     from hookmech.errors import UsageError
+    from hookmech.mixers.allow_list import plug_ins
     from hookmech.option_pairs import parse_options
     from hookmech.training import RUN_FILES, TrainConfig
     from hookmech.training import train as run_training
@@ -201,6 +203,8 @@ def train(
         train_set_sha256=train_set_sha256,
         on_eval=on_eval,
     )
+    for name in plug_ins(model_config.mixers):  # the name the checkpoint records, resolved: loading it names it
+        click.echo(f"hookmech: note: the checkpoint records mixer {name} (load it with --allow-mixer {name})", err=True)
     click.echo(json.dumps(summary, sort_keys=True))
 
 

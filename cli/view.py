@@ -11,6 +11,8 @@ from .common import (
     CKPT_HELP,
     CONTEXT,
     EXAMPLES_SEED,
+    OutputPath,
+    allow_mixer_option,
     ckpt_path,
     device_option,
     examples_count,
@@ -26,6 +28,7 @@ from .common import (
     task_options,
     threads_option,
     threshold_option,
+    verify_cache_option,
 )
 
 #: options of one kind of page, refused with the other (name shown, click parameter name)
@@ -43,6 +46,7 @@ CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
     ("--task", "task_name"),
     ("--task-opt", "task_opts"),
     ("--data", "prompts_path"),
+    ("--no-verify-cache", "verify_cache"),
 )
 SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 #: options of the sweep and checkpoint pages that a patch --json file's page has no use for
@@ -50,6 +54,7 @@ RECORDS_REFUSED = (("--n", "n"), ("--seed", "seed"), ("--threads", "threads"))
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.argument("runs_dir", metavar="[RUNS_DIR | RECORDS.json]", required=False, type=click.Path(exists=True))
 @click.option("--ckpt", type=ckpt_path, default=None, help=f"{CKPT_HELP}, instead of RUNS_DIR")
 @click.option(
@@ -83,12 +88,13 @@ RECORDS_REFUSED = (("--n", "n"), ("--seed", "seed"), ("--threads", "threads"))
     help="checkpoint: also show Olsson et al.'s prefix matching on random repeated tokens (out of the task's "
     "distribution) beside the induction scores on the examples",
 )
+@verify_cache_option
 @memory_option
 @task_options
 @prompts_option
 @device_option
 @threads_option
-@click.option("-o", "--out", "out_path", required=True, type=click.Path(), help="the HTML file to write")
+@click.option("-o", "--out", "out_path", required=True, type=OutputPath(file=True), help="the HTML file to write")
 def view(
     runs_dir,
     ckpt,
@@ -111,6 +117,7 @@ def view(
     task_name=None,
     task_opts=(),
     prompts_path=None,
+    verify_cache=True,
 ):
     """Write one HTML page (no network needed to open it) of a checkpoint, a sweep folder or the
     records of a `hookmech patch --json` file.
@@ -180,6 +187,7 @@ def view(
             device,
             random_repeat_induction,
             (task_name, task_opts, prompts_path),
+            verify_cache,
         )
     from hookmech.view import write_page
 
@@ -262,6 +270,7 @@ def _checkpoint_data(
     device,
     random_repeat,
     task_choice=(None, (), None),
+    verify_cache=True,
 ):
     """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`;
     `task_choice` is --task, --task-opt and --data) or the cache's rows and task, patched in
@@ -280,7 +289,7 @@ def _checkpoint_data(
     if task is not None:
         n = examples_count(task, n)
     about.update({"n": n, "seed": seed} if cache_path is None else {"n": None, "seed": None})
-    source = task.sample(n, seed=seed) if cache_path is None else CacheFile(cache_path)
+    source = task.sample(n, seed=seed) if cache_path is None else CacheFile(cache_path, verify=verify_cache)
     try:
         if cache_path is not None:
             source.check_model(model, checkpoint=ckpt, hooks=())

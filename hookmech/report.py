@@ -39,7 +39,16 @@ from typing import Any
 import numpy as np
 
 from .errors import HookmechError, UsageError, unknown
-from .fileio import TEMP_NAME, atomic_path, read_json, sha256_of, temp_owner_gone, temp_prefix, write_text_atomic
+from .fileio import (
+    TEMP_NAME,
+    atomic_path,
+    naming,
+    read_json,
+    sha256_of,
+    temp_owner_gone,
+    temp_prefix,
+    write_text_atomic,
+)
 from .seeds import EXAMPLES_SEED
 
 SWEPT = ("d_model", "lr", "seed")
@@ -763,14 +772,16 @@ def _fresh_folder(path: Path) -> Iterator[Path]:
     `path`, for the moment between the two renames, ``... .old``: so that the next call can tell
     a killed report's folders from a running one's (`_remove_stale_report_folders`)."""
     path = Path(os.path.abspath(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_report_folders(path)
-    building = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
+    with naming(path):  # a read-only folder: name the -o folder, not the one being built
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_report_folders(path)
+        building = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".tmp", dir=path.parent))
     try:
         os.chmod(building, 0o777 & ~_umask())  # mkdtemp makes 0700; give what mkdir would
         yield building
         if path.exists():
-            old = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".old", dir=path.parent))
+            with naming(path):
+                old = Path(tempfile.mkdtemp(prefix=temp_prefix(path), suffix=".old", dir=path.parent))
             os.replace(path, old)  # onto the empty folder just made
             try:
                 os.replace(building, path)

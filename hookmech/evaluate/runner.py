@@ -19,8 +19,10 @@ from typing import Any
 
 from ..errors import HookmechError, UsageError
 from ..fileio import read_json, write_text_atomic
-from ..locking import FolderLocked
+from ..locking import FolderLocked, folder_lock
+from ..option_pairs import parse_layer_options
 from ..progress import duration_text
+from ..sweep.driver import check_gpus_per_run
 from ..sweep.engines import check_ray_address, default_threads, import_ray
 from .budget import Planned, check_budget, next_run, plan, run_seconds, step_seconds
 from .card import build_card, write_card
@@ -76,6 +78,7 @@ def evaluate(
     options = dict(mixer_options or {})
     _refuse_model_keys(options)
     threads = default_threads(workers) if threads is None else threads
+    check_gpus_per_run(gpus_per_run, engine)
     if engine == "ray":  # Ray absent or far away: one line before the folder is touched
         import_ray()
         check_ray_address(address)
@@ -85,12 +88,19 @@ def evaluate(
         built = {task.name: _task_sweep(chosen, task, model_key, options) for task in chosen.tasks}
         sweeps = {name: sweep for name, (sweep, _) in built.items()}
         not_applied = {name: dropped for name, (_, dropped) in built.items() if dropped}
-        _claim_folder(out, chosen, model_key, options, steps)
-        planned = _plan(chosen, selected, sweeps, out, budget_hours, workers, threads, device, log)
-        errors = _run(chosen, sweeps, planned, out, engine, workers, threads, device, address, gpus_per_run, log)
-        view_errors = _write_views(chosen, out, device, log) if views else {}
-    card = build_card(out, chosen, model_key, options, planned, errors, view_errors, not_applied, selected, steps)
-    write_card(card, out)
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"-o {out} is a file; give a folder")
+        # two evaluations into one folder would mix their runs and cards: one at a time
+        with folder_lock(out, "evaluation folder"):
+            _claim_folder(out, chosen, model_key, options, steps)
+            planned = _plan(chosen, selected, sweeps, out, budget_hours, workers, threads, device, log)
+            errors = _run(chosen, sweeps, planned, out, engine, workers, threads, device, address, gpus_per_run, log)
+            mixers = model_key["mixer"].split(",") if "mixer" in model_key else []
+            view_errors = _write_views(chosen, out, device, log, mixers) if views else {}
+            card = build_card(
+                out, chosen, model_key, options, planned, errors, view_errors, not_applied, selected, steps
+            )
+            write_card(card, out)
     log(f"wrote {out / 'card.md'} and {out / 'card.json'}")
     return card
 
@@ -184,6 +194,8 @@ def _task_sweep(chosen: Suite, task: SuiteTask, model_key: dict[str, Any], optio
 
     settings = {key: value for key, value in task.model.items() if key in MODEL_KEYS}
     suite_options = {key: value for key, value in task.model.items() if key not in MODEL_KEYS}
+    # a layer the suite's models lack, in this command's words (the sweep's would name its file's tables)
+    parse_layer_options([f"{key}=0" for key in options], settings.get("n_layers", 2), "--mixer-opt")
     taken = _options_taken(model_key, settings.get("n_layers", 2))
     dropped = sorted(key for key in suite_options if key not in taken)
     kept = {key: value for key, value in suite_options.items() if key in taken}
@@ -348,9 +360,10 @@ def _run(chosen: Suite, sweeps, planned, out: Path, engine, workers, threads, de
     return errors
 
 
-def _write_views(chosen: Suite, out: Path, device: str, log) -> dict[str, str]:
+def _write_views(chosen: Suite, out: Path, device: str, log, mixers: list[str]) -> dict[str, str]:
     """Write the `hookmech view` page of each task's best run, unless it is there already;
-    return ``{task: error}`` of pages that could not be made (the card still is)."""
+    return ``{task: error}`` of pages that could not be made (the card still is). The runs'
+    checkpoints are loaded allowing the evaluated `mixers` (the user named them)."""
     from .card import best_row, task_rows
 
     errors: dict[str, str] = {}
@@ -362,7 +375,7 @@ def _write_views(chosen: Suite, out: Path, device: str, log) -> dict[str, str]:
         if page.exists():
             continue
         try:
-            _write_view(out / task.name / best["run_id"], page, device)
+            _write_view(out / task.name / best["run_id"], page, device, mixers)
         except HookmechError as error:
             errors[task.name] = str(error)
             log(f"{task.name}: no view page ({error})")
@@ -371,7 +384,7 @@ def _write_views(chosen: Suite, out: Path, device: str, log) -> dict[str, str]:
     return errors
 
 
-def _write_view(run_dir: Path, page: Path, device: str) -> None:
+def _write_view(run_dir: Path, page: Path, device: str, mixers: list[str]) -> None:
     """Write the checkpoint page of the run in `run_dir`: its task's MECH_N examples of the card."""
     from .. import tasks
     from ..checkpoint import load, read_metadata
@@ -379,7 +392,7 @@ def _write_view(run_dir: Path, page: Path, device: str) -> None:
     from ..view import checkpoint_page_data, write_page
 
     checkpoint = run_dir / "model.safetensors"
-    model = load(checkpoint, device=device)
+    model = load(checkpoint, device=device, allow_mixers=mixers)
     task = tasks.from_spec(read_metadata(checkpoint)["task"])
     batch = mech_batch(task, MECH_SEED, MECH_N).trimmed()  # the rows the card's numbers come from
     about = {"run": run_dir.name, "evaluated by": "hookmech evaluate"}

@@ -24,6 +24,14 @@ from .spec import Sweep
 from .worker import collect_row, run_is_complete
 
 
+def check_gpus_per_run(gpus_per_run: float, engine: str) -> None:
+    """Raise a UsageError unless `gpus_per_run` is a number >= 0, and 0 unless `engine` is "ray"."""
+    if not (math.isfinite(gpus_per_run) and gpus_per_run >= 0):
+        raise UsageError(f"--gpus-per-run must be a number >= 0, got {gpus_per_run}")
+    if gpus_per_run > 0 and engine != "ray":
+        raise UsageError("--gpus-per-run needs --engine ray")
+
+
 def run_sweep(
     sweep: Sweep,
     runs_dir: str | Path,
@@ -55,10 +63,7 @@ def run_sweep(
         raise unknown("engine", engine, ENGINES)
     if workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
-    if not (math.isfinite(gpus_per_run) and gpus_per_run >= 0):
-        raise UsageError(f"--gpus-per-run must be a number >= 0, got {gpus_per_run}")
-    if gpus_per_run > 0 and engine != "ray":
-        raise UsageError("--gpus-per-run needs --engine ray")
+    check_gpus_per_run(gpus_per_run, engine)
     threads = default_threads(workers) if threads is None else threads
     if threads < 1:
         raise UsageError(f"--threads must be >= 1, got {threads}")

@@ -236,4 +236,10 @@ def load_sweep(path: str | Path) -> Sweep:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"sweep file {path} does not exist")
-    return parse_sweep(path.read_text(), name=path.stem, source=str(path))
+    try:
+        text = path.read_text(encoding="utf-8")  # TOML is UTF-8, whatever the locale says
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"sweep file {path} is not UTF-8 text (byte {error.start}: {error.reason}); TOML is UTF-8"
+        ) from None
+    return parse_sweep(text, name=path.stem, source=str(path))

@@ -97,12 +97,13 @@ def execute_run(
             if summary is None or summary.get("status") != "nan":
                 raise
         if summary.get("status") == "finished":
-            _finish_run(run, out, task, train_config, device)
+            _finish_run(run, out, task, train_config, device, model_config.mixers)
     return collect_row(run, runs_dir)
 
 
-def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str) -> None:
-    """Write test.json (test-split accuracy) and mech.json (end-of-run attributions) if missing."""
+def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str, mixers: tuple[str, ...]) -> None:
+    """Write test.json (test-split accuracy) and mech.json (end-of-run attributions) if missing.
+    The run's model is loaded back allowing its own `mixers` (the sweep file names them)."""
     from ..checkpoint import load
 
     model = None
@@ -110,7 +111,7 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str)
         from .. import tasks
         from ..training import evaluate
 
-        model = load(out / "model.safetensors", device=device)
+        model = load(out / "model.safetensors", device=device, allow_mixers=mixers)
         test_task = tasks.from_spec({**run["task"], "split": "test"})
         scores = evaluate(model, test_task.sample(train_config.n_dev, seed=(train_config.seed, 1)))
         write_text_atomic(
@@ -123,7 +124,7 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str)
         if existing is None or existing.get("config") != mech_config:
             from ..mech import evaluate_mechanism, mech_batch
 
-            model = model or load(out / "model.safetensors", device=device)
+            model = model or load(out / "model.safetensors", device=device, allow_mixers=mixers)
             batch = mech_batch(task, mech_config["seed"], mech_config["n"])
             records, columns = evaluate_mechanism(
                 model, batch, mech_config["sites"], mech_config["positions"], threshold=mech_config["threshold"]

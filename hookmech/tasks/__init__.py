@@ -61,7 +61,12 @@ def from_checkpoint(path: str | Path) -> Task:
     spec = read_metadata(path).get("task")
     if spec is None:
         raise HookmechError(f"{path}: checkpoint stores no task spec")
-    return from_spec(spec)
+    if not isinstance(spec, dict):
+        raise HookmechError(f"{path}: the checkpoint's task spec is not a table")
+    try:
+        return from_spec(spec)
+    except HookmechError as error:  # the file's fault, not the command line's: exit 1, naming the file
+        raise HookmechError(f"{path}: task spec: {error}") from None
 
 
 def stored_task_spec(path: str | Path) -> dict[str, Any] | None:
