@@ -559,7 +559,7 @@ def _train_loop(
         summary={key: value for key, value in summary.items() if key != "seconds"},
     )
     # the final model's identity, so that its weights are found where the folder does not keep
-    # them (a record committed without its checkpoint: `hookmech.weights`)
+    # them (a record committed without its checkpoint: `hookmech.run_weights`)
     summary["model_hash"] = read_metadata(out / "model.safetensors")["model_hash"]
     _write_summary(summary_path, summary)
     return summary

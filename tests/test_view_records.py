@@ -13,7 +13,7 @@ from helpers import ATTENTION_FIXTURE, REPO, run_cli
 
 from hookmech.fileio import size_text
 from hookmech.view import read_page_data
-from hookmech.weights import fixture_of, run_weights
+from hookmech.run_weights import fixture_of, run_weights
 
 ATTENTION_RECORD = REPO / "results" / "ar-paper-d64" / "attention_lr0.001_s0_9e1ba1"
 PAPER_FIXTURE = REPO / "fixtures" / "attention_ar_paper.safetensors"

@@ -62,7 +62,7 @@ def sweep_page_data(
         sweep_title,
         value_query_points,
     )
-    from ..weights import run_weights
+    from ..run_weights import run_weights
 
     runs_dir = Path(runs_dir)
     log = log or (lambda message: None)
