@@ -287,7 +287,8 @@ def patch(
         [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)],
     )
     set_threads(threads)
-    model, task = load_model_and_task(ckpt, device)
+    # a model folder stores no task: with --cache, the cache's rows are all patch needs
+    model, task = load_model_and_task(ckpt, device, rows_from_cache=cache_path is not None)
     check_finite_parameters(model, ckpt)
     if corrupt is not None:
         from hookmech.tasks import from_spec

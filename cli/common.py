@@ -167,12 +167,15 @@ def load_model(ckpt: str, device: str):
     return load(ckpt, device=check_device(device))
 
 
-def load_model_and_task(ckpt: str, device: str):
+def load_model_and_task(ckpt: str, device: str, rows_from_cache: bool = False):
     """Return (model on `device`, task) of a checkpoint. A model folder stores no task: a
-    UsageError says one must be given (`hookmech.tasks.from_checkpoint`), before the model loads."""
+    UsageError says one must be given (`hookmech.tasks.from_checkpoint`), before the model loads;
+    unless `rows_from_cache` (the command reads its rows from a cache): then the task is None."""
     from hookmech.pretrained import is_pretrained
     from hookmech.tasks import from_checkpoint
 
+    if is_pretrained(ckpt) and rows_from_cache:
+        return load_model(ckpt, device), None
     if is_pretrained(ckpt):
         from_checkpoint(ckpt)  # refuses a folder in one line, before it loads
     model = load_model(ckpt, device)

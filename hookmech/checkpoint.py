@@ -150,6 +150,8 @@ def load(path: str | Path, config: ModelConfig | str | Path | None = None, devic
     check_device(device)
     from .pretrained import from_pretrained, is_pretrained
 
+    if path.is_dir() and (path / "run.json").is_file() and not (path / "config.json").exists():
+        raise HookmechError(f"{path} is a hookmech run folder: its checkpoint is {path / 'model.safetensors'}")
     if is_pretrained(path):
         return from_pretrained(path, device=device)
     if path.suffix in (".pt", ".pth"):

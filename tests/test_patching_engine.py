@@ -15,6 +15,7 @@ from hookmech.patching import attribution_score, corrupt_answers, parse_sites, p
 from hookmech.oracles import plain_loop_patch
 
 from helpers import ENGINE_TOL, make_model, unit_variance
+from pretrained_folders import FAMILY_CASES, folder_of
 
 POSITIONS = ["key", "value+query"]
 ALL_POSITIONS = ["key", "value", "query", "divider", "key+value", "all"]
@@ -50,6 +51,22 @@ def test_engine_equals_plain_loop_for_every_mixer_and_every_site(ar_task, mixer)
     inside_last_layer = [site for site in positional_inside_sites(model) if site.startswith("blocks.1.")]
     assert_matches_reference(model, batch, ["L0.block_in", "L0.mixer_out", "L1.*", *inside_last_layer], ["key+value"],
                              sensitive=True)
+
+
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+def test_engine_equals_plain_loop_on_pretrained_families(tmp_path, ar_task, case):
+    """A tiny random GPT-2 and Pythia (parallel and sequential blocks, rotary q and k) loaded from
+    their Hugging Face folders: every block site and inside hook of the last layer, the first
+    layer's MLP, at two role positions, as the plain loop computes them. The task's ids are within
+    the models' vocabulary; their redrawn weights let patches move p(answer)."""
+    pytest.importorskip("transformers")
+    model = hookmech.from_pretrained(folder_of(case, tmp_path))
+    batch = ar_task.sample(4, seed=3)
+    inside_last_layer = [site for site in positional_inside_sites(model) if site.startswith("blocks.1.")]
+    records = assert_matches_reference(model, batch, ["L0.block_in", "L0.mixer_out", "L0.mlp_in", "L0.mlp_out",
+                                                      "L1.*", *inside_last_layer], ["key", "value+query"],
+                                       sensitive=True)
+    assert {"blocks.1.mixer.hook_rot_k", "blocks.0.hook_mlp_in"} <= {r["hook"] for r in records} or case == "gpt2"
 
 
 @pytest.mark.slow

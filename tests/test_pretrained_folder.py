@@ -182,3 +182,9 @@ def test_a_hub_name_offline_is_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "state-spaces/mamba-130m-hf" in lines[0] and "HF_HUB_OFFLINE is set" in lines[0]
     assert not (tmp_path / "hf-home" / "hub" / "models--state-spaces--mamba-130m-hf" / "blobs").exists()
+
+
+def test_a_run_folder_given_as_a_checkpoint_names_its_checkpoint(tmp_path):
+    (tmp_path / "run.json").write_text("{}")
+    with pytest.raises(HookmechError, match="is a hookmech run folder: its checkpoint is .*model.safetensors"):
+        hookmech.load(tmp_path)

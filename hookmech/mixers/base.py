@@ -68,6 +68,11 @@ class Mixer(nn.Module):
     #: without the "hook_" prefix); a mixer declaring them defines `state_from_context`
     state_hooks: ClassVar[tuple[str, ...]] = ()
 
+    def hook_aliases(self) -> dict[str, str]:
+        """Return this mixer's `block_hook_aliases` (``{alias: hook}``, paths inside the block): the
+        class's, which a mixer whose inside hooks depend on its options extends with those it has."""
+        return dict(type(self).block_hook_aliases)
+
     if TYPE_CHECKING:  # declared for mypy and readers; each mixer defines it (nn.Module's raises)
 
         def forward(self, x: Resid) -> Resid:

@@ -18,12 +18,13 @@ class WeightsMismatch(HookmechError):
 class Weights:
     """A checkpoint's tensors by their Hugging Face names, each taken once by a family's
     ``convert_weights``. `finish` raises a `WeightsMismatch` listing the names asked for and
-    absent, and those never taken (`ignore`: suffixes of buffers a family recomputes, such as
-    GPT-2's causal-mask ``attn.bias``, which are dropped unread)."""
+    absent, and those never taken (`ignore`: endings, in whole name parts, of buffers a family
+    recomputes, such as GPT-2's causal-mask ``attn.bias``, which are dropped unread)."""
 
     def __init__(self, tensors: dict[str, Tensor], ignore: Iterable[str] = ()):
-        self._ignore = tuple(ignore)
-        self._tensors = {name: t for name, t in tensors.items() if not name.endswith(self._ignore)}
+        # whole name parts: "attn.bias" drops h.0.attn.bias, never h.0.attn.c_attn.bias
+        ignored = tuple(f".{suffix}" for suffix in ignore)
+        self._tensors = {name: t for name, t in tensors.items() if not f".{name}".endswith(ignored)}
         self._taken: set[str] = set()
         self._missing: list[str] = []
 
@@ -33,10 +34,11 @@ class Weights:
 
     def take(self, name: str, shape: tuple[int, ...] | None = None) -> Tensor:
         """Return tensor `name`, checked to have `shape` when given (a `WeightsMismatch` naming
-        it otherwise); a missing name is recorded for `finish` and answered with an empty tensor."""
+        it otherwise); a missing name is recorded for `finish` and answered with a placeholder of
+        that shape (unfilled), so that the conversion goes on to list every missing name."""
         if name not in self._tensors:
             self._missing.append(name)
-            return self._placeholder()
+            return _placeholder(shape)
         self._taken.add(name)
         tensor = self._tensors[name]
         if shape is not None and tuple(tensor.shape) != tuple(shape):
@@ -45,11 +47,6 @@ class Weights:
                 f"the config gives {tuple(shape)}"
             )
         return tensor
-
-    def _placeholder(self) -> Tensor:
-        import torch
-
-        return torch.empty(0)
 
     def finish(self) -> None:
         """Raise a `WeightsMismatch` when a name asked for was missing or a tensor was never
@@ -62,6 +59,12 @@ class Weights:
             if unused:
                 parts.append(f"unexpected {_some(unused)}")
             raise WeightsMismatch(f"weights do not match the config: {'; '.join(parts)}")
+
+
+def _placeholder(shape: tuple[int, ...] | None) -> Tensor:
+    import torch
+
+    return torch.empty(shape if shape is not None else (0,))
 
 
 def _some(names: list[str]) -> str:
