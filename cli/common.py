@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 import warnings
@@ -71,6 +72,34 @@ def check_device(device: str) -> str:
         raise UsageError(f"--device: {error}") from None
 
 
+class OutputPath(click.Path):
+    """A `click.Path` naming what a command writes: refused when empty (``-o ''``); for a file
+    (`file`, or ``dir_okay=False``) also when it ends in a path separator (``-o dir/`` names a
+    folder) or exists as a socket or a block device, which no file may replace (a FIFO or a
+    character device is written in place, `hookmech.fileio.atomic_path`; a folder is refused by
+    ``dir_okay=False`` or by the command, with its own words)."""
+
+    def __init__(self, *args, file: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.file = file or not self.dir_okay
+
+    def convert(self, value, param, ctx):
+        import os
+
+        text = os.fspath(value)
+        if not text.strip():
+            self.fail("is empty; give a path", param, ctx)
+        if self.file:
+            from hookmech.fileio import WRITTEN_IN_PLACE, destination_kind
+
+            if text.endswith(("/", os.sep)):
+                self.fail(f"{text} ends in '/', which names a folder; give a file name", param, ctx)
+            kind = destination_kind(text)
+            if kind not in (None, "a folder", *WRITTEN_IN_PLACE):
+                self.fail(f"{text} is {kind}, not a file; give a file name", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 device_option = click.option("--device", default="cpu", show_default=True, help="torch device to run on")
 threads_option = click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 threshold_option = click.option(
@@ -124,6 +153,29 @@ verify_cache_option = click.option(
 )
 
 
+def allow_mixer_option(command):
+    """Add ``--allow-mixer SPEC`` (repeatable, comma lists) to a command that loads checkpoints:
+    the plug-in mixers their configs may import (`hookmech.mixers.allow_list`), added to
+    HOOKMECH_ALLOW_MIXERS while the command runs, so that the worker processes it starts allow
+    them too. Returns the decorated command (put it below ``@click.command``)."""
+
+    @functools.wraps(command)
+    def run(*args, allow_mixers=(), **kwargs):
+        from hookmech.mixers.allow_list import allowing
+
+        with allowing(split_flag(allow_mixers)):
+            return command(*args, **kwargs)
+
+    return click.option(
+        "--allow-mixer",
+        "allow_mixers",
+        multiple=True,
+        metavar="SPEC",
+        help="let the checkpoint's plug-in mixer (module[:Class] or file.py[:Class]) be imported; loading "
+        "imports no code a file names otherwise (also HOOKMECH_ALLOW_MIXERS=SPEC,...)",
+    )(run)
+
+
 def refuse_overwriting_inputs(outputs, inputs) -> None:
     """Raise a UsageError if a path the command writes is one of its input files or folders.
 
@@ -167,21 +219,6 @@ def load_model(ckpt: str, device: str):
     return load(ckpt, device=check_device(device))
 
 
-def load_model_and_task(ckpt: str, device: str, rows_from_cache: bool = False):
-    """Return (model on `device`, task) of a checkpoint. A model folder stores no task: a
-    UsageError says one must be given (`hookmech.tasks.from_checkpoint`), before the model loads;
-    unless `rows_from_cache` (the command reads its rows from a cache): then the task is None."""
-    from hookmech.pretrained import is_pretrained
-    from hookmech.tasks import from_checkpoint
-
-    if is_pretrained(ckpt) and rows_from_cache:
-        return load_model(ckpt, device), None
-    if is_pretrained(ckpt):
-        from_checkpoint(ckpt)  # refuses a folder in one line, before it loads
-    model = load_model(ckpt, device)
-    return model, from_checkpoint(ckpt)
-
-
 def model_file_identity(ckpt: str) -> dict[str, str]:
     """Return what a cache records of the model file it was made from (`write_cache`'s arguments
     ``model_sha256`` and ``model_source``): the SHA-256 of a checkpoint file, or the resolved path
@@ -196,6 +233,75 @@ def model_file_identity(ckpt: str) -> dict[str, str]:
     if is_hub_name(ckpt):
         return {"model_sha256": "", "model_source": str(ckpt)}
     return {"model_sha256": sha256_of(ckpt), "model_source": ""}
+
+
+#: the names `--task` takes (`hookmech.tasks.REGISTRY`), spelled here: parsing imports no torch (a test pins them)
+TASK_NAMES = ("ar", "mqar", "atr", "induction", "nl-ar", "prompts")
+
+
+def task_options(command):
+    """Add --task and --task-opt (the task that gives a checkpoint's examples) to `command`;
+    return the decorated command."""
+    options = [
+        click.option(
+            "--task",
+            "task_name",
+            default=None,
+            help=f"task of the examples (default: the checkpoint's own): {', '.join(TASK_NAMES)}",
+        ),
+        click.option(
+            "--task-opt",
+            "task_opts",
+            multiple=True,
+            metavar="K=V",
+            help="task option (repeatable), over the checkpoint's task without --task; e.g. num_kv_pairs=4, "
+            "tokenizer=PATH (induction, nl-ar, prompts; default: a Hugging Face --ckpt folder's own)",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+prompts_option = click.option(
+    "--data",
+    "prompts_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="with --task prompts: the prompts, one JSON per line (docs/tasks.md, prompts)",
+)
+
+
+def load_model_and_task(ckpt: str, device: str, task_name=None, task_opts=(), prompts_path=None, need_task=True):
+    """Return (model on `device`, task) of a checkpoint: the task `--task` names with its
+    `--task-opt`s and `--data` prompts file, else the checkpoint's own (with the options over
+    it; `hookmech.tasks.for_checkpoint`). Without `need_task` and with no task option given,
+    the task is None (examples from a cache). A task whose ids the model's d_vocab does not
+    cover is refused."""
+    from hookmech.errors import UsageError
+    from hookmech.option_pairs import parse_options
+    from hookmech.tasks import check_vocabulary, for_checkpoint
+
+    options = parse_options(task_opts, "--task-opt")
+    if prompts_path is not None:
+        if task_name != "prompts":
+            raise UsageError("--data FILE.jsonl gives the prompts of --task prompts: add --task prompts")
+        options["data"] = prompts_path
+    wanted = need_task or task_name is not None or bool(options)
+    task = for_checkpoint(ckpt, task_name, options) if wanted else None
+    model = load_model(ckpt, device)
+    if task is not None:
+        check_vocabulary(task, model.cfg.d_vocab)
+    return model, task
+
+
+def examples_count(task, n: int) -> int:
+    """Return how many examples to draw: `n` (--n), or every prompt of a task whose rows are
+    given (`Task.n_rows`) when --n was not typed."""
+    from click.core import ParameterSource
+
+    given = click.get_current_context().get_parameter_source("n") == ParameterSource.COMMANDLINE
+    return n if task.n_rows is None or given else task.n_rows
 
 
 @contextlib.contextmanager
@@ -232,6 +338,13 @@ class progress:
             self.bar = tqdm(total=self.total, desc=self.label, unit=self.unit, file=sys.stderr)
             return self.bar.update
         return lambda n: None
+
+    def say(self, message: str) -> None:
+        """Print `message` on stderr as a line (above the bar while one is drawn)."""
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+        else:
+            click.echo(message, err=True)
 
     def __exit__(self, *exc):
         if self.bar is not None:

@@ -7,6 +7,8 @@ import click
 from .common import (
     CKPT_HELP,
     CONTEXT,
+    OutputPath,
+    allow_mixer_option,
     ckpt_path,
     device_option,
     load_model,
@@ -21,6 +23,7 @@ from .common import (
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option(
     "--cache",
@@ -49,7 +52,7 @@ from .common import (
     "computes on one, so that its numbers do not depend on the thread count",
 )
 @click.option(
-    "-o", "--out", "out_dir", required=True, type=click.Path(), help="folder for records.json and bases.safetensors"
+    "-o", "--out", "out_dir", required=True, type=OutputPath(), help="folder for records.json and bases.safetensors"
 )
 def das(
     ckpt,
@@ -82,6 +85,7 @@ def das(
     from hookmech.cache import CacheFile
     from hookmech.das import BASES_FILE, RECORDS_FILE, DasOptions, train
     from hookmech.errors import UsageError
+    from hookmech.locking import folder_lock
     from hookmech.row_chunks import check_memory
     from hookmech.tables import format_table
     from hookmech.validate import check_finite_parameters
@@ -100,29 +104,31 @@ def das(
         [("-o", out_dir), ("-o", str(out / RECORDS_FILE)), ("-o", str(out / BASES_FILE))],
         [("--ckpt", ckpt), ("--cache", cache_path)],
     )
-    set_threads(threads)
-    model = load_model(ckpt, device)
-    check_finite_parameters(model, ckpt)
-    with CacheFile(cache_path, verify=verify_cache) as cache:
-        # the one identity check; the checkpoint file checks an older cache without model_hash
-        cache.check_model(model, checkpoint=ckpt, hooks=())
-        total = steps * (1 if boundless else len(dims or []))
-        with progress(total, "das", unit="step") as advance:
-            result = train(
-                model,
-                cache,
-                site,
-                pos,
-                dims,
-                boundless=boundless,
-                steps=steps,
-                lr=lr,
-                batch_size=batch_size,
-                seed=seed,
-                memory=memory,
-                progress=advance,
-            )
-    result.save(out)
+    # two runs into one folder would mix their records and bases: one at a time, as train's run folders
+    with folder_lock(out, "das folder"):
+        set_threads(threads)
+        model = load_model(ckpt, device)
+        check_finite_parameters(model, ckpt)
+        with CacheFile(cache_path, verify=verify_cache) as cache:
+            # the one identity check; the checkpoint file checks an older cache without model_hash
+            cache.check_model(model, checkpoint=ckpt, hooks=())
+            total = steps * (1 if boundless else len(dims or []))
+            with progress(total, "das", unit="step") as advance:
+                result = train(
+                    model,
+                    cache,
+                    site,
+                    pos,
+                    dims,
+                    boundless=boundless,
+                    steps=steps,
+                    lr=lr,
+                    batch_size=batch_size,
+                    seed=seed,
+                    memory=memory,
+                    progress=advance,
+                )
+        result.save(out)
     if as_json:
         click.echo(to_json(result.records, indent=1))
         return

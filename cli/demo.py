@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, set_threads, threads_option
+from .common import CONTEXT, allow_mixer_option, set_threads, threads_option
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.option(
     "--fixtures", type=click.Path(file_okay=False), default=None, help="fixtures folder (default: the bundled ones)"
 )

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import click
 
-from .common import CONTEXT, EXAMPLES_SEED, refuse_overwriting_inputs, set_threads, split_flag, threads_option
+from .common import (
+    CONTEXT,
+    EXAMPLES_SEED,
+    OutputPath,
+    allow_mixer_option,
+    refuse_overwriting_inputs,
+    set_threads,
+    split_flag,
+    threads_option,
+)
 
 
 @click.command(context_settings=CONTEXT)
+@allow_mixer_option
 @click.argument("runs_dir", type=click.Path(file_okay=False, exists=True))
 @click.option(
     "-o",
     "--out",
     "out_dir",
     required=True,
-    type=click.Path(file_okay=False),
+    type=OutputPath(file_okay=False),
     help="report folder (written whole; replaces an earlier report there)",
 )
 @click.option("--run", "run_ids", multiple=True, help="runs for heatmaps and dynamics (default: best of each series)")

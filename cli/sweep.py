@@ -6,6 +6,7 @@ import click
 
 from .common import (
     CONTEXT,
+    OutputPath,
     check_device,
     device_option,
     refuse_overwriting_inputs,
@@ -23,7 +24,7 @@ from .common import (
     help="a built-in sweep: ar-paper, ar-paper-d64, ar-paper-d64-pilot, ar-cpu, atr-paper, mamba-dconv, mqar-lr",
 )
 @click.option("--show-preset", default=None, metavar="NAME", help="print a preset's TOML and exit")
-@click.option("-o", "--out", "runs_dir", default=None, type=click.Path(file_okay=False), help="runs folder (RUNS)")
+@click.option("-o", "--out", "runs_dir", default=None, type=OutputPath(file_okay=False), help="runs folder (RUNS)")
 @runs_engine_options
 @click.option("--dry-run", is_flag=True, help="check every run's options, list the runs and exit")
 @device_option

@@ -8,6 +8,7 @@ import click
 
 from .common import (
     CONTEXT,
+    OutputPath,
     check_device,
     device_option,
     refuse_overwriting_inputs,
@@ -83,6 +84,15 @@ from .common import (
     "order every epoch (paper 000's code)",
 )
 @click.option(
+    "--schedule",
+    type=click.Choice(["cosine", "hf-cosine"]),
+    default="cosine",
+    show_default=True,
+    help="learning-rate schedule: cosine warms up at lr·(t+1)/W over W = round(warmup-frac·T) steps; "
+    "hf-cosine is Hugging Face's get_cosine_schedule_with_warmup as paper 000's code calls it "
+    "(lr·t/W over W = int(warmup-frac·T) steps: step 0 at lr 0), then both decay to 0 by cosine",
+)
+@click.option(
     "--mech-every",
     type=int,
     default=None,
@@ -96,7 +106,7 @@ from .common import (
 )
 @device_option
 @threads_option
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="run folder")
+@click.option("-o", "--out", "out_dir", required=True, type=OutputPath(file_okay=False), help="run folder")
 def train(
     task_name,
     task_opt,
@@ -122,6 +132,7 @@ def train(
     eval_every,
     ckpt_every,
     order,
+    schedule,
     device,
     threads,
     out_dir,
@@ -133,6 +144,7 @@ def train(
     from hookmech import tasks
     from hookmech.config import build_config
     from hookmech.errors import UsageError
+    from hookmech.mixers.allow_list import plug_ins
     from hookmech.option_pairs import parse_options
     from hookmech.training import RUN_FILES, TrainConfig
     from hookmech.training import train as run_training
@@ -163,6 +175,7 @@ def train(
         eval_every=eval_every,
         ckpt_every=ckpt_every,
         order=order,
+        schedule=schedule,
     )
     mixers, layer_options = _mixers_and_options(mixer, preset, mixer_opt, n_layers)
     model_config = build_config(
@@ -190,6 +203,8 @@ def train(
         train_set_sha256=train_set_sha256,
         on_eval=on_eval,
     )
+    for name in plug_ins(model_config.mixers):  # the name the checkpoint records, resolved: loading it names it
+        click.echo(f"hookmech: note: the checkpoint records mixer {name} (load it with --allow-mixer {name})", err=True)
     click.echo(json.dumps(summary, sort_keys=True))
 
 

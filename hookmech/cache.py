@@ -16,6 +16,7 @@ Hook names contain dots, which HDF5 allows in names; they are stored verbatim.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -40,7 +41,7 @@ from .row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks
 from .shapes import Acts, ActsAt, RowFloats
 from .sites import as_specs, hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
-from .validate import check_finite_parameters, first_non_finite, value_at
+from .validate import check_finite_parameters, first_non_finite, refuse_non_finite_run, value_at
 
 FORMAT = "hookmech-cache"
 FORMAT_VERSION = 1
@@ -254,8 +255,8 @@ def write_cache(
                     p_answer, acts = forward_rows(
                         model, tokens[rows], batch.query_pos[rows], batch.answers[rows], hooks, device
                     )
+                    refuse_non_finite_run(model, p_answer, tokens[rows], which, rows.start)
                     probabilities = p_answer.cpu().numpy()
-                    _refuse_non_finite_output(probabilities, "p(answer)", which, rows.start, "float32")
                     writer.put(f"p_answer/{which}", rows, probabilities)
                     for hook in hooks:
                         if hook not in acts:
@@ -701,13 +702,29 @@ class CacheFile:
         try:
             for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
                 p_answer, acts = forward_rows(model, tokens, batch.query_pos, batch.answers, todo, device)
-                self._compare_p_answer(which, rows, p_answer.double().cpu())
-                for hook in todo:
-                    if self.has(hook, which):
-                        self._compare_acts(hook, which, rows, acts[hook].detach().to("cpu", torch.float64))
+                try:
+                    self._compare_p_answer(which, rows, p_answer.double().cpu())
+                    for hook in todo:
+                        if self.has(hook, which):
+                            self._compare_acts(hook, which, rows, acts[hook].detach().to("cpu", torch.float64))
+                except HookmechError:  # the cache's fault, unless the model disagrees with itself
+                    again, _ = forward_rows(model, tokens, batch.query_pos, batch.answers, [], device)
+                    self._refuse_nondeterministic(which, p_answer, again)
+                    raise
         finally:
             model.train(was_training)
         self._checked.update((own, what) for what in ("p_answer", *todo))
+
+    def _refuse_nondeterministic(self, which: str, first: Tensor, second: Tensor) -> None:
+        """Raise a HookmechError when two runs of the same rows (`which` run) gave different
+        p(answer) `first`, `second`: the model, not the cache, is why the rows disagree."""
+        differ = float((first.double() - second.double()).abs().max())
+        if differ > 0:
+            raise HookmechError(
+                f"{self.path} cannot be checked with this model: two runs of the same {which} rows give p(answer) "
+                f"{differ:.3g} apart (a mixer that draws random numbers in eval mode?), so its rows cannot be "
+                "recomputed; skip the check (--no-verify-cache; CacheFile(path, verify=False)) if you trust the file"
+            )
 
     def verify_rows(self) -> slice:
         """Return the rows `check_model` recomputes: `VERIFY_ROWS` consecutive rows (all, in a
@@ -1022,16 +1039,22 @@ class CacheFile:
     def _refuse_other_position_axis(self, hook: str) -> None:
         """Raise a UsageError when `hook` stores positions elsewhere than axis 1 (attention's
         ``[N, head, q, k]`` scores and patterns): `gather` would read heads as positions."""
+        parsed = parse_hook(hook)
+        if parsed is not None and parsed.inside is None:
+            return  # a block's own hooks and the embeddings are [N, pos, ...] by the grammar: no model to build
         from .config import ModelConfig
-        from .hooks import axes_of, pos_axis_of
+        from .hooks import axes_of, pos_axis_of  # TransformerLens: only for hooks inside a sublayer
+        from .mixers.allow_list import plug_ins
         from .model import HookedLM
 
         if self._hook_points is None:  # the model's hooks, shapes only (meta device), once
-            try:
-                with torch.device("meta"):
+            # layout unknown for a config no model builds from, and for one naming a plug-in
+            # mixer: reading a cache never imports code its config names
+            self._hook_points = {}
+            mixers = self._model_config.get("mixers")
+            if isinstance(mixers, list) and not plug_ins(map(str, mixers)):
+                with contextlib.suppress(HookmechError, TypeError, ValueError, KeyError), torch.device("meta"):
                     self._hook_points = HookedLM(ModelConfig.from_json(json.dumps(self._model_config))).hook_dict
-            except (HookmechError, TypeError, ValueError, KeyError):  # a config no model builds from: layout unknown
-                self._hook_points = {}
         point = self._hook_points.get(hook)
         if point is not None and pos_axis_of(point) != 1:
             raise UsageError(

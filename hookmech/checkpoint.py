@@ -4,6 +4,8 @@ metadata (docs/formats.md, "Checkpoint"). Loading never unpickles. The same mode
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,10 @@ from safetensors.torch import save as save_bytes
 from . import __version__
 from .config import ModelConfig
 from .devices import check_device
-from .errors import HookmechError
+from .errors import HookmechError, UsageError
 from .fileio import atomic_path
 from .identity import state_hash
+from .mixers.allow_list import plug_ins, require_allowed
 from .model import HookedLM
 from .sizes import check_fits
 
@@ -100,13 +103,27 @@ def _refuse_non_safetensors(path: Path) -> None:
         )
 
 
+def _checkpoint_path(path: object) -> Path:
+    """Return `path` as a Path of an existing file; a UsageError for what is not a path, a
+    HookmechError for a folder or a missing file."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise UsageError(f"a checkpoint is named by a path (str or Path), got {type(path).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        raise HookmechError(f"{path}: is a folder, not a checkpoint file (.safetensors)")
+    if not path.is_file():
+        raise HookmechError(f"{path}: no such checkpoint file")
+    return path
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """Return ``{"config": ModelConfig, "task": dict|None, "version": str, "summary": dict|None,
     "model_hash": str|None}`` from a checkpoint's header, without reading its tensors
-    (``model_hash`` is None in checkpoints written before it was recorded)."""
-    path = Path(path)
-    if not path.is_file():
-        raise HookmechError(f"{path}: no such checkpoint file")
+    (``model_hash`` is None in checkpoints written before it was recorded).
+
+    Imports no mixer: a plug-in mixer's name is kept as stored, its options unchecked
+    (`ModelConfig.from_json` with ``resolve_mixers=False``); `load` imports it once allowed."""
+    path = _checkpoint_path(path)
     _refuse_non_safetensors(path)
     try:
         with safe_open(str(path), framework="pt") as handle:
@@ -117,7 +134,7 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         raise HookmechError(f"{path}: safetensors file has no hookmech_config metadata (not a hookmech checkpoint)")
     try:
         return {
-            "config": ModelConfig.from_json(metadata["hookmech_config"]),
+            "config": ModelConfig.from_json(metadata["hookmech_config"], resolve_mixers=False),
             "task": json.loads(metadata["hookmech_task"]) if "hookmech_task" in metadata else None,
             "summary": json.loads(metadata["hookmech_summary"]) if "hookmech_summary" in metadata else None,
             "version": metadata.get("hookmech_version"),
@@ -137,7 +154,13 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
         raise HookmechError(f"{path}: truncated or corrupt safetensors file ({error})") from None
 
 
-def load(path: str | Path, config: ModelConfig | str | Path | None = None, device: str = "cpu") -> HookedLM:
+def load(
+    path: str | Path,
+    config: ModelConfig | str | Path | None = None,
+    device: str = "cpu",
+    *,
+    allow_mixers: Iterable[str] = (),
+) -> HookedLM:
     """Return the `HookedLM` stored at `path`, in eval mode, on `device`.
 
     A ``.pt``/``.pth`` state dict is read with ``torch.load(weights_only=True)`` and needs
@@ -145,8 +168,12 @@ def load(path: str | Path, config: ModelConfig | str | Path | None = None, devic
     a missing path that reads as ``owner/name`` a hub name (`hookmech.pretrained.from_pretrained`,
     which reads the folder's own config.json). Any other file must be a hookmech safetensors
     checkpoint.
+
+    A plug-in mixer the stored config names is imported only when `allow_mixers` (SPECs:
+    ``module[:Class]``, ``path/file.py[:Class]``) or ``HOOKMECH_ALLOW_MIXERS`` names it; else a
+    UsageError says how to allow it (`hookmech.mixers.allow_list`).
     """
-    path = Path(path)
+    path = _checkpoint_path(path)
     check_device(device)
     from .pretrained import from_pretrained, is_pretrained
 
@@ -155,11 +182,24 @@ def load(path: str | Path, config: ModelConfig | str | Path | None = None, devic
     if is_pretrained(path):
         return from_pretrained(path, device=device)
     if path.suffix in (".pt", ".pth"):
-        return _load_torch_state(path, config, device)
+        return _load_torch_state(path, config, device, allow_mixers)
     meta = read_metadata(path)
-    model = _build(meta["config"], device, path)
+    model = _build(_resolved(meta["config"], allow_mixers, path), device, path)
     _load_into(model, _load_state(path), path)
-    return model.to(device).eval()
+    # built in float32; a config that records another compute dtype (ModelConfig.dtype) runs in it
+    return model.to(device=device, dtype=getattr(torch, meta["config"].dtype)).eval()
+
+
+def _resolved(config: ModelConfig, allow_mixers: Iterable[str], source: str | Path) -> ModelConfig:
+    """Return the stored `config` (parsed unresolved, from `source`) with its plug-in mixers
+    imported and their options checked, once they are allowed (`require_allowed`)."""
+    require_allowed(config.mixers, allow_mixers, str(source))
+    if not plug_ins(config.mixers):
+        return config
+    try:
+        return ModelConfig.from_json(config.to_json())
+    except HookmechError as error:  # the file's fault (a mixer gone, an option it does not take): exit 1
+        raise HookmechError(f"{source}: model config: {error}") from None
 
 
 def _build(config: ModelConfig, device: str, path: Path) -> HookedLM:
@@ -175,16 +215,19 @@ def _build(config: ModelConfig, device: str, path: Path) -> HookedLM:
     return HookedLM(config)
 
 
-def _load_torch_state(path: Path, config: ModelConfig | str | Path | None, device: str) -> HookedLM:
+def _load_torch_state(
+    path: Path, config: ModelConfig | str | Path | None, device: str, allow_mixers: Iterable[str]
+) -> HookedLM:
     if config is None:
         raise HookmechError(f"{path}: a torch state dict needs its model config (config=...)")
     if not isinstance(config, ModelConfig):
         try:
-            config = ModelConfig.from_json(Path(config).read_text())
+            stored = ModelConfig.from_json(Path(config).read_text(), resolve_mixers=False)
         except (ValueError, TypeError) as error:
             raise HookmechError(f"{config}: not a model config ({error})") from None
         except HookmechError as error:
             raise HookmechError(f"{config}: model config: {error}") from None
+        config = _resolved(stored, allow_mixers, config)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:

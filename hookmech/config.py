@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import weakref
@@ -45,6 +46,13 @@ LATER_FIELD_DEFAULTS: dict[str, Any] = {
 CONTEXT_OPTION = "l_max"
 
 
+#: the precisions a model computes in (`ModelConfig.dtype`): hookmech builds and trains in float32;
+#: a pretrained model loaded with ``from_pretrained(dtype=...)`` computes in float16 or bfloat16, and
+#: `hookmech.load` casts a checkpoint to the dtype its config records
+DTYPES = ("float32", "float16", "bfloat16")
+#: set while a stored config is parsed without importing its plug-in mixers (`ModelConfig.from_json`)
+_UNRESOLVED: contextvars.ContextVar[bool] = contextvars.ContextVar("unresolved_plug_ins", default=False)
+
 #: the fields that size a model (integers >= 1)
 SIZE_FIELDS = ("d_vocab", "n_ctx", "d_model", "n_layers", "mlp_hidden_mult")
 #: the fields with one entry per layer
@@ -55,8 +63,10 @@ def check_config_values(values: dict[str, Any]) -> None:
     """Raise a UsageError naming the field, its value and what it should be when a model config's
     `values` (fields by name; absent ones are skipped) have the wrong type or size, name an
     unknown mixer or give a mixer an option it does not take or of the wrong type; return None.
-    A config read from a file may hold anything JSON can, so types are checked before use."""
-    from .mixers import check_mixer_options, mixer_class
+    A config read from a file may hold anything JSON can, so types are checked before use.
+    While a stored config is parsed unresolved (`ModelConfig.from_json`), a plug-in mixer's
+    options are left unchecked: checking them would import it."""
+    from .mixers import SPECS, check_mixer_options, mixer_class
 
     for name in SIZE_FIELDS:
         if name in values:
@@ -80,10 +90,14 @@ def check_config_values(values: dict[str, Any]) -> None:
         value = values["norm_eps"]
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
         _expect("norm_eps", value, ok, "a number in (0, 1)")
+    if "dtype" in values:
+        _expect("dtype", values["dtype"], values["dtype"] in DTYPES, f"one of {', '.join(DTYPES)}")
     mixers, options = values.get("mixers", ()), values.get("mixer_kwargs", ())
     _expect("mixers", mixers, all(isinstance(name, str) for name in mixers), f"a list of {n_layers} names")
     _expect("mixer_kwargs", options, all(isinstance(o, dict) for o in options), "a table of options per layer")
     for name, layer_options in zip(mixers, options, strict=False):
+        if name not in SPECS and _UNRESOLVED.get():
+            continue
         check_mixer_options(name, mixer_class(name), layer_options)
 
 
@@ -144,8 +158,10 @@ class ModelConfig:
 
         check_config_values(self.__dict__)
         # a mixer from outside the package is recorded by its canonical name, so that two spellings
-        # of one class give one config (one model_hash); a registered name is its own
-        object.__setattr__(self, "mixers", tuple(canonical_name(name) for name in self.mixers))
+        # of one class give one config (one model_hash); a registered name is its own (a stored
+        # config parsed unresolved keeps its names: they are canonical when hookmech wrote them)
+        if not _UNRESOLVED.get():
+            object.__setattr__(self, "mixers", tuple(canonical_name(name) for name in self.mixers))
         for norm in (*self.norms, self.final_norm):
             if norm not in NORMS:
                 raise unknown("norm", norm, NORMS)
@@ -247,8 +263,15 @@ class ModelConfig:
         return json.dumps(fields, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> ModelConfig:
-        """Rebuild a config from `to_json` output; unknown keys are an error."""
+    def from_json(cls, text: str, *, resolve_mixers: bool = True) -> ModelConfig:
+        """Rebuild a config from `to_json` output; unknown keys are an error.
+
+        With `resolve_mixers` False (a stored config read from a file), a plug-in mixer is not
+        imported: its name is kept as stored and its options unchecked (a file named by a
+        relative path is refused, `allow_list.check_stored_name`). Building a model of such a
+        config imports it: `hookmech.load` first asks whether it is allowed."""
+        from .mixers.allow_list import check_stored_name
+
         data = json.loads(text)
         if not isinstance(data, dict):
             raise UsageError(f"model config is not a JSON object: {schema.toml_text(data)[:80]}")
@@ -259,8 +282,17 @@ class ModelConfig:
         for name in PER_LAYER_FIELDS:
             if isinstance(data.get(name), list):
                 data[name] = tuple(data[name])
-        check_config_values(data)  # before the constructor sees them: JSON may hold any type
-        return cls(**data)
+        if resolve_mixers:
+            check_config_values(data)  # before the constructor sees them: JSON may hold any type
+            return cls(**data)
+        token = _UNRESOLVED.set(True)
+        try:
+            check_config_values(data)
+            for name in data.get("mixers", ()):
+                check_stored_name(name)
+            return cls(**data)
+        finally:
+            _UNRESOLVED.reset(token)
 
 
 def build_config(

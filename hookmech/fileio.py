@@ -20,6 +20,7 @@ import json
 import os
 import re
 import socket
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,9 @@ def _host_tag() -> str:
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+    A `path` that is a FIFO or a character device is yielded itself, and written in place;
+    one that is a folder, a socket or a block device is refused (HookmechError): what exists
+    there and is not a regular file is never replaced.
 
     On error the temporary file is removed and an existing `path` is left untouched; a full
     disk becomes a `HookmechError` naming `path` (`disk_full_as_error`). The file gets the
@@ -47,14 +51,16 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     _check_folders(path)
+    if writes_in_place(path):
+        with disk_full_as_error(path):
+            yield path
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temp_files(path.parent)
-    try:
+    with naming(path):
         fd, tmp_name = tempfile.mkstemp(
             prefix=f".{path.name}.{os.getpid()}@{_host_tag()}.", suffix=".tmp", dir=path.parent
         )
-    except OSError as error:  # name the file asked for, not the temporary one
-        raise type(error)(error.errno, error.strerror, str(path)) from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -67,6 +73,50 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Re-raise an OSError of the block (making a temporary file or folder beside `path`: a
+    read-only folder) as one naming `path`, the output the user asked for, not the temporary
+    name. Yields None."""
+    try:
+        yield
+    except OSError as error:
+        raise type(error)(error.errno, error.strerror, str(path)) from None
+
+
+def destination_kind(path: str | Path) -> str | None:
+    """Return what `path` is when it exists and is not a regular file (or a link to one): "a
+    folder", "a FIFO (named pipe)", "a character device", "a block device", "a socket"; else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:  # missing (or unreadable: the write names the reason)
+        return None
+    kinds = [
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((kind for test, kind in kinds if test(mode)), None)
+
+
+#: destinations that are written in place, not replaced: a stream a reader takes the bytes from
+WRITTEN_IN_PLACE = ("a FIFO (named pipe)", "a character device")
+
+
+def writes_in_place(path: str | Path) -> bool:
+    """Whether `path` is a FIFO or a character device (/dev/null), which is written directly (a
+    rename would replace it with a regular file); a HookmechError for a folder, a socket or a
+    block device, which are never written over; False for a regular file or nothing."""
+    kind = destination_kind(path)
+    if kind is None:
+        return False
+    if kind not in WRITTEN_IN_PLACE:
+        raise HookmechError(f"cannot write {path}: it is {kind}, not a file; give a file path")
+    return True
 
 
 def _check_folders(path: Path) -> None:
@@ -193,6 +243,8 @@ def atomic_h5(path: str | Path) -> Iterator:
     """
     import h5py
 
+    if destination_kind(path) == WRITTEN_IN_PLACE[0]:
+        raise HookmechError(f"cannot write {path}: it is a FIFO (named pipe), and HDF5 writes a file it can seek in")
     with atomic_path(path) as tmp:
         h5 = h5py.File(tmp, "w")
         try:
@@ -251,3 +303,15 @@ def sha256_of(path: str | Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def size_text(n_bytes: int) -> str:
+    """Return a file size as people read it: "812 B", "49.6 KiB", "3.2 MiB", "1.1 GiB"."""
+    if n_bytes < 1024:
+        return f"{n_bytes} B"
+    size = float(n_bytes)
+    for unit in ("KiB", "MiB"):
+        size /= 1024
+        if size < 1023.95:  # what would print as 1024.0 reads as the next unit
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} GiB"

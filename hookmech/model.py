@@ -42,7 +42,7 @@ from .hook_names import (
 )
 from .hook_names import MLP as MLP_SUBLAYER
 from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
-from .mixers import mixer_class, spec_of
+from .mixers import build_mixer, spec_of
 from .mixers.base import Mixer, hook_in_use, take_window, window_of
 from .mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
 from .path_routes import ActsReader, PathEnds, path_change, path_ends
@@ -144,7 +144,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.ln1 = make_norm(cfg.norms[layer], cfg.d_model, cfg.norm_eps)
-        self.mixer: Mixer = mixer_class(cfg.mixers[layer])(d_model=cfg.d_model, **cfg.mixer_kwargs[layer])
+        self.mixer: Mixer = build_mixer(cfg.mixers[layer], cfg.d_model, cfg.mixer_kwargs[layer], cfg.n_ctx)
         self.hook_resid_pre = AxisHookPoint()
         self.hook_mixer_in = AxisHookPoint()
         self.hook_mixer_out = AxisHookPoint()
@@ -624,6 +624,8 @@ class HookedLM(HookedRootModule):
         is in use (then every position, as without it). The logits are the same computation on
         fewer rows (equal to float rounding); the patching engine asks for it, training does not.
         """
+        if start_at_layer is None:  # an id outside the vocabulary: an IndexError on CPU, a device assert on CUDA
+            check_tokens(input, self.cfg, "HookedLM")
         resid = self.embed_tokens(input) if start_at_layer is None else input
         blocks = list(self.blocks[start_at_layer or 0 : stop_at_layer])
         if tail_at_positions and positions is not None and stop_at_layer is None and not self._tail_hooked():
@@ -871,6 +873,10 @@ class HookedLM(HookedRootModule):
         """
         self._check_model_input("run_with_hooks", model_args, kwargs)
         hooks = [*kwargs.get("fwd_hooks", ()), *kwargs.get("bwd_hooks", ())]
+        for name, function in hooks:
+            if not callable(function):
+                shown = name if isinstance(name, str) else "a filter"
+                raise UsageError(f"run_with_hooks: the hook for {shown} is a {type(function).__name__}, not a function")
         for name in (name for name, _ in hooks if isinstance(name, str)):
             if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
                 raise unknown("hook", name, [*self.hook_dict, *self.hook_aliases])

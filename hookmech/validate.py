@@ -69,3 +69,48 @@ def check_seed(seed: object, name: str = "seed") -> int:
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
         raise UsageError(f"{name} must be {schema.SEED.describe()}, got {seed}")
     return int(seed)
+
+
+def refuse_non_finite_run(model, values: Tensor, tokens: Tensor, which: str, first_row: int = 0) -> None:
+    """Raise a HookmechError when `values` ``[n, ...]`` (the output of the `which` run of
+    `tokens` ``[n, T]``, rows `first_row` on: its logits or p(answer)) hold a NaN or an infinity,
+    naming the first hook of the first such row where the activations stopped being finite (a
+    model with finite weights whose activations overflow); return None. One pass over `values`
+    when all is well; the row is re-run with every hook watched only when it is not."""
+    index = first_non_finite(values)
+    if index is None:
+        return
+    found = first_non_finite_hook(model, tokens[index[0] : index[0] + 1])
+    row = first_row + index[0]
+    if found is None:  # the output alone (never seen: the hooks cover the model up to its logits)
+        where = f"its output holds {value_at(values, index)}"
+    else:
+        from .sites import hook_to_site
+
+        hook, value = found
+        site = hook_to_site(hook)
+        where = f"{hook if site == hook else f'{site} ({hook})'} is the first hook to hold {value}"
+    raise HookmechError(
+        f"the {which} run's activations are not finite at row {row}: {where} (the weights are finite, the "
+        "activations overflow float32); nothing computed from them would mean anything"
+    )
+
+
+def first_non_finite_hook(model, tokens: Tensor) -> tuple[str, str] | None:
+    """Return (hook name, its first non-finite value as text) of the first hook, in the order they
+    fire, whose activation on `tokens` ``[1, T]`` holds a NaN or an infinity (-inf of masked
+    attention scores aside), or None when none does."""
+    from .cache import allows_minus_inf
+
+    found: list[tuple[str, str]] = []
+
+    def watch(activation: Tensor, hook) -> None:
+        if not found:
+            index = first_non_finite(activation, allow_minus_inf=allows_minus_inf(hook.name))
+            if index is not None:
+                found.append((hook.name, value_at(activation.detach(), index)))
+
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        model.run_with_hooks(tokens.to(device), fwd_hooks=[(lambda name: True, watch)])
+    return found[0] if found else None

@@ -104,3 +104,67 @@ def test_the_token_check_leaves_the_model_as_it_was(model):
     with pytest.raises(UsageError):
         model.run_with_hooks(torch.tensor([[D_VOCAB]]), fwd_hooks=[("blocks.0.hook_mixer_in", lambda a, hook: a)])
     assert not any(point.fwd_hooks for point in model.hook_dict.values())
+
+
+#: library calls with a wrong kind of argument, each refused by one UsageError of hookmech's own. They
+#: run in a process of their own: the suite's run-time type check would refuse most of them first
+#: (tests/runtime_typecheck.py), and a user's process has none.
+LIBRARY_CALLS = {
+    "patch-source-none": ("patching.patch(model, None, 'L1.block_in', 'value')",
+                          "patch source must be a Batch, a CacheFile or a cache path, got NoneType"),
+    "load-none": ("hookmech.load(None)", "a checkpoint is named by a path (str or Path), got NoneType"),
+    "forward-id-past-the-vocabulary": ("model(torch.tensor([[1, 67]]))",
+                                       "HookedLM: token id 67 is outside the vocabulary 0..66"),
+    "forward-negative-id": ("model(torch.tensor([[-1, 1]]))", "HookedLM: token id -1 is outside the vocabulary"),
+    "hook-not-callable": ("model.run_with_hooks(batch.tokens, fwd_hooks=[('blocks.0.hook_mixer_in', 3)])",
+                          "run_with_hooks: the hook for blocks.0.hook_mixer_in is a int, not a function"),
+    "filter-hook-not-callable": ("model.run_with_hooks(batch.tokens, fwd_hooks=[(lambda name: True, None)])",
+                                 "run_with_hooks: the hook for a filter is a NoneType, not a function"),
+    **{
+        f"patch-memory-{label}": (f"patching.patch(model, batch, 'L1.block_in', 'value', memory={value})",
+                                  f"memory must be a number of bytes > 0 (or None: all rows at once), got {shown}")
+        for label, value, shown in [("negative", "-1", "-1"), ("nan", "float('nan')", "nan"),
+                                    ("text", "'1GB'", "'1GB'"), ("zero", "0", "0")]
+    },
+}
+
+_CALLER = """
+import json, sys, torch
+import hookmech
+from hookmech import patching
+model = hookmech.load(hookmech.fixture("attention_ar_cpu"))
+batch = hookmech.tasks.from_checkpoint(hookmech.fixture("attention_ar_cpu")).sample(4, seed=0)
+for name, call in json.loads(sys.argv[1]).items():
+    try:
+        eval(call)
+        print(json.dumps([name, None, ""]))
+    except Exception as error:
+        print(json.dumps([name, type(error).__name__, str(error)]))
+"""
+
+
+@pytest.fixture(scope="module")
+def library_refusals():
+    """{case: (exception type name or None, message)} of LIBRARY_CALLS, run in one plain process."""
+    import json
+    import subprocess
+    import sys
+
+    calls = json.dumps({name: call for name, (call, _) in LIBRARY_CALLS.items()})
+    done = subprocess.run([sys.executable, "-c", _CALLER, calls], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return {name: (kind, message) for name, kind, message in map(json.loads, done.stdout.splitlines())}
+
+
+@pytest.mark.parametrize(("case", "words"), [(name, words) for name, (_, words) in LIBRARY_CALLS.items()],
+                         ids=list(LIBRARY_CALLS))
+def test_a_library_call_with_a_wrong_argument_is_one_usage_error(case, words, library_refusals):
+    kind, message = library_refusals[case]
+    assert kind == "UsageError" and words in message, (kind, message)
+
+
+def test_loading_a_folder_says_it_is_a_folder(tmp_path):
+    from hookmech.errors import HookmechError
+
+    with pytest.raises(HookmechError, match=rf"^{tmp_path}: is a folder, not a checkpoint file \(\.safetensors\)$"):
+        hookmech.load(tmp_path)

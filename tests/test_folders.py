@@ -233,3 +233,31 @@ def test_a_report_into_a_folder_that_is_not_a_report_is_refused(runs_with_result
     assert sorted(p.name for p in runs_with_results.iterdir()) == ["results.csv"]
     (tmp_path / "empty").mkdir()
     assert build_report(runs_with_results, tmp_path / "empty", heatmaps=False).exists()
+
+
+# -- every command that writes a folder locks it -------------------------------------------------
+def test_das_into_a_folder_another_process_writes_is_refused_and_writes_nothing(tmp_path, holder, capsys):
+    from helpers import ATTENTION_FIXTURE
+
+    code, _, err = run_cli(["cache", "--ckpt", ATTENTION_FIXTURE, "--n", "8", "-o", tmp_path / "c.h5"], capsys)
+    assert code == 0, err
+    out = tmp_path / "das"
+    process = holder(out)
+    argv = ["das", "--ckpt", ATTENTION_FIXTURE, "--cache", tmp_path / "c.h5", "--site", "L1.block_in", "--pos",
+            "value", "--dim", "1", "--steps", "2", "--batch-size", "4", "-o", out]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 1 and err == f"hookmech: error: das folder {out} is in use by process {process.pid} (another " \
+                                "hookmech run writing into it); wait for it to finish, or choose another folder\n"
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    stop_lock_holder(process)
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["bases.safetensors", "records.json"]  # the lock file gone
+
+
+def test_an_evaluation_into_a_folder_another_process_writes_is_refused(tmp_path, holder, capsys):
+    out = tmp_path / "e"
+    process = holder(out)
+    code, _, err = run_cli(["evaluate", "--mixer", "attention", "--budget-hours", "0.0001", "-o", out], capsys)
+    assert code == 1 and f"evaluation folder {out} is in use by process {process.pid}" in err and err.count("\n") == 1
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # no evaluate.json, no task folder

@@ -38,8 +38,8 @@ def _file_of(module: str) -> Path:
 
 
 def test_no_two_modules_share_a_name():
-    deprecated = {_file_of(module) for module in DEPRECATED}
-    names = Counter(path.name for path in PACKAGE.rglob("*.py") if path.name != "__init__.py" and path not in deprecated)
+    exempt = {_file_of(module) for module in DEPRECATED}
+    names = Counter(path.name for path in PACKAGE.rglob("*.py") if path.name != "__init__.py" and path not in exempt)
     shared = {name for name, count in names.items() if count > 1}
     assert shared <= SHARED_BY_CONVENTION, sorted(shared - SHARED_BY_CONVENTION)
 

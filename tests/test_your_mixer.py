@@ -67,14 +67,16 @@ def test_the_pages_mixer_trains_caches_and_patches_from_a_folder_outside_the_rep
     assert config.mixers == (canonical, canonical)
     assert config.mixer_kwargs == ({}, {"smear": False})
 
-    code, _, err = run_cli(["cache", "--ckpt", checkpoint, "--n", "24", "--seed", "1", "-o", "runs/smear/cache.h5"],
-                           capsys)
+    # loading it imports the mixer's file only when allowed (docs/formats.md, "What loading runs")
+    code, _, err = run_cli(["cache", "--ckpt", checkpoint, "--n", "24", "--seed", "1", "-o", "runs/smear/cache.h5",
+                            "--allow-mixer", "smear.py"], capsys)
     assert code == 0, err
     code, out, err = run_cli(["patch", "--ckpt", checkpoint, "--cache", "runs/smear/cache.h5", "--site",
-                              ",".join(SITES), "--pos", ",".join(POSITIONS), "--json"], capsys)
+                              ",".join(SITES), "--pos", ",".join(POSITIONS), "--json", "--allow-mixer", "smear.py"],
+                             capsys)
     assert code == 0, err
     records = json.loads(out)
-    model = hookmech.load(checkpoint).eval()
+    model = hookmech.load(checkpoint, allow_mixers=["smear.py"]).eval()
     with CacheFile(folder / "runs" / "smear" / "cache.h5") as cache:
         batch = cache.batch()
     reference = {(hook, pos): means for (hook, pos), means in plain_loop_patch(model, batch, SITES, POSITIONS).items()}
@@ -103,7 +105,7 @@ def test_the_pages_mixer_trains_caches_and_patches_from_a_folder_outside_the_rep
 
     # the checkpoint names the file: moved away, loading it is refused in one line
     (folder / "smear.py").rename(tmp_path / "smear.py")
-    code, _, err = run_cli(["sites", "--ckpt", checkpoint], capsys)
+    code, _, err = run_cli(["sites", "--ckpt", checkpoint, "--allow-mixer", "smear.py"], capsys)
     lines = err.strip().splitlines()
     assert code == 1 and len(lines) == 1, err
     assert lines[0] == (f"hookmech: error: {checkpoint}: model config: mixer '{canonical}': "

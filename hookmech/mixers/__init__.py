@@ -21,6 +21,7 @@ from . import external
 from .base import Mixer, check_mixer_options, mixer_options
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MissingCapability, PathRoutes
 from .mixer_spec import Heads, MixerSpec, StateLoop
+from .plug_in_check import build_mixer
 
 
 def _collect_specs() -> dict[str, MixerSpec]:
@@ -93,6 +94,7 @@ __all__ = [
     "MixerSpec",
     "PathRoutes",
     "StateLoop",
+    "build_mixer",
     "canonical_name",
     "check_mixer_options",
     "mixer_class",

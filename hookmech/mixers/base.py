@@ -67,6 +67,10 @@ class Mixer(nn.Module):
     #: the inside hooks holding the recurrent state after each position (``("ssm_state",)``,
     #: without the "hook_" prefix); a mixer declaring them defines `state_from_context`
     state_hooks: ClassVar[tuple[str, ...]] = ()
+    #: a plug-in mixer's causality check, when a process first builds it (`plug_in_check`): the
+    #: largest change of an output before a changed position, relative to the largest output,
+    #: taken as float rounding (1e-5: the engine's exactness); None skips the check
+    causal_tolerance: ClassVar[float | None] = 1e-5
 
     def hook_aliases(self) -> dict[str, str]:
         """Return this mixer's `block_hook_aliases` (``{alias: hook}``, paths inside the block): the
@@ -263,9 +267,15 @@ def mixer_options(cls: type[Mixer]) -> dict[str, Any]:
 
 
 def check_mixer_options(name: str, cls: type[Mixer], kwargs: dict[str, Any]) -> None:
-    """Raise a UsageError naming the mixer if `kwargs` holds an option `cls` does not take."""
+    """Raise a UsageError naming the mixer if `cls` takes no ``d_model`` or `kwargs` holds an
+    option `cls` does not take."""
     from ..option_pairs import check_option_types
 
+    parameters = inspect.signature(cls.__init__).parameters
+    if "d_model" not in parameters and not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        raise UsageError(
+            f"mixer {name!r} takes no d_model parameter; every mixer is built as Class(d_model=..., **options)"
+        )
     known = mixer_options(cls)
     for key in kwargs:
         if key not in known:

@@ -133,7 +133,7 @@ def _import_module(name: str, module_name: str):
                 "PYTHONPATH; a file is named path/to/file.py:Class)"
             ) from None
         raise _import_failed(name, module_name, error) from None
-    except Exception as error:  # the user's module may raise anything while it is imported
+    except (Exception, SystemExit) as error:  # the user's module may raise anything, or exit, while imported
         raise _import_failed(name, module_name, error) from None
 
 
@@ -155,7 +155,7 @@ def _import_file(name: str, where: str):
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # sys.exit() at import too
         sys.modules.pop(module_name, None)
         raise _import_failed(name, str(path), error) from None
     return module

@@ -28,6 +28,7 @@ The per-position state is materialised only when its hook is in use.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import torch
@@ -102,6 +103,9 @@ class GatedLinearAttention(Mixer, PathRoutes, EffectiveAttentionMap):
                 f"gla: gate_low_rank_dim must be >= 1 and gate_logit_normalizer > 0, "
                 f"got {gate_low_rank_dim} and {gate_logit_normalizer}"
             )
+        if clamp_min is not None and not (math.isfinite(clamp_min) and clamp_min <= 0):
+            # log α_t >= clamp_min > 0 would make every decay a growth: the state explodes
+            raise UsageError(f"gla: clamp_min is a floor of the log decay, a number <= 0, got {clamp_min}")
         if mode not in MODES:
             raise UsageError(f"gla: mode must be one of {MODES}, got {mode!r}")
         if chunk_size < 1:

@@ -31,6 +31,7 @@ from ..hook_names import block_hook
 from ..hooks import pos_axis_of
 from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
 from ..tasks.batch import Batch
+from ..validate import refuse_non_finite_run
 from .metrics import Metric
 from .options import PatchOptions
 from .protocol import PatchableModel, check_patchable
@@ -229,6 +230,7 @@ def _estimates(
             start,
             "p_answer",
         )
+        refuse_non_finite_run(model, logits, batch.corrupt_tokens[rows], "corrupt", rows.start)
         p_corrupt[rows] = answer_probs(logits, answers).cpu()
         for hook in hooks:
             estimates[hook][:, rows] = torch.einsum("pnt,nt->pn", masks[:, rows], effects[hook].double().cpu())

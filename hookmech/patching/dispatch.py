@@ -86,6 +86,7 @@ def patch(
     `progress(k)` is called as k records are done (the exact engine: once per site, with its
     positions; AtP and AtP*: once, with all), so that the calls add up to the number of records.
     """
+    _check_source_and_memory(source, memory)
     options = PatchOptions(
         method=method,
         metric=metric,
@@ -132,6 +133,19 @@ def patch(
             progress,
             partial=partial,
         )
+
+
+def _check_source_and_memory(source: object, memory: object) -> None:
+    """Raise a UsageError unless `source` is a patch source (a `Batch`, a `CacheFile` or a cache
+    path) and `memory` a number of bytes > 0 or None; return None."""
+    import math
+
+    if not isinstance(source, (Batch, CacheFile, str, Path)):
+        raise UsageError(f"patch source must be a Batch, a CacheFile or a cache path, got {type(source).__name__}")
+    if memory is not None and (
+        isinstance(memory, bool) or not isinstance(memory, (int, float)) or not (math.isfinite(memory) and memory > 0)
+    ):
+        raise UsageError(f"memory must be a number of bytes > 0 (or None: all rows at once), got {memory!r}")
 
 
 def _patch_rows(

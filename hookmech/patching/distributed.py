@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..cache import CacheFile
 from ..errors import HookmechError
+from ..mixers.allow_list import allowed_specs
 from ..row_chunks import shard_rows
 from .chunked import RecordSums, RowsSink, add_sums, clean_sums, means_of
 from .dispatch import ablated_hooks, patch, patch_chunks
@@ -46,8 +47,10 @@ def run_shard(
     threads: int,
     device: str = "cpu",
     clean_means: dict[str, Tensor] | None = None,
+    allow_mixers: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A worker's part: load the model of `ckpt`, open the cache at `cache_path`, and for each row
+    """A worker's part: load the model of `ckpt` (allowing the plug-in mixers the driver allows,
+    `allow_mixers`), open the cache at `cache_path`, and for each row
     chunk ``(start, stop)`` of `chunks` (consecutive) make its records (`kind` "patch": `patch`
     with `request` as keywords, partial; "path": `path_patch`) or its mean-ablation sums ("sums":
     `chunked.clean_sums` of ``request["hooks"]``). Returns ``{"chunks": [...], "rows": n,
@@ -59,7 +62,7 @@ def run_shard(
 
     started = time.perf_counter()
     torch.set_num_threads(threads)
-    model = load(ckpt, device=device)
+    model = load(ckpt, device=device, allow_mixers=allow_mixers)
     loaded = time.perf_counter()
     results: list[Any] = []
     # the driver checked the cache against the model (`CacheFile.check_model`) before sharing it out
@@ -112,6 +115,8 @@ class RayPatchEngine:
         self.ckpt, self.cache_path = str(Path(ckpt).resolve()), str(Path(cache_path).resolve())
         self.workers, self.address, self.threads, self.device = workers, address, max(1, threads), device
         self.timings: list[dict[str, Any]] = []
+        #: the plug-in mixers this process allows, for the workers (a cluster's may not share its environment)
+        self.allow_mixers = allowed_specs()
         self._stack = contextlib.ExitStack()
         self._ray: Any = None
 
@@ -208,6 +213,7 @@ class RayPatchEngine:
                 self.threads,
                 self.device,
                 means,
+                self.allow_mixers,
             ): index
             for index, run in enumerate(runs)
         }

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..fileio import atomic_path
+from ..fileio import atomic_path, naming, writes_in_place
 from .chunked import PER_ROW, record_key
 
 
@@ -24,8 +24,13 @@ class RowsFile:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.folder = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.rows.", dir=self.path.parent))
+        # a FIFO or a device is written in place (`atomic_path`): the rows wait in the system's
+        # temporary folder then, not beside it
+        beside = None if writes_in_place(self.path) else self.path.parent
+        with naming(self.path):
+            if beside is not None:
+                beside.mkdir(parents=True, exist_ok=True)
+            self.folder = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.rows.", dir=beside))
         self.files: dict[tuple[tuple, str], Path] = {}
 
     def add(self, key: tuple, field: str, rows: slice, values: list[float]) -> None:

@@ -22,7 +22,7 @@ from ..errors import HookmechError
 from ..hook_names import block_hook
 from ..hooks import pos_axis_of
 from ..tasks.batch import Batch
-from ..validate import check_finite_parameters
+from ..validate import check_finite_parameters, refuse_non_finite_run
 from .metrics import Metric
 from .protocol import PatchableModel
 
@@ -168,6 +168,10 @@ class CleanCorruptRuns:
             assert base is not None  # contexts are collected of the base run only
             self.contexts[layer, base] = {name: concat_rows([chunk[name] for chunk in chunks]) for name in chunks[0]}
         self.logits = {which: concat_rows(chunks) for which, chunks in logits.items()}
+        for which, out in self.logits.items():  # finite weights, overflowing activations: null records, no word
+            refuse_non_finite_run(
+                self.model, out, self.batch.tokens if which == "clean" else self.batch.corrupt_tokens, which
+            )
         if not self.p_answer:
             answers = self.batch.answers.to(self.device)
             self.p_answer = {which: answer_probs(out, answers).double().cpu() for which, out in self.logits.items()}

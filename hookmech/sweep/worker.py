@@ -6,13 +6,15 @@ attributions, then its results row. The worker holds its run folder's lock meanw
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import HookmechError
 from ..fileio import read_json, write_text_atomic
 from ..locking import folder_lock
-from .grid import build_run, needs_test_split
+from ..progress import RunProgress
+from .grid import build_run, needs_test_split, training_data
 from .results import RESULT_COLUMNS
 
 
@@ -35,12 +37,18 @@ def run_is_complete(run: dict[str, Any], runs_dir: str | Path) -> bool:
 
 
 def execute_run(
-    run: dict[str, Any], runs_dir: str, threads: int | None = None, device: str = "cpu", quiet: bool = True
+    run: dict[str, Any],
+    runs_dir: str,
+    threads: int | None = None,
+    device: str = "cpu",
+    quiet: bool = True,
+    progress: Callable[[RunProgress], Any] | None = None,
 ) -> dict[str, Any]:
     """Train one run into ``runs_dir/<run_id>`` (skip/resume as its folder says), then add the
     test-split accuracy and the end-of-run attributions; return its results row.
 
-    A run stopped by a NaN loss returns its row with ``status = "nan"``.
+    `progress` gets the run's `RunProgress` events as it trains (the sweep's driver draws them;
+    None: nothing is shown). A run stopped by a NaN loss returns its row with ``status = "nan"``.
     """
     import torch
 
@@ -69,22 +77,33 @@ def execute_run(
             device=device,
         )
     log = (lambda message: None) if quiet else None
+    train_set, train_set_sha256 = training_data(run, task, train_config)
     with folder_lock(out, "run folder"):  # training, test.json and mech.json: one process at a time
         try:
             summary = train(
-                task, model_config, train_config, out, device=device, progress=False, on_eval=on_eval, log=log
+                task,
+                model_config,
+                train_config,
+                out,
+                device=device,
+                progress=False if progress is None else progress,
+                on_eval=on_eval,
+                log=log,
+                train_set=train_set,
+                train_set_sha256=train_set_sha256,
             )
         except HookmechError:
             summary = _read_json(out / "summary.json")
             if summary is None or summary.get("status") != "nan":
                 raise
         if summary.get("status") == "finished":
-            _finish_run(run, out, task, train_config, device)
+            _finish_run(run, out, task, train_config, device, model_config.mixers)
     return collect_row(run, runs_dir)
 
 
-def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str) -> None:
-    """Write test.json (test-split accuracy) and mech.json (end-of-run attributions) if missing."""
+def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str, mixers: tuple[str, ...]) -> None:
+    """Write test.json (test-split accuracy) and mech.json (end-of-run attributions) if missing.
+    The run's model is loaded back allowing its own `mixers` (the sweep file names them)."""
     from ..checkpoint import load
 
     model = None
@@ -92,7 +111,7 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str)
         from .. import tasks
         from ..training import evaluate
 
-        model = load(out / "model.safetensors", device=device)
+        model = load(out / "model.safetensors", device=device, allow_mixers=mixers)
         test_task = tasks.from_spec({**run["task"], "split": "test"})
         scores = evaluate(model, test_task.sample(train_config.n_dev, seed=(train_config.seed, 1)))
         write_text_atomic(
@@ -105,7 +124,7 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str)
         if existing is None or existing.get("config") != mech_config:
             from ..mech import evaluate_mechanism, mech_batch
 
-            model = model or load(out / "model.safetensors", device=device)
+            model = model or load(out / "model.safetensors", device=device, allow_mixers=mixers)
             batch = mech_batch(task, mech_config["seed"], mech_config["n"])
             records, columns = evaluate_mechanism(
                 model, batch, mech_config["sites"], mech_config["positions"], threshold=mech_config["threshold"]

@@ -31,6 +31,12 @@ ROWS = [
      "--mixer-opt d_model: d_model is a model setting the suite fixes, not a mixer option"),
     ("layer-model-setting", ["evaluate", "--mixer", "attention", "--mixer-opt", "L1.mixer=mamba", *OUT],
      "mixer is a model setting the suite fixes"),
+    ("gpus-per-run-negative", ["evaluate", "--mixer", "attention", "--gpus-per-run", "-1", "--budget-hours", "0.0001",
+                               *OUT], "--gpus-per-run must be a number >= 0, got -1.0"),
+    ("gpus-per-run-without-ray", ["evaluate", "--mixer", "attention", "--gpus-per-run", "1", "--budget-hours",
+                                  "0.0001", *OUT], "--gpus-per-run needs --engine ray"),
+    ("layer-past-the-models", ["evaluate", "--mixer", "attention", "--mixer-opt", "L5.window=2", *OUT],
+     "--mixer-opt L5.window: layer 5 does not exist (the model has 2 layers)"),
 ]
 if importlib.util.find_spec("ray") is None:  # the dist extra absent: --engine ray says how to get it
     ROWS.append(("no-dist-extra", ["evaluate", "--mixer", "attention", "--engine", "ray", *OUT],

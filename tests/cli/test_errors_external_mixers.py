@@ -45,7 +45,7 @@ ROWS = [
     ("one-layer-of-two", [*TRAIN, "mine.py:Identity,nosuch.py:B"], 2, "mixer 'nosuch.py:B': no such file"),
     ("sweep-missing-file", ["sweep", "{tmp}/s.toml", "-o", "{tmp}/runs"], 2,
      ": mixer 'nosuch.py:A': no such file {tmp}/nosuch.py"),
-    ("checkpoint-file-gone", ["sites", "--ckpt", "{tmp}/gone/model.safetensors"], 1,
+    ("checkpoint-file-gone", ["sites", "--ckpt", "{tmp}/gone/model.safetensors", "--allow-mixer", "{real}/gone.py"], 1,
      "{tmp}/gone/model.safetensors: model config: mixer '{real}/gone.py:Identity': no such file {real}/gone.py"),
 ]
 
