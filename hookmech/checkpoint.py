@@ -173,14 +173,17 @@ def load(
     ``module[:Class]``, ``path/file.py[:Class]``) or ``HOOKMECH_ALLOW_MIXERS`` names it; else a
     UsageError says how to allow it (`hookmech.mixers.allow_list`).
     """
-    path = _checkpoint_path(path)
     check_device(device)
     from .pretrained import from_pretrained, is_pretrained
 
-    if path.is_dir() and (path / "run.json").is_file() and not (path / "config.json").exists():
-        raise HookmechError(f"{path} is a hookmech run folder: its checkpoint is {path / 'model.safetensors'}")
-    if is_pretrained(path):
-        return from_pretrained(path, device=device)
+    # folders and hub names first: `_checkpoint_path` takes files only
+    if isinstance(path, (str, os.PathLike)):
+        folder = Path(path)
+        if folder.is_dir() and (folder / "run.json").is_file() and not (folder / "config.json").exists():
+            raise HookmechError(f"{folder} is a hookmech run folder: its checkpoint is {folder / 'model.safetensors'}")
+        if is_pretrained(folder):
+            return from_pretrained(folder, device=device)
+    path = _checkpoint_path(path)
     if path.suffix in (".pt", ".pth"):
         return _load_torch_state(path, config, device, allow_mixers)
     meta = read_metadata(path)

@@ -224,11 +224,15 @@ def ssd_scan(
     return (states @ C[..., None]).squeeze(-1), states
 
 
+#: the gated norm's epsilon by default: mamba-ssm's, and transformers' default ``layer_norm_epsilon``
+GATED_NORM_EPS = 1e-5
+
+
 class GatedRMSNorm(nn.Module):
     """rmsnorm(y ⊙ silu(z)) ⊙ weight over groups of channels (mamba-ssm's `RMSNormGated`
     with `norm_before_gate=False`). Returns ``[..., d_inner]``."""
 
-    def __init__(self, d_inner: int, group_size: int, eps: float = 1e-5):
+    def __init__(self, d_inner: int, group_size: int, eps: float = GATED_NORM_EPS):
         super().__init__()
         self.group_size, self.eps = group_size, eps
         self.weight = nn.Parameter(torch.ones(d_inner))
@@ -283,6 +287,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         conv_bias: bool = True,
         chunk_size: int = 32,
         dt_limit: Sequence[float | None] | None = None,
+        norm_eps: float = GATED_NORM_EPS,
     ):
         super().__init__()
         d_inner = expand * d_model
@@ -307,6 +312,8 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         if not 0 < dt_min <= dt_max:
             raise UsageError(f"mamba2: need 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
         self.dt_limit = _check_dt_limit(dt_limit)
+        if not 0 < norm_eps < 1:
+            raise UsageError(f"mamba2: norm_eps must be in (0, 1), got {norm_eps}")
         self.d_inner, self.d_state, self.headdim = d_inner, d_state, headdim
         self.n_heads, self.ngroups, self.chunk_size = n_heads, ngroups, chunk_size
 
@@ -321,7 +328,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(*A_init_range).log())
         self.D = nn.Parameter(torch.ones(n_heads))
-        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups)
+        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups, eps=norm_eps)
         self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
 
         self.hook_in_x = AxisHookPoint("batch pos d_inner")

@@ -13,14 +13,14 @@ Weights, key for key (transformers' mixer keeps mamba-ssm's names, as `hookmech.
 The config's fields are read with transformers' defaults where a folder leaves them out
 (`MAMBA_DEFAULTS`). The ``time_step_*`` fields and ``rescale_prenorm_residual`` only draw a new
 model's weights, and ``residual_in_fp32`` only keeps transformers' residual stream in float32 when
-the weights are in a lower precision: none changes a float32 forward. Mamba-2's folders share this
-backbone (`backbone_config`, `backbone_weights`); `hookmech.pretrained.mamba2` holds its mixer.
+the weights are in a lower precision: none changes a float32 forward. ``layer_norm_epsilon`` is
+every norm's epsilon (`ModelConfig.norm_eps`). Mamba-2's folders share this backbone
+(`backbone_config`, `backbone_weights`); `hookmech.pretrained.mamba2` holds its mixer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
@@ -28,15 +28,13 @@ from torch import Tensor
 from ..config import ModelConfig
 from ..errors import HookmechError
 from ..hook_names import block_path
+from .hf_config import count, flag, number
 from .weights import Weights
 
 #: the context a loaded model states (`ModelConfig.n_ctx`, the longest sequence it accepts): the
 #: length Mamba's and Mamba-2's language models were trained on (Gu & Dao 2023 §4.2; Dao & Gu 2024
 #: §9.2); the recurrence itself runs at any length
 N_CTX = 2048
-#: the epsilon of hookmech's RMSNorm (`hookmech.model.RMSNorm`) and of Mamba-2's gated norm, which
-#: is transformers' default ``layer_norm_epsilon`` and every released checkpoint's
-NORM_EPS = 1e-5
 #: the activation of the SSM branch and the gate: transformers' ``hidden_act`` names for SiLU
 SILU = ("silu", "swish")
 
@@ -70,12 +68,14 @@ MIXER_WEIGHTS = (
 )
 
 
-def model_config(hf_config: Mapping[str, Any]) -> ModelConfig:
+def model_config(hf_config: dict[str, Any]) -> ModelConfig:
     """Return the `ModelConfig` of a transformers Mamba ``config.json`` (as a dict): `N_CTX`
     positions, one `mamba` mixer per layer with the folder's sizes and biases."""
     field = fields_of(hf_config, MAMBA_DEFAULTS)
     d_model = field("hidden_size")
     dt_rank = field("time_step_rank")
+    if dt_rank != "auto":
+        dt_rank = count(hf_config, "time_step_rank")
     options = {
         "d_state": field("state_size"),
         "d_conv": field("conv_kernel"),
@@ -89,7 +89,7 @@ def model_config(hf_config: Mapping[str, Any]) -> ModelConfig:
     return backbone_config(field, "mamba", options)
 
 
-def convert_weights(hf_config: Mapping[str, Any], weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+def convert_weights(hf_config: dict[str, Any], weights: dict[str, Tensor]) -> dict[str, Tensor]:
     """Return `weights` (a transformers Mamba state dict, name -> tensor) under hookmech's names
     (module docstring), the tensors themselves, for `HookedLM.load_state_dict`; a
     `WeightsMismatch` naming the keys missing or left over."""
@@ -98,12 +98,21 @@ def convert_weights(hf_config: Mapping[str, Any], weights: Mapping[str, Tensor])
 
 
 # -- the backbone Mamba and Mamba-2 share ------------------------------------------------------
-def fields_of(hf_config: Mapping[str, Any], defaults: Mapping[str, Any]):
+def fields_of(hf_config: dict[str, Any], defaults: dict[str, Any]):
     """Return ``field(name)``: the config's value of `name`, or transformers' default (`defaults`)
-    where the file leaves it out. A name without a default is a bug here, not in the file."""
+    where the file leaves it out, checked to be of the default's kind (`hf_config`: a flag, an
+    integer >= 1, a number > 0; a HookmechError naming the key otherwise). A name without a
+    default is a bug here, not in the file."""
 
     def field(name: str) -> Any:
-        return hf_config.get(name, defaults[name])
+        default = defaults[name]
+        if isinstance(default, bool):
+            return flag(hf_config, name, default)
+        if isinstance(default, int):
+            return count(hf_config, name, default)
+        if isinstance(default, float):
+            return number(hf_config, name, default)
+        return hf_config.get(name, default)
 
     return field
 
@@ -111,12 +120,11 @@ def fields_of(hf_config: Mapping[str, Any], defaults: Mapping[str, Any]):
 def backbone_config(field, mixer: str, options: dict[str, Any]) -> ModelConfig:
     """Return the `ModelConfig` of a transformers Mamba or Mamba-2 model whose config fields
     `field` (`fields_of`) reads: RMSNorm blocks of mixer `mixer` with `options` and no MLP, an
-    RMSNorm final norm, no position embedding, the head tied as ``tie_word_embeddings`` says. A
-    HookmechError naming the field when its activation is not SiLU or its norm epsilon not `NORM_EPS`."""
+    RMSNorm final norm (every norm's epsilon ``layer_norm_epsilon``), no position embedding, the
+    head tied as ``tie_word_embeddings`` says. A HookmechError naming the field when its
+    activation is not SiLU."""
     if field("hidden_act") not in SILU:
         raise HookmechError(f"hidden_act = {field('hidden_act')!r}: hookmech's {mixer} runs SiLU only")
-    if field("layer_norm_epsilon") != NORM_EPS:
-        raise HookmechError(f"layer_norm_epsilon = {field('layer_norm_epsilon')}: hookmech's RMSNorm uses {NORM_EPS}")
     n_layers = field("num_hidden_layers")
     return ModelConfig(
         d_vocab=field("vocab_size"),
@@ -128,12 +136,13 @@ def backbone_config(field, mixer: str, options: dict[str, Any]) -> ModelConfig:
         mlp=(False,) * n_layers,
         norms=("rmsnorm",) * n_layers,
         pos_emb="none",
-        tie_embeddings=bool(field("tie_word_embeddings")),
+        tie_embeddings=field("tie_word_embeddings"),
         final_norm="rmsnorm",
+        norm_eps=field("layer_norm_epsilon"),
     )
 
 
-def backbone_weights(field, weights: Mapping[str, Tensor], mixer_parameters: list[str]) -> dict[str, Tensor]:
+def backbone_weights(field, weights: dict[str, Tensor], mixer_parameters: list[str]) -> dict[str, Tensor]:
     """Return a transformers Mamba or Mamba-2 state dict `weights` under hookmech's names (the
     tensors themselves): the embedding, block norms and final norm, each layer's
     `mixer_parameters` under the same names, and an untied head (a tied head's copy of the
@@ -150,7 +159,7 @@ def backbone_weights(field, weights: Mapping[str, Tensor], mixer_parameters: lis
         state[block_path(layer, "ln1.weight")] = source.take(f"{theirs}.norm.weight")
         for name in mixer_parameters:
             state[block_path(layer, f"mixer.{name}")] = source.take(f"{theirs}.mixer.{name}")
-    tied = bool(field("tie_word_embeddings"))
+    tied = field("tie_word_embeddings")
     if not tied or source.has("lm_head.weight"):
         head = source.take("lm_head.weight")
         if not tied:

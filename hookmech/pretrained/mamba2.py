@@ -18,13 +18,13 @@ a folder leaves them out: `MAMBA2_DEFAULTS`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor
 
 from ..config import ModelConfig
 from ..errors import HookmechError
+from ..mixers.mamba2 import GATED_NORM_EPS
 from .mamba import backbone_config, backbone_weights, fields_of, mixer_parameters
 
 #: transformers' `Mamba2Config` defaults of the fields read here
@@ -51,7 +51,7 @@ MAMBA2_DEFAULTS: dict[str, Any] = {
 MIXER_WEIGHTS = ("in_proj.weight", "conv1d.weight", "dt_bias", "A_log", "D", "norm.weight", "out_proj.weight")
 
 
-def model_config(hf_config: Mapping[str, Any]) -> ModelConfig:
+def model_config(hf_config: dict[str, Any]) -> ModelConfig:
     """Return the `ModelConfig` of a transformers Mamba-2 ``config.json`` (as a dict): Mamba's
     backbone (`backbone_config`) with one `mamba2` mixer per layer (module docstring)."""
     field = fields_of(hf_config, MAMBA2_DEFAULTS)
@@ -77,10 +77,12 @@ def model_config(hf_config: Mapping[str, Any]) -> ModelConfig:
     dt_limit = _dt_limit(field("time_step_limit"))
     if dt_limit is not None:
         options["dt_limit"] = dt_limit
+    if field("layer_norm_epsilon") != GATED_NORM_EPS:  # the gated norm's too, in transformers
+        options["norm_eps"] = field("layer_norm_epsilon")
     return backbone_config(field, "mamba2", options)
 
 
-def convert_weights(hf_config: Mapping[str, Any], weights: Mapping[str, Tensor]) -> dict[str, Tensor]:
+def convert_weights(hf_config: dict[str, Any], weights: dict[str, Tensor]) -> dict[str, Tensor]:
     """Return `weights` (a transformers Mamba-2 state dict, name -> tensor) under hookmech's names,
     the tensors themselves, for `HookedLM.load_state_dict`; a `WeightsMismatch` naming the keys
     missing or left over (`backbone_weights`)."""

@@ -1,6 +1,6 @@
 """A Hugging Face folder through the whole mechanistic evaluation on the command line: `hookmech
 patch --ckpt DIR --task nl-ar --site 'L*.block_in' --pos key,value,query`, on tiny random GPT-2,
-Pythia and Mamba folders saved with transformers' `save_pretrained` beside a word-level tokenizer.
+Pythia, Mamba and Mamba-2 folders saved with transformers' `save_pretrained` beside a word-level tokenizer.
 
 References: p_clean and p_corrupt are transformers' own softmax at the query, on the tokens the
 task drew (an independent forward); and two invariants of an interchange at the embedding: the
@@ -35,11 +35,17 @@ def _model(family: str):
             max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True,
         )
         return transformers.GPTNeoXForCausalLM(config)
+    if family == "mamba2":  # several heads in two groups of B/C, Δ clamped
+        config = transformers.Mamba2Config(
+            vocab_size=D_VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8, num_heads=8, head_dim=8,
+            n_groups=2, chunk_size=8, time_step_limit=(0.01, 1.0),
+        )
+        return transformers.Mamba2ForCausalLM(config)
     config = transformers.MambaConfig(vocab_size=D_VOCAB, hidden_size=32, num_hidden_layers=2, state_size=8)
     return transformers.MambaForCausalLM(config)
 
 
-@pytest.fixture(scope="module", params=["gpt2", "pythia", "mamba"])
+@pytest.fixture(scope="module", params=["gpt2", "pythia", "mamba", "mamba2"])
 def folder(request, tmp_path_factory):
     """(family, folder, the transformers model in eval mode) of a tiny random folder with a tokenizer."""
     from transformers.utils import logging

@@ -69,7 +69,7 @@ def reference_forward(mixer: Mamba2, u: torch.Tensor, initial: dict[int, torch.T
     y = torch.stack(ys, dim=1)
     # mamba-ssm's gated RMSNorm normalises each group of d_inner / ngroups channels apart.
     gated = (y.reshape(batch, n_pos, d_inner) * F.silu(z)).reshape(batch, n_pos, G, d_inner // G)
-    normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + 1e-5)
+    normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + mixer.norm.eps)
     normed = normed.reshape(batch, n_pos, d_inner) * mixer.norm.weight
     return normed @ mixer.out_proj.weight.T, y, torch.stack(states, dim=1)
 
@@ -88,7 +88,7 @@ def test_defaults_follow_mamba2_with_small_heads():
 @pytest.mark.parametrize(
     "options",
     [{"headdim": 24}, {"d_conv": -1}, {"ngroups": 3}, {"d_state": 0}, {"chunk_size": 0}, {"dt_min": 0.0},
-     {"dt_limit": [0.1, 0.01]}, {"dt_limit": [None, None]}, {"dt_limit": [0.0, 0.1, 1.0]}],
+     {"dt_limit": [0.1, 0.01]}, {"dt_limit": [None, None]}, {"dt_limit": [0.0, 0.1, 1.0]}, {"norm_eps": 0.0}],
 )
 def test_invalid_options_raise_usage_error(options):
     with pytest.raises(UsageError, match="mamba2"):
@@ -169,6 +169,7 @@ def test_forward_without_autograd_equals_the_differentiable_one(options):
 @pytest.mark.parametrize("options", [
     {}, {"ngroups": 2, "d_conv": 2, "chunk_size": 3}, {"d_conv": 0},
     {"ngroups": 4, "headdim": 4, "dt_limit": [0.02, 0.06]}, {"dt_limit": [None, 0.03]}, {"dt_limit": [0.05, None]},
+    {"ngroups": 2, "norm_eps": 0.5},  # an epsilon large enough to change the output
 ])
 def test_mixer_matches_a_positionwise_reference(options):
     mixer = make_mixer(**options)

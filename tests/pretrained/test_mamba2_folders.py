@@ -26,7 +26,8 @@ from ssm_folders import PARITY_TOL, load, mamba2_folder, transformers_run
 transformers = pytest.importorskip("transformers")
 
 #: the defaults of `mamba2_folder` (8 heads, 2 groups, chunks of 8), and every option that changes
-#: the mapping: 4 groups, biases, no conv bias, another kernel, a tied head, Δ clamped on both sides
+#: the mapping: 4 groups, biases, no conv bias, another kernel, a tied head, Δ clamped on both sides,
+#: another norm epsilon (the gated norm's too)
 OPTIONS = {
     "two-groups": {},
     "options": {
@@ -36,6 +37,7 @@ OPTIONS = {
         "conv_kernel": 3,
         "tie_word_embeddings": True,
         "time_step_limit": (0.05, 0.5),
+        "layer_norm_epsilon": 1e-2,
     },
 }
 
@@ -215,11 +217,12 @@ def test_time_step_limit_becomes_the_clamp_it_applies(limit, dt_limit):
     ({"num_heads": 6}, "num_heads 6 x head_dim 8"),
     ({"n_groups": 3}, "num_heads 8 is not divisible by n_groups 3"),
     ({"hidden_act": "relu"}, "hidden_act = 'relu'"),
-    ({"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon"),
+    ({"layer_norm_epsilon": -1e-6}, "layer_norm_epsilon"),
+    ({"n_groups": 0}, "n_groups = 0"),
     ({"time_step_limit": [0.0]}, "time_step_limit"),
     ({"time_step_limit": [0.0, "soon"]}, "time_step_limit holds 'soon'"),
     ({"time_step_limit": [0.0, {"__float__": "NaN"}]}, "time_step_limit holds"),
 ])
-def test_configs_hookmech_does_not_run_are_refused_naming_the_field(fields, message):
+def test_configs_hookmech_does_not_run_or_cannot_read_are_refused_naming_the_field(fields, message):
     with pytest.raises(HookmechError, match=message):
         mamba2.model_config({"hidden_size": 32, "num_heads": 8, "head_dim": 8, **fields})

@@ -25,7 +25,7 @@ from ssm_folders import PARITY_TOL, load, mamba_folder, transformers_run
 transformers = pytest.importorskip("transformers")
 
 #: the defaults, and every option that changes the mapping: biases, no conv bias, an explicit
-#: dt_rank, another kernel and expansion, an untied head
+#: dt_rank, another kernel and expansion, an untied head, another norm epsilon
 OPTIONS = {
     "defaults": {},
     "options": {
@@ -35,6 +35,7 @@ OPTIONS = {
         "conv_kernel": 3,
         "expand": 3,
         "tie_word_embeddings": False,
+        "layer_norm_epsilon": 1e-2,
     },
 }
 
@@ -190,10 +191,12 @@ def test_a_config_with_only_the_sizes_is_the_full_configs(tmp_path):
 
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("hidden_act", "gelu", "hidden_act = 'gelu'"),
-    ("layer_norm_epsilon", 1e-6, "layer_norm_epsilon = 1e-06"),
+    ("layer_norm_epsilon", 0, "layer_norm_epsilon = 0"),
+    ("state_size", 2.5, "state_size = 2.5"),
+    ("use_bias", "no", "use_bias = 'no'"),
     ("conv_kernel", 5, "conv_kernel = 5"),
 ])
-def test_options_hookmech_does_not_run_are_refused_naming_the_field(field, value, message):
+def test_options_hookmech_does_not_run_or_cannot_read_are_refused_naming_the_field(field, value, message):
     config = {"model_type": "mamba", "hidden_size": 32, field: value}
     with pytest.raises(HookmechError, match=message):
         mamba.model_config(config)
