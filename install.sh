@@ -4,6 +4,7 @@
 #   ./install.sh dev    the package and the development extras: tests, release build, the
 #                       tutorial notebook's kernel, and the documentation site's tools
 #   ./install.sh docs   the package and the documentation site's tools only
+#   ./install.sh hf     the package and the Hugging Face extra (pretrained model folders, hub names)
 # torch is installed first, as the CPU build, only where none is present: a plain
 # `pip install torch` would pull a multi-GB CUDA build. HOOKMECH_TORCH overrides the spec.
 set -euo pipefail

@@ -7,22 +7,29 @@ import json
 import click
 
 from .common import (
+    CKPT_HELP,
     CONTEXT,
     DEFAULT_MEMORY_MIB,
     EXAMPLES_SEED,
     OutputPath,
     allow_mixer_option,
+    ckpt_path,
     device_option,
+    examples_count,
+    load_model,
     load_model_and_task,
     max_batch_option,
     memory_option,
+    model_file_identity,
     notes_of,
     patch_count,
     path_count,
     progress,
+    prompts_option,
     refuse_overwriting_inputs,
     set_threads,
     split_flag,
+    task_options,
     threads_option,
     threshold_option,
     to_json,
@@ -32,15 +39,14 @@ from .common import (
 
 @click.command(context_settings=CONTEXT)
 @allow_mixer_option
-@click.option("--ckpt", required=True, type=click.Path(dir_okay=False), help="checkpoint (.safetensors)")
+@click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 def sites(ckpt, as_json):
     """List every hook site of a checkpoint's model with its hook name and shape."""
-    from hookmech.checkpoint import load
     from hookmech.sites import list_sites
     from hookmech.tables import format_table
 
-    rows = list_sites(load(ckpt))
+    rows = list_sites(load_model(ckpt, "cpu"))
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -63,30 +69,47 @@ def sites(ckpt, as_json):
 
 @click.command(context_settings=CONTEXT)
 @allow_mixer_option
-@click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
+@click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--n", type=int, default=320, show_default=True, help="number of examples")
 @click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
 @click.option("--sites", "site_specs", multiple=True, help="sites to store (default: all block-level sites)")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
 @click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True)
+@task_options
+@prompts_option
 @device_option
 @threads_option
 @click.option("-o", "--out", "out_path", required=True, type=OutputPath(dir_okay=False))
-def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_path):
-    """Cache clean and corrupt activations of a checkpoint on task examples (HDF5)."""
+def cache(
+    ckpt,
+    n,
+    seed,
+    site_specs,
+    dtype,
+    compression,
+    device,
+    threads,
+    out_path,
+    task_name=None,
+    task_opts=(),
+    prompts_path=None,
+):
+    """Cache clean and corrupt activations of a checkpoint on task examples (HDF5): the
+    checkpoint's task, or --task (with --task-opt, and --data for prompts)."""
     from hookmech.cache import write_cache
     from hookmech.errors import UsageError
-    from hookmech.fileio import sha256_of
     from hookmech.sites import resolve_sites
     from hookmech.validate import check_finite_parameters
 
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
-    refuse_overwriting_inputs([("-o", out_path)], [("--ckpt", ckpt)])
+    refuse_overwriting_inputs([("-o", out_path)], [("--ckpt", ckpt), ("--data", prompts_path)])
     set_threads(threads)
-    model, task = load_model_and_task(ckpt, device)
+    model, task = load_model_and_task(ckpt, device, task_name, task_opts, prompts_path)
+    identity = model_file_identity(ckpt)  # the file's sha256, or the folder's resolved path
     check_finite_parameters(model, ckpt)
     hooks = resolve_sites(split_flag(site_specs) or ["all"], model.hook_dict)
+    n = examples_count(task, n)
     batch = task.sample(n, seed=seed)
     with progress(n, "caching") as advance:
         write_cache(
@@ -94,7 +117,8 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
             batch,
             out_path,
             hooks,
-            model_sha256=sha256_of(ckpt),
+            model_sha256=identity["model_sha256"],
+            model_source=identity["model_source"],
             task_spec=task.spec,
             dtype=dtype,
             compression=None if compression == "none" else compression,
@@ -105,7 +129,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
 
 @click.command(context_settings=CONTEXT)
 @allow_mixer_option
-@click.option("--ckpt", required=True, type=click.Path(dir_okay=False))
+@click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--site", "site_specs", multiple=True, help="site or pattern (repeatable, comma lists)")
 @click.option("--pos", "pos_specs", multiple=True, help="position: role, integer, all, whole, a+b")
 @click.option(
@@ -127,7 +151,8 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     "data_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="examples from a dataset file (hookmech data ... -o FILE) instead of --n/--seed",
+    help="examples from a dataset file (hookmech data ... -o FILE) instead of --n/--seed; with --task prompts, "
+    "the prompts file (one JSON per line)",
 )
 @click.option("--n", type=int, default=320, show_default=True, help="examples, without --cache")
 @click.option(
@@ -220,6 +245,7 @@ def cache(ckpt, n, seed, site_specs, dtype, compression, device, threads, out_pa
     default=None,
     help="which token the corrupt document corrupts (rebuilds the task; not with --cache)",
 )
+@task_options
 @device_option
 @threads_option
 def patch(
@@ -255,6 +281,8 @@ def patch(
     engine="local",
     address=None,
     workers=None,
+    task_name=None,
+    task_opts=(),
 ):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position
     (--site, --pos), or along one path from a sender to a receiver (--sender, --receiver, --via)."""
@@ -278,6 +306,8 @@ def patch(
         raise UsageError(f"--{'' if graddrop else 'no-'}graddrop is an option of --method atp-star")
     if corrupt is not None and cache_path is not None:
         raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
+    prompts = task_name == "prompts"
+    _check_task_source(task_name, task_opts, cache_path, data_path)
     if as_csv and as_json:
         raise UsageError("print --csv or --json, not both")
     _check_heatmap_path(heatmap_path)
@@ -288,18 +318,26 @@ def patch(
         [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)],
     )
     set_threads(threads)
-    model, task = load_model_and_task(ckpt, device)
+    dataset = None if prompts else data_path
+    model, task = load_model_and_task(
+        ckpt,
+        device,
+        task_name,
+        task_opts,
+        data_path if prompts else None,
+        need_task=(cache_path is None and dataset is None) or corrupt is not None,
+    )
     check_finite_parameters(model, ckpt)
     if corrupt is not None:
         from hookmech.tasks import from_spec
 
         task = from_spec({**task.spec, "corrupt": corrupt})
-    if data_path is not None:
-        source = _patch_rows_from_file(data_path, task)
+    if dataset is not None:
+        source = _patch_rows_from_file(dataset, ckpt)
     elif cache_path is not None:
         source = CacheFile(cache_path, verify=verify_cache)
     else:
-        source = task.sample(n, seed=seed)
+        source = task.sample(examples_count(task, n), seed=seed)
     # per-row outputs go to disk as row chunks are done (then into the --per-example file)
     rows_file = RowsFile(per_example) if per_example is not None else None
     ray_engine = None
@@ -512,13 +550,30 @@ def _check_node_or_path(site_specs, pos_specs, senders, receivers, via, method, 
         raise UsageError("a path patch is exact denoising: drop --method atp, --verify-top, --direction and --ablate")
 
 
-def _patch_rows_from_file(data_path, task):
-    """`patch --data`: the rows of a dataset file whose task fits the checkpoint's; --cache,
-    --n and --seed choose examples too, so giving one of them as well is a usage error."""
+def _check_task_source(task_name, task_opts, cache_path, data_path) -> None:
+    """`patch`: --task/--task-opt choose the examples, which a --cache or a dataset --data holds
+    already; a prompts file goes with --task prompts. A UsageError naming what to drop or add."""
+    from hookmech.errors import UsageError
+
+    given = [flag for flag, value in (("--task", task_name), ("--task-opt", task_opts)) if value]
+    if given and cache_path is not None:
+        raise UsageError(f"--cache holds its own examples and their task: drop {' and '.join(given)}")
+    if data_path is None or task_name == "prompts":
+        return
+    if str(data_path).endswith(".jsonl"):
+        raise UsageError(f"--data {data_path}: a prompts file is read with --task prompts")
+    if given:
+        raise UsageError(f"--data {data_path} is a dataset file, which holds its own task: drop {' and '.join(given)}")
+
+
+def _patch_rows_from_file(data_path, ckpt):
+    """`patch --data`: the rows of a dataset file whose task fits the checkpoint's (when it stores
+    one); --cache, --n and --seed choose examples too, so giving one of them as well is a usage error."""
     from click.core import ParameterSource
 
-    from hookmech.datasets import load_dataset_for
+    from hookmech.datasets import check_fits_model, load_dataset
     from hookmech.errors import UsageError
+    from hookmech.tasks import stored_task_spec
 
     context = click.get_current_context()
     given = [
@@ -528,4 +583,6 @@ def _patch_rows_from_file(data_path, task):
     ]
     if given:
         raise UsageError(f"--data gives the examples; drop {', '.join(given)}")
-    return load_dataset_for(data_path, task)
+    data_task, batch = load_dataset(data_path)
+    check_fits_model(data_task, stored_task_spec(ckpt), data_path)
+    return batch

@@ -206,12 +206,102 @@ def refuse_overwriting_inputs(outputs, inputs) -> None:
                 )
 
 
-def load_model_and_task(ckpt: str, device: str):
-    """Return (model on `device`, task) of a checkpoint."""
-    from hookmech.checkpoint import load
-    from hookmech.tasks import from_checkpoint
+#: what ``--ckpt`` takes: a hookmech checkpoint file or a Hugging Face model folder
+CKPT_HELP = "checkpoint (.safetensors), or a Hugging Face model folder (config.json, weights, tokenizer)"
+ckpt_path = click.Path(dir_okay=True)
 
-    return load(ckpt, device=check_device(device)), from_checkpoint(ckpt)
+
+def load_model(ckpt: str, device: str):
+    """Return the model of `ckpt` on `device`: a hookmech checkpoint file or a Hugging Face model
+    folder (`hookmech.checkpoint.load`)."""
+    from hookmech.checkpoint import load
+
+    return load(ckpt, device=check_device(device))
+
+
+def model_file_identity(ckpt: str) -> dict[str, str]:
+    """Return what a cache records of the model file it was made from (`write_cache`'s arguments
+    ``model_sha256`` and ``model_source``): the SHA-256 of a checkpoint file, or the resolved path
+    of a model folder or the hub name (whose identity is the cache's model_hash), the other ''."""
+    from pathlib import Path
+
+    from hookmech.fileio import sha256_of
+    from hookmech.pretrained import is_hub_name
+
+    if Path(ckpt).is_dir():
+        return {"model_sha256": "", "model_source": str(Path(ckpt).resolve())}
+    if is_hub_name(ckpt):
+        return {"model_sha256": "", "model_source": str(ckpt)}
+    return {"model_sha256": sha256_of(ckpt), "model_source": ""}
+
+
+#: the names `--task` takes (`hookmech.tasks.REGISTRY`), spelled here: parsing imports no torch (a test pins them)
+TASK_NAMES = ("ar", "mqar", "atr", "induction", "nl-ar", "prompts")
+
+
+def task_options(command):
+    """Add --task and --task-opt (the task that gives a checkpoint's examples) to `command`;
+    return the decorated command."""
+    options = [
+        click.option(
+            "--task",
+            "task_name",
+            default=None,
+            help=f"task of the examples (default: the checkpoint's own): {', '.join(TASK_NAMES)}",
+        ),
+        click.option(
+            "--task-opt",
+            "task_opts",
+            multiple=True,
+            metavar="K=V",
+            help="task option (repeatable), over the checkpoint's task without --task; e.g. num_kv_pairs=4, "
+            "tokenizer=PATH (induction, nl-ar, prompts; default: a Hugging Face --ckpt folder's own)",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+prompts_option = click.option(
+    "--data",
+    "prompts_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="with --task prompts: the prompts, one JSON per line (docs/tasks.md, prompts)",
+)
+
+
+def load_model_and_task(ckpt: str, device: str, task_name=None, task_opts=(), prompts_path=None, need_task=True):
+    """Return (model on `device`, task) of a checkpoint: the task `--task` names with its
+    `--task-opt`s and `--data` prompts file, else the checkpoint's own (with the options over
+    it; `hookmech.tasks.for_checkpoint`). Without `need_task` and with no task option given,
+    the task is None (examples from a cache). A task whose ids the model's d_vocab does not
+    cover is refused."""
+    from hookmech.errors import UsageError
+    from hookmech.option_pairs import parse_options
+    from hookmech.tasks import check_vocabulary, for_checkpoint
+
+    options = parse_options(task_opts, "--task-opt")
+    if prompts_path is not None:
+        if task_name != "prompts":
+            raise UsageError("--data FILE.jsonl gives the prompts of --task prompts: add --task prompts")
+        options["data"] = prompts_path
+    wanted = need_task or task_name is not None or bool(options)
+    task = for_checkpoint(ckpt, task_name, options) if wanted else None
+    model = load_model(ckpt, device)
+    if task is not None:
+        check_vocabulary(task, model.cfg.d_vocab)
+    return model, task
+
+
+def examples_count(task, n: int) -> int:
+    """Return how many examples to draw: `n` (--n), or every prompt of a task whose rows are
+    given (`Task.n_rows`) when --n was not typed."""
+    from click.core import ParameterSource
+
+    given = click.get_current_context().get_parameter_source("n") == ParameterSource.COMMANDLINE
+    return n if task.n_rows is None or given else task.n_rows
 
 
 @contextlib.contextmanager
@@ -248,6 +338,13 @@ class progress:
             self.bar = tqdm(total=self.total, desc=self.label, unit=self.unit, file=sys.stderr)
             return self.bar.update
         return lambda n: None
+
+    def say(self, message: str) -> None:
+        """Print `message` on stderr as a line (above the bar while one is drawn)."""
+        if self.bar is not None:
+            self.bar.write(message, file=sys.stderr)
+        else:
+            click.echo(message, err=True)
 
     def __exit__(self, *exc):
         if self.bar is not None:

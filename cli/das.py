@@ -5,11 +5,13 @@ from __future__ import annotations
 import click
 
 from .common import (
+    CKPT_HELP,
     CONTEXT,
     OutputPath,
     allow_mixer_option,
+    ckpt_path,
     device_option,
-    load_model_and_task,
+    load_model,
     memory_option,
     progress,
     refuse_overwriting_inputs,
@@ -22,7 +24,7 @@ from .common import (
 
 @click.command(context_settings=CONTEXT)
 @allow_mixer_option
-@click.option("--ckpt", required=True, type=click.Path(dir_okay=False), help="checkpoint (.safetensors)")
+@click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option(
     "--cache",
     "cache_path",
@@ -105,7 +107,7 @@ def das(
     # two runs into one folder would mix their records and bases: one at a time, as train's run folders
     with folder_lock(out, "das folder"):
         set_threads(threads)
-        model, _ = load_model_and_task(ckpt, device)
+        model = load_model(ckpt, device)
         check_finite_parameters(model, ckpt)
         with CacheFile(cache_path, verify=verify_cache) as cache:
             # the one identity check; the checkpoint file checks an older cache without model_hash

@@ -14,7 +14,12 @@ _WRITE_N, _STATS_N = 100_032, 10_000
 @click.command(context_settings=CONTEXT)
 @click.argument("task_name", metavar="TASK")
 @click.option("--task-opt", multiple=True, metavar="K=V", help="task option (repeatable), e.g. num_terminals=20")
-@click.option("--n", type=int, default=None, help=f"rows (default: {_WRITE_N:,} to write, {_STATS_N:,} for --stats)")
+@click.option(
+    "--n",
+    type=int,
+    default=None,
+    help=f"rows (default: {_WRITE_N:,} to write, {_STATS_N:,} for --stats; prompts: all of them)",
+)
 @click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the rows")
 @click.option("--stats", is_flag=True, help="print the task's statistics instead of writing a file")
 @click.option("--json", "as_json", is_flag=True, help="with --stats: print JSON")
@@ -36,12 +41,13 @@ def data(task_name, task_opt, n, seed, stats, as_json, out_path):
         raise UsageError("give -o FILE to write a dataset, or --stats to print statistics (not both)")
     if as_json and not stats:
         raise UsageError("--json goes with --stats")
-    n = n if n is not None else (_STATS_N if stats else _WRITE_N)
-    if n < 1:
+    if n is not None and n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
     if seed < 0:
         raise UsageError(f"--seed must be >= 0, got {seed}")
     task = tasks.make(task_name, **parse_options(task_opt, "--task-opt"))
+    if n is None:  # a task of given rows (the user's prompts): all of them
+        n = task.n_rows if task.n_rows is not None else (_STATS_N if stats else _WRITE_N)
     if stats:
         result = task_statistics(task, n, seed)
         click.echo(json.dumps(result, indent=1) if as_json else _format_stats(result))

@@ -12,6 +12,7 @@ from .common import (
     require_at_least,
     require_name,
     runs_engine_options,
+    split_flag,
 )
 
 
@@ -30,6 +31,12 @@ from .common import (
     "--mixer-opt", multiple=True, metavar="[L0.]K=V", help="mixer option for all layers, or L{l}.K=V for one layer"
 )
 @click.option("--budget-hours", type=float, default=None, help="run only what fits, planned from measured step times")
+@click.option(
+    "--tasks", "task_names", multiple=True, metavar="NAME,...", help="run only these tasks of the suite (a smoke test)"
+)
+@click.option(
+    "--steps", type=int, default=None, help="train every run for N steps instead of the suite's (a smoke test)"
+)
 @runs_engine_options
 @click.option("--no-view", is_flag=True, help="skip the view page of each task's best run")
 @device_option
@@ -41,6 +48,8 @@ def evaluate(
     lrs,
     mixer_opt,
     budget_hours,
+    task_names,
+    steps,
     engine,
     workers,
     threads,
@@ -54,7 +63,9 @@ def evaluate(
     write DIR/card.md: accuracy, the mechanism verdict (induction / direct retrieval / both /
     neither, with its numbers), the learning-rate window and the reference architectures.
 
-    Running it again resumes; --budget-hours leaves out what does not fit and says so.
+    Running it again resumes; --budget-hours leaves out what does not fit and says so
+    (every task's first learning rate before any task's second). --tasks and --steps make a
+    smoke test: a few steps of one task (--steps is another evaluation: give another -o).
     """
     from hookmech.errors import UsageError
     from hookmech.evaluate import evaluate as run_evaluation
@@ -64,6 +75,7 @@ def evaluate(
     require_name("--arch", arch)
     require_at_least("--workers", workers, 1)
     require_at_least("--threads", threads, 1)
+    require_at_least("--steps", steps, 1)
     if address is not None and engine != "ray":
         raise UsageError("--address needs --engine ray")
     card = run_evaluation(
@@ -74,6 +86,8 @@ def evaluate(
         lrs=list(lrs) or None,
         mixer_options=parse_options(mixer_opt, "--mixer-opt"),
         budget_hours=budget_hours,
+        tasks=split_flag(task_names) or None,
+        steps=steps,
         engine=engine,
         workers=workers,
         threads=threads,

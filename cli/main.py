@@ -17,6 +17,7 @@ from .demo import demo
 from .evaluate import evaluate
 from .offline import inspect, probe
 from .report import report
+from .startup import StatusLine, command_name
 from .sweep import sweep
 from .train import train
 from .view import view
@@ -87,7 +88,21 @@ def _fixable_os_error(error: OSError) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning every error into one line on stderr and an exit code
     (2 for usage errors, 1 otherwise; a path the system refuses is named plainly, other
-    unforeseen errors are marked unexpected). Set HOOKMECH_DEBUG=1 for tracebacks. Returns None."""
+    unforeseen errors are marked unexpected). Set HOOKMECH_DEBUG=1 for tracebacks. On a
+    terminal a status line shows within a fraction of a second of the start, until the command
+    prints (`startup.StatusLine`). Returns None."""
+    status = StatusLine()
+    name = command_name(sys.argv[1:] if argv is None else argv)
+    if name in cli.commands:
+        status.show(f"hookmech {name}: starting (loading torch)…")
+    try:
+        _run(argv)
+    finally:
+        status.erase()
+
+
+def _run(argv: list[str] | None) -> None:
+    """`main`'s work: the CLI, its errors turned into lines and exit codes."""
     try:
         cli.main(args=argv, standalone_mode=False, prog_name="hookmech")
     except click.exceptions.Exit as done:

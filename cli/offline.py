@@ -31,7 +31,8 @@ def inspect(cache_path, as_json, memory=DEFAULT_MEMORY_MIB):
         f"cache      {summary['path']} (format v{summary['format_version']}, hookmech {summary['hookmech_version']})",
         f"examples   N={summary['n']}, T={summary['n_pos']}",
         f"model      model_hash {summary['model_hash'] or '- (older cache)'}, "
-        f"file sha256 {summary['model_sha256'] or '-'}; "
+        + (f"folder {summary['model_source']}; " if summary["model_source"] else "")
+        + f"file sha256 {summary['model_sha256'] or '-'}; "
         f"{','.join(dict.fromkeys(mixers)) or '?'} d_model={model.get('d_model')} n_layers={model.get('n_layers')}",
         f"task       {json.dumps(summary['task'], sort_keys=True)}",
         f"roles      {', '.join(summary['roles'])}",

@@ -84,6 +84,15 @@ from .common import (
     "order every epoch (paper 000's code)",
 )
 @click.option(
+    "--schedule",
+    type=click.Choice(["cosine", "hf-cosine"]),
+    default="cosine",
+    show_default=True,
+    help="learning-rate schedule: cosine warms up at lr·(t+1)/W over W = round(warmup-frac·T) steps; "
+    "hf-cosine is Hugging Face's get_cosine_schedule_with_warmup as paper 000's code calls it "
+    "(lr·t/W over W = int(warmup-frac·T) steps: step 0 at lr 0), then both decay to 0 by cosine",
+)
+@click.option(
     "--mech-every",
     type=int,
     default=None,
@@ -123,6 +132,7 @@ def train(
     eval_every,
     ckpt_every,
     order,
+    schedule,
     device,
     threads,
     out_dir,
@@ -165,6 +175,7 @@ def train(
         eval_every=eval_every,
         ckpt_every=ckpt_every,
         order=order,
+        schedule=schedule,
     )
     mixers, layer_options = _mixers_and_options(mixer, preset, mixer_opt, n_layers)
     model_config = build_config(

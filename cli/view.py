@@ -1,23 +1,31 @@
-"""`hookmech view`: one self-contained HTML page of a checkpoint, a cache or a sweep folder."""
+"""`hookmech view`: one self-contained HTML page of a checkpoint, a cache, a sweep folder or a
+`hookmech patch --json` file."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 
 from .common import (
+    CKPT_HELP,
     CONTEXT,
     EXAMPLES_SEED,
     OutputPath,
     allow_mixer_option,
+    ckpt_path,
     device_option,
+    examples_count,
     load_model_and_task,
     max_batch_option,
     memory_option,
     patch_count,
     progress,
+    prompts_option,
     refuse_overwriting_inputs,
     set_threads,
     split_flag,
+    task_options,
     threads_option,
     threshold_option,
     verify_cache_option,
@@ -35,17 +43,20 @@ CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
     ("--device", "device"),
     ("--random-repeat-induction", "random_repeat_induction"),
     ("--memory", "memory"),
+    ("--task", "task_name"),
+    ("--task-opt", "task_opts"),
+    ("--data", "prompts_path"),
     ("--no-verify-cache", "verify_cache"),
 )
 SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
+#: options of the sweep and checkpoint pages that a patch --json file's page has no use for
+RECORDS_REFUSED = (("--n", "n"), ("--seed", "seed"), ("--threads", "threads"))
 
 
 @click.command(context_settings=CONTEXT)
 @allow_mixer_option
-@click.argument("runs_dir", required=False, type=click.Path(file_okay=False, exists=True))
-@click.option(
-    "--ckpt", type=click.Path(dir_okay=False), default=None, help="checkpoint (.safetensors) instead of RUNS_DIR"
-)
+@click.argument("runs_dir", metavar="[RUNS_DIR | RECORDS.json]", required=False, type=click.Path(exists=True))
+@click.option("--ckpt", type=ckpt_path, default=None, help=f"{CKPT_HELP}, instead of RUNS_DIR")
 @click.option(
     "--cache", "cache_path", type=click.Path(dir_okay=False), default=None, help="activation cache of --ckpt (its rows)"
 )
@@ -79,6 +90,8 @@ SWEEP_ONLY = (("--run", "run_ids"), ("--no-heatmaps", "no_heatmaps"))
 )
 @verify_cache_option
 @memory_option
+@task_options
+@prompts_option
 @device_option
 @threads_option
 @click.option("-o", "--out", "out_path", required=True, type=OutputPath(file=True), help="the HTML file to write")
@@ -101,55 +114,64 @@ def view(
     threads,
     out_path,
     random_repeat_induction=False,
+    task_name=None,
+    task_opts=(),
+    prompts_path=None,
     verify_cache=True,
 ):
-    """Write one HTML page (no network needed to open it) of a checkpoint or a sweep folder.
+    """Write one HTML page (no network needed to open it) of a checkpoint, a sweep folder or the
+    records of a `hookmech patch --json` file.
 
     With --ckpt (and --cache): the site x position attribution heatmap (hookmech patch's
     numbers); click a cell for its per-example p_clean / p_corrupt / p_patched and the examples
     of largest and smallest effect; per layer the effective attention of an example; the
     induction scores on the examples (query -> value, value -> key). With RUNS_DIR: the
-    interactive twin of every hookmech report figure.
+    interactive twin of every hookmech report figure (a run whose folder keeps no weights is
+    drawn from the bundled fixture that holds them). With RECORDS.json: its heatmap and table.
     """
-    from pathlib import Path
-
     from hookmech.errors import UsageError
     from hookmech.row_chunks import check_memory
 
     if (runs_dir is None) == (ckpt is None):
-        raise UsageError("give a sweep folder RUNS_DIR or --ckpt CKPT (one of them)")
+        raise UsageError("give a sweep folder RUNS_DIR, a patch --json file or --ckpt CKPT (one of them)")
     given = _given_options()
+    records_file = runs_dir is not None and Path(runs_dir).is_file()
+    if records_file:
+        wrong = [name for name, param in (*SWEEP_ONLY, *CHECKPOINT_ONLY, *RECORDS_REFUSED) if param in given]
+        if wrong:
+            raise UsageError(f"{wrong[0]} does not apply to the page of a patch --json file; drop it")
     wrong = [name for name, param in (SWEEP_ONLY if ckpt else CHECKPOINT_ONLY) if param in given]
-    if wrong:
+    if wrong and not records_file:
         kind = "sweep-folder (RUNS_DIR)" if ckpt else "checkpoint (--ckpt)"
         raise UsageError(f"{wrong[0]} belongs to {kind} pages; drop it")
     if n < 1:
         raise UsageError(f"--n must be >= 1, got {n}")
     if cache_path is not None and given & {"n", "seed"}:
         raise UsageError("--cache gives the examples; drop --n and --seed")
+    if cache_path is not None and given & {"task_name", "task_opts", "prompts_path"}:
+        raise UsageError("--cache holds its own examples and their task: drop --task, --task-opt and --data")
     if maps < 1 or not maps_mib > 0:
         raise UsageError(f"--maps must be >= 1 and --maps-mib > 0, got {maps} and {maps_mib}")
     check_memory(memory)
     if Path(out_path).is_dir():
         raise UsageError(f"-o {out_path} is a folder; give the page's file name (e.g. page.html)")
-    inputs = [("--ckpt", ckpt), ("--cache", cache_path), ("RUNS_DIR", runs_dir)]
-    if runs_dir is not None:
+    inputs = [("--ckpt", ckpt), ("--cache", cache_path), ("--data", prompts_path), ("RUNS_DIR", runs_dir)]
+    if runs_dir is not None and not records_file:
         inputs += [("RUNS_DIR", f"{runs_dir}/{name}") for name in ("results.csv", "sweep.json")]
     refuse_overwriting_inputs([("-o", out_path)], inputs)
-    set_threads(threads)
-    from hookmech.view import sweep_page_data, write_page
+    from hookmech.fileio import size_text
 
-    if runs_dir is not None:
-        data = sweep_page_data(
-            runs_dir,
-            runs=split_flag(run_ids) or None,
-            n=n,
-            seed=seed,
-            heatmaps=not no_heatmaps,
-            log=lambda message: click.echo(message, err=True),
-        )
+    if records_file:
+        from hookmech.view.records import records_page_data
+
+        data = records_page_data(runs_dir)
+        title = f"{data['title']}: patch records"
+    elif runs_dir is not None:
+        set_threads(threads)
+        data = _sweep_data(runs_dir, run_ids, n, seed, no_heatmaps)
         title = f"{data['title']}: sweep"
     else:
+        set_threads(threads)
         data, title = _checkpoint_data(
             ckpt,
             cache_path,
@@ -164,10 +186,61 @@ def view(
             memory,
             device,
             random_repeat_induction,
+            (task_name, task_opts, prompts_path),
             verify_cache,
         )
+    from hookmech.view import write_page
+
     path = write_page(data, out_path, title)
-    click.echo(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
+    click.echo(f"wrote {path} ({size_text(path.stat().st_size)})")
+
+
+def _sweep_data(runs_dir, run_ids, n, seed, no_heatmaps):
+    """Return the page data of a sweep folder, with a bar over its selected runs on a terminal
+    (each run's heatmap patches its model)."""
+    from hookmech.view import sweep_page_data
+
+    bar = _RunsBar()
+    try:
+        return sweep_page_data(
+            runs_dir,
+            runs=split_flag(run_ids) or None,
+            n=n,
+            seed=seed,
+            heatmaps=not no_heatmaps,
+            log=bar.say,
+            progress=bar,
+        )
+    finally:
+        bar.close()
+
+
+class _RunsBar:
+    """A bar over a sweep page's selected runs (`progress`), made once their number is known;
+    `say` prints a line above it."""
+
+    def __init__(self) -> None:
+        self.bar: progress | None = None
+        self.advance = None
+        self.done = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            self.bar = progress(total, "runs", unit="run")
+            self.advance = self.bar.__enter__()
+        assert self.advance is not None
+        self.advance(done - self.done)
+        self.done = done
+
+    def say(self, message: str) -> None:
+        if self.bar is not None:
+            self.bar.say(message)
+        else:
+            click.echo(message, err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
 
 
 def _given_options() -> set[str]:
@@ -196,11 +269,12 @@ def _checkpoint_data(
     memory,
     device,
     random_repeat,
+    task_choice=(None, (), None),
     verify_cache=True,
 ):
-    """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`) or
-    the cache's rows, patched in chunks within `memory` MiB (the per-row arrays left in temporary
-    files for `write_page`)."""
+    """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`;
+    `task_choice` is --task, --task-opt and --data) or the cache's rows and task, patched in
+    chunks within `memory` MiB (the per-row arrays left in temporary files for `write_page`)."""
     import math
     import warnings
     from pathlib import Path
@@ -209,13 +283,17 @@ def _checkpoint_data(
     from hookmech.view import checkpoint_page_data, default_positions
     from hookmech.view.checkpoint import page_chunk_rows
 
-    model, task = load_model_and_task(ckpt, device)
+    task_name, task_opts, prompts_path = task_choice
+    model, task = load_model_and_task(ckpt, device, task_name, task_opts, prompts_path, need_task=cache_path is None)
     about = {"source": ckpt if cache_path is None else f"{ckpt} with the cache {cache_path}"}
+    if task is not None:
+        n = examples_count(task, n)
     about.update({"n": n, "seed": seed} if cache_path is None else {"n": None, "seed": None})
     source = task.sample(n, seed=seed) if cache_path is None else CacheFile(cache_path, verify=verify_cache)
     try:
         if cache_path is not None:
             source.check_model(model, checkpoint=ckpt, hooks=())
+            task = _cache_task(source, ckpt, model)
         # the first rows tell the roles and the row width; the rest is read a chunk at a time
         first = source.window(slice(0, 1)).batch() if isinstance(source, CacheFile) else source.select(slice(0, 1))
         n_rows = source.n if isinstance(source, CacheFile) else len(source)
@@ -249,3 +327,17 @@ def _checkpoint_data(
             source.close()
     mixers = ", ".join(dict.fromkeys(model.cfg.mixers))
     return data, f"{Path(ckpt).name}: {mixers} on {task.name}"
+
+
+def _cache_task(cache, ckpt, model):
+    """Return the task of a cache's rows (their token names and roles): the one the cache
+    records, else the checkpoint's own; a HookmechError when neither has one."""
+    from hookmech.errors import HookmechError
+    from hookmech.tasks import check_vocabulary, from_spec, stored_task_spec
+
+    spec = cache.task or stored_task_spec(ckpt)
+    if not spec:
+        raise HookmechError(f"neither the cache {cache.path} nor {ckpt} records a task (the page names tokens by it)")
+    task = from_spec(spec)
+    check_vocabulary(task, model.cfg.d_vocab)
+    return task

@@ -35,6 +35,7 @@ from . import __version__
 from .errors import HookmechError, UsageError, suggest, unknown
 from .fileio import atomic_h5, sha256_of
 from .identity import model_hash
+from .pretrained import is_pretrained
 from .row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks
 from .shapes import Acts, ActsAt, RowFloats
 from .sites import as_specs, hook_to_site, resolve_sites, site_to_hook
@@ -176,6 +177,7 @@ def write_cache(
     hooks: str | Iterable[str],
     *,
     model_sha256: str = "",
+    model_source: str = "",
     task_spec: dict[str, Any] | None = None,
     chunk: int | None = None,
     dtype: str = "float32",
@@ -188,7 +190,8 @@ def write_cache(
     `hooks` are hook names or site specs (`hookmech.sites.resolve_sites`: ``"all"`` for every
     block-level site, ``"L*.block_in"``, ``"L1.mixer.q"`` ...), a bare string being one. The
     cache is identified by the model's `model_hash`; `model_sha256` (the checkpoint file's hash,
-    which `hookmech cache` records) may be left empty.
+    which `hookmech cache` records) may be left empty; `model_source`, where given, is recorded as
+    the root attribute ``model_source`` (`hookmech cache` gives a model folder's resolved path).
 
     `chunk` is the rows per forward pass and per HDF5 chunk (None: `default_chunk`); `dtype`
     the activations' ("float32" or "float16"). A model whose weights, activations (as `dtype`) or
@@ -224,6 +227,8 @@ def write_cache(
                 "model_config": model.cfg.to_json(),
                 "task": json.dumps(task_spec or {}, sort_keys=True),
                 "hookmech_version": __version__,
+                # only where given, so that caches of checkpoint files keep their bytes
+                **({"model_source": model_source} if model_source else {}),
             }
         )
         # every dataset stays referenced until the file closes (see atomic_h5: one freed while
@@ -573,6 +578,12 @@ class CacheFile:
         return str(self._h5.attrs.get("model_sha256", ""))
 
     @property
+    def model_source(self) -> str:
+        """The resolved path of the model folder the cache was made from ('' when it was made from
+        a checkpoint file, or the writer did not say)."""
+        return str(self._h5.attrs.get("model_source", ""))
+
+    @property
     def model_hash(self) -> str | None:
         """The `hookmech.identity.model_hash` of the model the cache was made from; None in
         caches written before it was recorded."""
@@ -643,7 +654,11 @@ class CacheFile:
                 f"{self.path} was made from another model{than} (its model_hash {recorded}, {whose} {own}); "
                 "make a cache of this model"
             )
-        if recorded is None and checkpoint is not None and self.model_sha256 != sha256_of(checkpoint):
+        if (
+            recorded is None
+            and checkpoint is not None
+            and (is_pretrained(checkpoint) or self.model_sha256 != sha256_of(checkpoint))
+        ):  # a model folder has no file hash: an older cache cannot be one of its models
             raise HookmechError(
                 f"{self.path} was made from another checkpoint (an older cache without model_hash; "
                 f"its model_sha256 differs from {checkpoint}'s file hash)"
@@ -922,7 +937,8 @@ class CacheFile:
     def summary(self, memory: int = DEFAULT_MEMORY_MIB * MIB) -> dict[str, Any]:
         """Return what the file holds, reading only metadata and the two ``[N]`` p(answer) arrays
         (in row chunks of at most `memory` bytes, `mean_p_answer`):
-        ``path, format_version, n, n_pos, model_hash (None in older caches), model_sha256, task,
+        ``path, format_version, n, n_pos, model_hash (None in older caches), model_sha256,
+        model_source, task,
         model (mixers, d_model, n_layers, d_vocab), hookmech_version, roles, p_clean, p_corrupt``
         (means) and ``sites``, one dict per stored hook: ``site, hook, runs, shape, dtype,
         compression, chunks``."""
@@ -949,6 +965,7 @@ class CacheFile:
             "n_pos": self.n_pos,
             "model_hash": self.model_hash,
             "model_sha256": self.model_sha256,
+            "model_source": self.model_source,
             "task": self.task,
             "model": {key: config.get(key) for key in ("mixers", "d_model", "n_layers", "d_vocab")},
             "hookmech_version": str(self._h5.attrs.get("hookmech_version", "")),
@@ -1015,8 +1032,11 @@ class CacheFile:
     def _refuse_other_position_axis(self, hook: str) -> None:
         """Raise a UsageError when `hook` stores positions elsewhere than axis 1 (attention's
         ``[N, head, q, k]`` scores and patterns): `gather` would read heads as positions."""
+        parsed = parse_hook(hook)
+        if parsed is not None and parsed.inside is None:
+            return  # a block's own hooks and the embeddings are [N, pos, ...] by the grammar: no model to build
         from .config import ModelConfig
-        from .hooks import axes_of, pos_axis_of
+        from .hooks import axes_of, pos_axis_of  # TransformerLens: only for hooks inside a sublayer
         from .mixers.allow_list import plug_ins
         from .model import HookedLM
 

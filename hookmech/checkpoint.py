@@ -164,21 +164,33 @@ def load(
     """Return the `HookedLM` stored at `path`, in eval mode, on `device`.
 
     A ``.pt``/``.pth`` state dict is read with ``torch.load(weights_only=True)`` and needs
-    `config` (a ModelConfig, or a path to its JSON). Any other file must be a hookmech
-    safetensors checkpoint.
+    `config` (a ModelConfig, or a path to its JSON). A folder is a Hugging Face model folder, and
+    a missing path that reads as ``owner/name`` a hub name (`hookmech.pretrained.from_pretrained`,
+    which reads the folder's own config.json). Any other file must be a hookmech safetensors
+    checkpoint.
 
     A plug-in mixer the stored config names is imported only when `allow_mixers` (SPECs:
     ``module[:Class]``, ``path/file.py[:Class]``) or ``HOOKMECH_ALLOW_MIXERS`` names it; else a
     UsageError says how to allow it (`hookmech.mixers.allow_list`).
     """
-    path = _checkpoint_path(path)
     check_device(device)
+    from .pretrained import from_pretrained, is_pretrained
+
+    # folders and hub names first: `_checkpoint_path` takes files only
+    if isinstance(path, (str, os.PathLike)):
+        folder = Path(path)
+        if folder.is_dir() and (folder / "run.json").is_file() and not (folder / "config.json").exists():
+            raise HookmechError(f"{folder} is a hookmech run folder: its checkpoint is {folder / 'model.safetensors'}")
+        if is_pretrained(folder):
+            return from_pretrained(folder, device=device)
+    path = _checkpoint_path(path)
     if path.suffix in (".pt", ".pth"):
         return _load_torch_state(path, config, device, allow_mixers)
     meta = read_metadata(path)
     model = _build(_resolved(meta["config"], allow_mixers, path), device, path)
     _load_into(model, _load_state(path), path)
-    return model.to(device).eval()
+    # built in float32; a config that records another compute dtype (ModelConfig.dtype) runs in it
+    return model.to(device=device, dtype=getattr(torch, meta["config"].dtype)).eval()
 
 
 def _resolved(config: ModelConfig, allow_mixers: Iterable[str], source: str | Path) -> ModelConfig:

@@ -29,14 +29,27 @@ INITS = ("normal", "mamba", "normal-by-name")
 #: what `build_config(init=...)` also takes: "zoology" picks what the paper's code (zoology's
 #: `_init_weights`, by block type) draws for these mixers, and is resolved to one of INITS
 INIT_CHOICES = (*INITS, "zoology")
+#: the MLP's nonlinearity (`ModelConfig.mlp_act`): "gelu" is the exact GELU (zoology's, Pythia's);
+#: "gelu_tanh" its tanh approximation (GPT-2's ``gelu_new``)
+MLP_ACTS = ("gelu", "gelu_tanh")
+#: fields added after the first release, with the values every earlier config meant: `to_json`
+#: leaves a field out at that value, so that configs written before it existed keep their JSON
+#: and their model_hash
+LATER_FIELD_DEFAULTS: dict[str, Any] = {
+    "init": "normal",
+    "mlp_act": "gelu",
+    "norm_eps": 1e-5,
+    "parallel_residual": False,
+}
 #: the option by which long-convolution mixers learn the longest sequence (zoology's l_max);
 #: the paper's code sets it to the task's context size
 CONTEXT_OPTION = "l_max"
 
 
-#: the precision a model is built in (the only `ModelConfig.dtype`: a model is float32 until
-#: ``model.to(dtype)``)
-DTYPE = "float32"
+#: the precisions a model computes in (`ModelConfig.dtype`): hookmech builds and trains in float32;
+#: a pretrained model loaded with ``from_pretrained(dtype=...)`` computes in float16 or bfloat16, and
+#: `hookmech.load` casts a checkpoint to the dtype its config records
+DTYPES = ("float32", "float16", "bfloat16")
 #: set while a stored config is parsed without importing its plug-in mixers (`ModelConfig.from_json`)
 _UNRESOLVED: contextvars.ContextVar[bool] = contextvars.ContextVar("unresolved_plug_ins", default=False)
 
@@ -70,8 +83,15 @@ def check_config_values(values: dict[str, Any]) -> None:
         _expect("mlp", values["mlp"], all(isinstance(v, bool) for v in values["mlp"]), "true or false for each layer")
     if "extra" in values:
         _expect("extra", values["extra"], isinstance(values["extra"], dict), "a table")
+    if "parallel_residual" in values:
+        value = values["parallel_residual"]
+        _expect("parallel_residual", value, isinstance(value, bool), "true or false")
+    if "norm_eps" in values:
+        value = values["norm_eps"]
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1
+        _expect("norm_eps", value, ok, "a number in (0, 1)")
     if "dtype" in values:
-        _expect("dtype", values["dtype"], values["dtype"] == DTYPE, f'"{DTYPE}" (the precision models are built in)')
+        _expect("dtype", values["dtype"], values["dtype"] in DTYPES, f"one of {', '.join(DTYPES)}")
     mixers, options = values.get("mixers", ()), values.get("mixer_kwargs", ())
     _expect("mixers", mixers, all(isinstance(name, str) for name in mixers), f"a list of {n_layers} names")
     _expect("mixer_kwargs", options, all(isinstance(o, dict) for o in options), "a table of options per layer")
@@ -124,6 +144,14 @@ class ModelConfig:
     #: how the weights were drawn (INITS); left out of `to_json` when "normal", so configs written
     #: before the field existed keep their JSON and their model_hash
     init: str = "normal"
+    #: the MLP's nonlinearity (MLP_ACTS); as the next two, left out of `to_json` at its default
+    #: (`LATER_FIELD_DEFAULTS`)
+    mlp_act: str = "gelu"
+    #: every norm's epsilon (LayerNorm: added to the variance; RMSNorm: to the mean square)
+    norm_eps: float = 1e-5
+    #: blocks with an MLP compute ``r + mixer(ln1(r)) + mlp(ln2(r))`` (GPT-J, GPT-NeoX / Pythia):
+    #: both sublayers read the block's input, and the block has no ``hook_resid_mid``
+    parallel_residual: bool = False
 
     def __post_init__(self) -> None:
         from .mixers import canonical_name
@@ -141,6 +169,8 @@ class ModelConfig:
             raise unknown("position embedding", self.pos_emb, POS_EMBS)
         if self.init not in INITS:
             raise unknown("init", self.init, INITS)
+        if self.mlp_act not in MLP_ACTS:
+            raise unknown("MLP activation", self.mlp_act, MLP_ACTS)
 
     # -- derived values (TransformerLens's names), not fields ------------------------------
     def head_shape(self, layer: int = 0) -> tuple[int, int]:
@@ -227,8 +257,9 @@ class ModelConfig:
     def to_json(self) -> str:
         """Return the config as a JSON string (the checkpoint's `hookmech_config`)."""
         fields = dataclasses.asdict(self)
-        if fields["init"] == "normal":
-            del fields["init"]
+        for name, default in LATER_FIELD_DEFAULTS.items():
+            if fields[name] == default and type(fields[name]) is type(default):
+                del fields[name]
         return json.dumps(fields, sort_keys=True)
 
     @classmethod

@@ -303,3 +303,15 @@ def sha256_of(path: str | Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def size_text(n_bytes: int) -> str:
+    """Return a file size as people read it: "812 B", "49.6 KiB", "3.2 MiB", "1.1 GiB"."""
+    if n_bytes < 1024:
+        return f"{n_bytes} B"
+    size = float(n_bytes)
+    for unit in ("KiB", "MiB"):
+        size /= 1024
+        if size < 1023.95:  # what would print as 1024.0 reads as the next unit
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} GiB"

@@ -77,9 +77,9 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def make_norm(kind: str, d_model: int) -> nn.LayerNorm | RMSNorm:
-    """Return a LayerNorm or RMSNorm over the last axis."""
-    return nn.LayerNorm(d_model) if kind == "layernorm" else RMSNorm(d_model)
+def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.LayerNorm | RMSNorm:
+    """Return a LayerNorm or RMSNorm over the last axis, with epsilon `eps`."""
+    return nn.LayerNorm(d_model, eps=eps) if kind == "layernorm" else RMSNorm(d_model, eps=eps)
 
 
 def norm_scale(norm: nn.LayerNorm | RMSNorm, x: Acts) -> Acts:
@@ -97,22 +97,25 @@ def norm_kind(norm: nn.LayerNorm | RMSNorm) -> str:
 
 
 class MLP(nn.Module):
-    """fc1 -> GELU -> fc2, zoology's state mixer."""
+    """fc1 -> GELU -> fc2, zoology's state mixer. `act` (`ModelConfig.mlp_act`): the exact GELU,
+    or its tanh approximation (GPT-2's ``gelu_new``)."""
 
     #: as `Mixer.output_projections`: the submodule writing into the residual stream
     output_projections = ("fc2",)
 
-    def __init__(self, d_model: int, hidden_mult: int):
+    def __init__(self, d_model: int, hidden_mult: int, act: str = "gelu"):
         super().__init__()
         self.fc1 = nn.Linear(d_model, hidden_mult * d_model)
         self.fc2 = nn.Linear(hidden_mult * d_model, d_model)
+        #: F.gelu's `approximate`: "none" (exact) or "tanh"
+        self.approximate = "tanh" if act == "gelu_tanh" else "none"
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.neurons(x))
 
     def neurons(self, x: Acts) -> Acts:
         """Return the hidden activation ``[..., d_mlp]`` of input `x` (TransformerLens's ``mlp.hook_post``)."""
-        return F.gelu(self.fc1(x))
+        return F.gelu(self.fc1(x), approximate=self.approximate)
 
     @property
     def W_out(self) -> Tensor:
@@ -140,7 +143,7 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.ln1 = make_norm(cfg.norms[layer], cfg.d_model)
+        self.ln1 = make_norm(cfg.norms[layer], cfg.d_model, cfg.norm_eps)
         self.mixer: Mixer = build_mixer(cfg.mixers[layer], cfg.d_model, cfg.mixer_kwargs[layer], cfg.n_ctx)
         self.hook_resid_pre = AxisHookPoint()
         self.hook_mixer_in = AxisHookPoint()
@@ -148,6 +151,8 @@ class Block(nn.Module):
         self.hook_resid_post = AxisHookPoint()
         self.layer = layer
         self.has_mlp = cfg.mlp[layer]
+        #: the MLP reads the block's input, beside the mixer (`ModelConfig.parallel_residual`)
+        self.parallel = self.has_mlp and cfg.parallel_residual
         #: (n_heads, d_head) of the mixer (`ModelConfig.head_shape`), for its head results
         self.head_shape = cfg.head_shape(layer)
         if spec_of(cfg.mixers[layer]).heads is not None:
@@ -155,9 +160,10 @@ class Block(nn.Module):
             declare_sizes(self.mixer, head=self.head_shape[0])
         self.contexts: list[Context] | None = None  # see HookedLM.collecting_contexts
         if self.has_mlp:
-            self.ln2 = make_norm(cfg.norms[layer], cfg.d_model)
-            self.mlp = MLP(cfg.d_model, cfg.mlp_hidden_mult)
-            self.hook_resid_mid = AxisHookPoint()
+            self.ln2 = make_norm(cfg.norms[layer], cfg.d_model, cfg.norm_eps)
+            self.mlp = MLP(cfg.d_model, cfg.mlp_hidden_mult, cfg.mlp_act)
+            if not self.parallel:  # TransformerLens's parallel blocks have no residual between the sublayers
+                self.hook_resid_mid = AxisHookPoint()
             self.hook_mlp_in = AxisHookPoint()
             self.hook_mlp_out = AxisHookPoint()
 
@@ -187,7 +193,9 @@ class Block(nn.Module):
         """Return True when a hook after the mixer's output (resid_mid, mlp_in, mlp_out, resid_post) is in use."""
         points = [self.hook_resid_post]
         if self.has_mlp:
-            points += [self.hook_resid_mid, self.hook_mlp_in, self.hook_mlp_out]
+            points += [self.hook_mlp_in, self.hook_mlp_out]
+        if self.has_mlp and not self.parallel:
+            points.append(self.hook_resid_mid)
         return any(hook_in_use(point) for point in points)
 
     def _mix(self, resid: Resid) -> tuple[Resid, Resid]:
@@ -333,8 +341,12 @@ class Block(nn.Module):
         )
 
     def _after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
+        """Return the block's output given its input `resid` and its mixer's output (position-wise)."""
         if not self.has_mlp:
             return self.hook_resid_post(resid + mixer_out)
+        if self.parallel:  # the MLP reads the block's input (GPT-NeoX's and TransformerLens's order of adds)
+            mlp_out = self.hook_mlp_out(self.mlp(self.hook_mlp_in(self.ln2(resid))))
+            return self.hook_resid_post(resid + mlp_out + mixer_out)
         resid = self.hook_resid_mid(resid + mixer_out)
         mlp_out = self.hook_mlp_out(self.mlp(self.hook_mlp_in(self.ln2(resid))))
         return self.hook_resid_post(resid + mlp_out)
@@ -343,9 +355,9 @@ class Block(nn.Module):
 class FinalNorm(nn.Module):
     """The final norm, with `hook_normalized` (TransformerLens's `ln_final.hook_normalized`)."""
 
-    def __init__(self, kind: str, d_model: int):
+    def __init__(self, kind: str, d_model: int, eps: float = 1e-5):
         super().__init__()
-        self.norm = make_norm(kind, d_model)
+        self.norm = make_norm(kind, d_model, eps)
         self.hook_normalized = AxisHookPoint()
 
     def forward(self, resid: Tensor) -> Tensor:
@@ -465,7 +477,7 @@ class HookedLM(HookedRootModule):
             self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
             self.hook_pos_embed = AxisHookPoint()
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
-        self.ln_final = FinalNorm(cfg.final_norm, cfg.d_model)
+        self.ln_final = FinalNorm(cfg.final_norm, cfg.d_model, cfg.norm_eps)
         #: the LM head, ``ln_final(resid) -> logits`` (`W_U`): a tied head has no weight of its own
         self.unembed: nn.Linear | TiedUnembed = (
             TiedUnembed(self.embed) if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
@@ -499,7 +511,7 @@ class HookedLM(HookedRootModule):
         #: alias hook name -> the hook name it stands for (e.g. blocks.0.hook_attn_out -> blocks.0.hook_mixer_out)
         self.hook_aliases: dict[str, str] = {}
         for layer, block in enumerate(self.blocks):
-            declared = type(block.mixer).block_hook_aliases  # attribute names: hook_attn_out -> hook_mixer_out
+            declared = block.mixer.hook_aliases()  # attribute names: hook_attn_out -> hook_mixer_out
             named = block_aliases(layer, declared)  # the same as hook names, in the same order
             for (alias, hook), (name, target) in zip(declared.items(), named.items(), strict=True):
                 if name in self.mod_dict or target not in self.hook_dict:
@@ -743,9 +755,11 @@ class HookedLM(HookedRootModule):
         (read with `base`, ``[N, W, ...]``; W = T, or 1 at one position per row)."""
         if name == "resid_post":
             return values
+        block = self.blocks[layer]
+        if name == "mlp_out" and block.parallel:  # the block's input and its mixer's output are the base run's
+            return base(block_hook(layer, "resid_pre")) + values + base(block_hook(layer, "mixer_out"))
         if name == "mlp_out":  # the residual before the MLP is the base run's
             return base(block_hook(layer, "resid_mid")) + values
-        block = self.blocks[layer]
         resid = base(block_hook(layer, "resid_pre"))
         if name == "mixer_out":
             return block._after_mixer(resid, values)
@@ -1008,7 +1022,8 @@ class HookedLM(HookedRootModule):
         if part == (TL_NORMS[0], TL_SCALE):
             return self._block_norm_scale(name, block.ln1, read(block_hook(layer, "resid_pre")))
         if part == (TL_NORMS[1], TL_SCALE):
-            return self._block_norm_scale(name, block.ln2, read(block_hook(layer, "resid_mid")))
+            ln2_input = block_hook(layer, "resid_pre" if block.parallel else "resid_mid")
+            return self._block_norm_scale(name, block.ln2, read(ln2_input))
         if part == (TL_ATTN, TL_RESULT):
             self._check_heads_uniform(name)
             return block.head_results(read(block_hook(layer, "mixer_in")), read(block_hook(layer, "mixer_out")))
@@ -1039,6 +1054,11 @@ class HookedLM(HookedRootModule):
             return NoComponentError(
                 f"{name}: block {layer} ({mixer}) has no MLP, so it has no {', '.join(MLP_PARTS)} "
                 "or MLP norm; TransformerLens's MLP sweeps and names do not apply to it"
+            )
+        if parsed.part == "resid_mid" and parsed.inside is None and self.blocks[layer].parallel:
+            return NoComponentError(
+                f"{name}: block {layer} is a parallel block (parallel_residual): its MLP reads the block's input "
+                "beside the mixer, so there is no residual between them (hook_resid_mid), as in TransformerLens"
             )
         if parsed.part == TL_ATTN:
             known = [alias for alias in self.hook_aliases if _in_sublayer(alias, layer, TL_ATTN)]

@@ -645,13 +645,17 @@ def select_runs(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[dic
 
 def heatmap_records(run_dir: Path, n: int, seed: int) -> list[dict[str, Any]]:
     """Return the records of every block-level site patched at every role of the run's task on `n`
-    examples drawn with `seed` (`mech.mech_batch`), from the run folder's model.safetensors.
-    Nothing is written (`hookmech report` keeps them in its own folder: `_report_heatmap`)."""
+    examples drawn with `seed` (`mech.mech_batch`), from the run's weights (`run_weights.run_weights`:
+    the folder's model.safetensors or the bundled fixture that holds them). Nothing is written
+    (`hookmech report` keeps them in its own folder: `_report_heatmap`)."""
     from . import tasks
     from .checkpoint import load
     from .mech import evaluate_mechanism, mech_batch
+    from .run_weights import run_weights
 
-    checkpoint = run_dir / "model.safetensors"
+    checkpoint = run_weights(run_dir)
+    if checkpoint is None:
+        raise HookmechError(f"{run_dir}: no weights ({no_heatmap_reason(run_dir, {'status': 'finished'})})")
     model, task = load(checkpoint), tasks.from_checkpoint(checkpoint)
     batch = mech_batch(task, seed, n)
     positions = [role for role in ("key", "value", "query", "divider") if role in batch.roles]
@@ -666,8 +670,13 @@ def no_heatmap_reason(run_dir: Path, row: dict[str, Any]) -> str | None:
         return f"results.csv names it but {run_dir} does not exist"
     if row["status"] != "finished":
         return f"its status is {row['status']}, not finished"
-    if not (run_dir / "model.safetensors").is_file():
-        return f"{run_dir / 'model.safetensors'} does not exist"
+    from .run_weights import run_weights
+
+    if run_weights(run_dir) is None:
+        return (
+            f"{run_dir / 'model.safetensors'} does not exist and no bundled fixture holds this run's weights "
+            "(retrain it, or view its checkpoint with hookmech view --ckpt FILE)"
+        )
     return None
 
 
@@ -942,7 +951,11 @@ class _Report:
         """Return the heatmap records of a run (`heatmap_records`): the earlier report's
         ``heatmap_<run>.json`` when it is of the same model file, n and seed, else computed;
         kept as ``heatmap_<run>.json`` in this report."""
-        key = {"n": self.n, "seed": self.seed, "model_sha256": sha256_of(run_dir / "model.safetensors")}
+        from .run_weights import run_weights
+
+        weights = run_weights(run_dir)  # no_heatmap_reason has checked that it has some
+        assert weights is not None
+        key = {"n": self.n, "seed": self.seed, "model_sha256": sha256_of(weights)}
         name = f"heatmap_{run_id}.json"
         records = None
         if self.earlier is not None and (self.earlier / name).is_file():

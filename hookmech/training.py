@@ -44,13 +44,14 @@ from torch.nn import functional as F
 from . import schema
 from .allocator import keep_freed_memory
 from .cache import answer_probs, run_chunks
-from .checkpoint import save
+from .checkpoint import read_metadata, save
 from .config import ModelConfig
 from .devices import check_device
 from .errors import HookmechError, UsageError
 from .fileio import atomic_path, disk_full_as_error, read_json, write_text_atomic
 from .locking import folder_lock
 from .model import HookedLM
+from .progress import RunProgress, reporter
 from .sizes import check_fits
 from .tasks import Task
 from .tasks.ar import rng_for
@@ -69,6 +70,12 @@ _TRAIN_SET, _DEV_SET, _FRESH, _EPOCH_ORDER = 0, 1, 2, 3
 #: paper 000's code does (tinylang's training loop takes batch ``step % 3126`` of its set)
 ORDERS = ("shuffled", "fixed")
 
+#: learning-rate schedules (`TrainConfig.schedule`, `learning_rate`): "cosine" warms up over
+#: round(warmup_frac·T) steps at lr·(t+1)/W; "hf-cosine" is Hugging Face's
+#: `get_cosine_schedule_with_warmup` as paper 000's code calls it (tinylang `experiment.py`):
+#: W = int(warmup_frac·T) steps at lr·t/W, so step 0 runs at lr 0 — one step behind "cosine"
+SCHEDULES = ("cosine", "hf-cosine")
+
 #: what each trainer option may be (`TrainConfig` checks them; sweep files are checked against them)
 TRAIN_FIELDS: dict[str, schema.Field] = {
     "lr": schema.number(0, above=True),
@@ -82,6 +89,7 @@ TRAIN_FIELDS: dict[str, schema.Field] = {
     "eval_every": schema.COUNT,
     "ckpt_every": schema.COUNT,
     "order": schema.name("an order", choices=ORDERS),
+    "schedule": schema.name("a schedule", choices=SCHEDULES),
 }
 
 
@@ -102,6 +110,8 @@ class TrainConfig:
     #: how the fixed training set is replayed (ORDERS); left out of run.json when "shuffled", so
     #: run folders written before the option existed still resume
     order: str = "shuffled"
+    #: the learning-rate schedule (SCHEDULES); left out of run.json when "cosine", as `order`
+    schedule: str = "cosine"
 
     def __post_init__(self) -> None:
         for name, field in TRAIN_FIELDS.items():
@@ -126,8 +136,15 @@ class TrainConfig:
 
 def learning_rate(step: int, config: TrainConfig) -> float:
     """Return the learning rate of optimizer step `step` (0-based): linear warm-up over
-    the first `warmup_frac` of steps, then cosine decay to 0 at the last step."""
+    the first `warmup_frac` of steps, then cosine decay to 0 at the last step (`SCHEDULES`)."""
     total = config.total_steps()
+    if config.schedule == "hf-cosine":
+        # transformers' lr_lambda (num_cycles 0.5), multiplied in as LambdaLR does: base_lr * factor
+        warmup = int(config.warmup_frac * total)
+        if step < warmup:
+            return config.lr * (step / max(1, warmup))
+        progress = (step - warmup) / max(1, total - warmup)
+        return config.lr * max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
     warmup = int(round(config.warmup_frac * total))
     if step < warmup:
         return config.lr * (step + 1) / warmup
@@ -262,8 +279,11 @@ def _run_record(
         "task": task.spec,
         "train": dataclasses.asdict(config),
     }
-    if config.order == "shuffled":  # the default: older run folders, written without it, still match
+    # the defaults: older run folders, written without these options, still match
+    if config.order == "shuffled":
         del record["train"]["order"]
+    if config.schedule == "cosine":
+        del record["train"]["schedule"]
     if train_set_sha256 is not None:  # absent for sampled training sets: older run folders still match
         record["train_set_sha256"] = train_set_sha256
     return record
@@ -298,7 +318,7 @@ def train(
     out_dir: str | Path,
     *,
     device: str = "cpu",
-    progress: bool | None = None,
+    progress: bool | None | Callable[[RunProgress], Any] = None,
     on_step: Callable[[int], None] | None = None,
     on_eval: Callable[[int, HookedLM], dict[str, Any]] | None = None,
     log: Callable[[str], None] | None = None,
@@ -308,9 +328,10 @@ def train(
     """Train a model in `out_dir` (resuming or skipping as the folder says) and return its summary.
 
     The summary holds at least ``dev_acc``, ``dev_p_answer``, ``steps``, ``seconds``,
-    ``status``. `on_step(step)` is called after each optimizer step (tests use it to
-    interrupt a run); `on_eval(step, model)` at each evaluation, its dict is added to that
-    step's metrics line (e.g. attributions measured during training). Raises `HookmechError` if
+    ``status``, and a finished run's ``model_hash`` (of model.safetensors). `on_step(step)` is
+    called after each optimizer step (tests use it to interrupt a run); `on_eval(step, model)`
+    at each evaluation, its dict is added to that step's metrics line (e.g. attributions
+    measured during training). Raises `HookmechError` if
     the loss, the weights or a dev metric become NaN or inf, saying which checkpoint the folder keeps: only
     finite weights are written, and summary.json gets ``status`` "nan" and ``checkpoint_step``
     (None when the run diverged before its first checkpoint). A resume state holding NaN or inf
@@ -323,6 +344,10 @@ def train(
 
     The folder is locked while the run trains (`hookmech.locking.folder_lock`): a second
     process training into it gets a `HookmechError` naming the PID that holds it.
+
+    `progress` (`hookmech.progress.reporter`): None shows a bar when stderr is a terminal and a
+    line through `log` at evaluations otherwise (30 s apart at least), True a bar, False
+    nothing, a callable gets `RunProgress` events (a sweep's worker sends them to its driver).
     """
     keep_freed_memory()  # CPU steps allocate multi-MB temporaries: see hookmech/allocator.py
     out = Path(out_dir)
@@ -367,7 +392,7 @@ def _train_in_folder(
     record: dict[str, Any],
     *,
     device: str,
-    progress: bool | None,
+    progress: bool | None | Callable[[RunProgress], Any],
     on_step,
     on_eval,
     log,
@@ -430,7 +455,7 @@ def _train_loop(
     dev: Batch,
     *,
     device: str,
-    progress: bool | None,
+    progress: bool | None | Callable[[RunProgress], Any],
     on_step,
     on_eval,
     log,
@@ -450,7 +475,7 @@ def _train_loop(
 
     began = time.perf_counter()
     last_eval: dict[str, float] = {}
-    bar = _progress_bar(total, start, progress)
+    bar = reporter(progress, run=str(out), total=total, start=start, seconds_before=seconds_before, log=log)
 
     def elapsed() -> float:
         return seconds_before + time.perf_counter() - began
@@ -489,7 +514,7 @@ def _train_loop(
         optimizer.step()
         loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
         done = step + 1
-        bar.update(1)
+        bar.stepped(done, elapsed())
         evaluating = done % config.eval_every == 0 or done == total
         checkpointing = done % config.ckpt_every == 0 or done == total
         if evaluating or checkpointing:
@@ -518,7 +543,7 @@ def _train_loop(
             with disk_full_as_error(metrics_path), open(metrics_path, "a") as handle:
                 handle.write(json.dumps(entry) + "\n")
             loss_sum, loss_count = 0.0, 0
-            bar.set_postfix(loss=f"{entry['loss']:.3f}", acc=f"{last_eval['dev_acc']:.3f}")
+            bar.evaluated(done, elapsed(), entry["loss"], last_eval["dev_acc"])
         if checkpointing:
             checkpoint(done)
             kept = done
@@ -533,6 +558,9 @@ def _train_loop(
         task_spec=task.spec,
         summary={key: value for key, value in summary.items() if key != "seconds"},
     )
+    # the final model's identity, so that its weights are found where the folder does not keep
+    # them (a record committed without its checkpoint: `hookmech.run_weights`)
+    summary["model_hash"] = read_metadata(out / "model.safetensors")["model_hash"]
     _write_summary(summary_path, summary)
     return summary
 
@@ -553,24 +581,3 @@ def _training_state(model: HookedLM, optimizer: torch.optim.Optimizer):
 
 def _write_summary(path: Path, summary: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        """No progress bar: nothing to update."""
-
-    def set_postfix(self, **kwargs: Any) -> None:
-        """No progress bar: nothing to show."""
-
-    def close(self) -> None:
-        """No progress bar: nothing to close."""
-
-
-def _progress_bar(total: int, start: int, progress: bool | None):
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, file=sys.stderr)

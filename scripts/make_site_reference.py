@@ -68,7 +68,13 @@ def render() -> str:
     model = HookedLM(build_config(d_vocab=20, n_ctx=N_CTX, mixers="attention", d_model=D_MODEL, n_layers=1))
     rows = [r for r in list_sites(model) if ".mixer." not in r["site"]]
     out += _table(rows, BLOCK_MEANINGS, "")
-    out += ["", "Blocks without an MLP (mamba, mamba2) have no `resid_mid`, `mlp_in`, `mlp_out`.", ""]
+    out += [
+        "",
+        "Blocks without an MLP (mamba, mamba2) have no `resid_mid`, `mlp_in`, `mlp_out`. Parallel blocks",
+        "(`parallel_residual`: pretrained GPT-NeoX / Pythia models) have no `resid_mid` either: their MLP reads the",
+        "block's input beside the mixer (`mlp_in` is its norm of `block_in`), as TransformerLens's parallel blocks.",
+        "",
+    ]
     out += [
         "**TransformerLens's names.** Every block also answers to TransformerLens's `blocks.{l}.hook_attn_out`",
         "(its `hook_mixer_out`: TransformerLens's attention sublayer is the block's mixer, whatever it is); each",

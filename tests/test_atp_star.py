@@ -3,13 +3,17 @@ of real state edits, detached backward passes, the exact engine), and the record
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import (ATTENTION_FIXTURE, CACHE_TOL, ENGINE_TOL, FINITE_DIFFERENCE_RTOL, FLOAT64_SUM_TOL, make_model,
                      state_hooks_of,
                      unit_variance)
 
+import hookmech
 from hookmech.cache import write_cache
+from hookmech.config import build_config
 from hookmech.errors import HookmechError, UsageError
 from hookmech.hooks import gradients_follow_edits
 from hookmech.mixers import REGISTRY
@@ -89,14 +93,21 @@ def _patched_forward_effects(mixer, x, grads, hook):
     return patched, reference
 
 
-@pytest.mark.parametrize("window", [None, 2])
-@pytest.mark.parametrize("hook", [None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"])
-def test_attention_position_effects_equal_patched_forwards(window, hook, rows_at_once):
+ATTENTION_HOOKS = [None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"]
+#: (options, patched hook): every hook of plain, windowed, and rotary attention (Pythia's: q and k
+#: rotated for their positions, hook_rot_q / hook_rot_k after the rotation)
+ATTENTION_CASES = [({"window": window}, hook) for window in (None, 2) for hook in ATTENTION_HOOKS] + [
+    ({"rotary_pct": 0.5}, hook) for hook in [*ATTENTION_HOOKS, "hook_rot_q", "hook_rot_k"]
+]
+
+
+@pytest.mark.parametrize("options, hook", ATTENTION_CASES)
+def test_attention_position_effects_equal_patched_forwards(options, hook, rows_at_once):
     """Σ_t (y'_t − y_t)·g_t for each patched position s, against a forward of the mixer with
     position s patched (float64, one forward per position); all rows at once, or a row at a time
     (`PATCH_BLOCK_BYTES`)."""
     torch.manual_seed(0)
-    mixer = Attention(16, n_heads=2, window=window).double()
+    mixer = Attention(16, n_heads=2, **options).double()
     x = torch.randn(3, 7, 16, dtype=torch.float64)
     grads = torch.randn(2, 3, 7, 16, dtype=torch.float64)  # two gradients at once (a leading axis)
     with torch.no_grad():
@@ -127,7 +138,9 @@ def test_based_position_effects_equal_patched_forwards(train_view, hook, rows_at
     torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
 
 
-@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
+# the last options are those a pretrained folder may have (hookmech.pretrained.mamba): biases, no conv bias
+@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False},
+                                     {"bias": True, "conv_bias": False, "d_conv": 3}])
 @pytest.mark.parametrize("hook", [None, "hook_in_x"])
 def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_once):
     """Mamba: Δ, B, C and the state recomputed over the convolution's reach, the adjoint state
@@ -169,7 +182,9 @@ def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_on
     torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
 
 
-@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False}])
+# the last options are those a pretrained folder may have (hookmech.pretrained.mamba): biases, no conv bias
+@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False},
+                                     {"bias": True, "conv_bias": False, "d_conv": 3}])
 def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, rows_at_once):
     """Mamba's output change at each row's query `at` for a patch at every s: within the
     convolution's reach of s, beyond it (the state carried by the base run's decays) and after
@@ -360,6 +375,24 @@ def test_cells_after_the_last_mixer_are_exact(ar_task):
     for a, e in zip(star, exact, strict=True):
         assert (a["site"], a["pos"]) == (e["site"], e["pos"])
         # the same numbers, from the engine's resumed runs and from AtP*'s position-wise run: ENGINE_TOL
+        torch.testing.assert_close(
+            torch.tensor(a["p_patched_rows"]), torch.tensor(e["p_patched_rows"]), atol=ENGINE_TOL, rtol=0
+        )
+
+
+def test_cells_after_the_last_mixer_of_a_parallel_block_are_exact(ar_task):
+    """The same in a parallel block (GPT-NeoX's, no resid_mid): the MLP reads the block's input."""
+    cfg = build_config(d_vocab=ar_task.d_vocab, n_ctx=ar_task.n_ctx, d_model=32, n_layers=2,
+                       layer_options=[{"n_heads": 2, "rotary_pct": 0.5}] * 2, pos_emb="none")
+    torch.manual_seed(0)
+    model = unit_variance(hookmech.HookedLM(dataclasses.replace(cfg, parallel_residual=True)).eval())
+    batch = ar_task.sample(12, seed=5)
+    sites = ["L1.mixer_out", "L1.mlp_in", "L1.mlp_out", "L1.block_out", "final_norm"]
+    star = atp_star_patch(model, batch, sites, ["query", "value"], per_example=True)
+    exact = patch(model, batch, sites, ["query", "value"], per_example=True)
+    moved = max(abs(e["p_patched"] - e["p_corrupt"]) for e in exact)
+    assert moved > 1e-3
+    for a, e in zip(star, exact, strict=True):
         torch.testing.assert_close(
             torch.tensor(a["p_patched_rows"]), torch.tensor(e["p_patched_rows"]), atol=ENGINE_TOL, rtol=0
         )

@@ -56,6 +56,7 @@ SKIP_FREE = ("mamba", "mamba2")
 
 CASES = [
     ("attention", {"n_heads": 2}),
+    ("attention", {"n_heads": 2, "rotary_pct": 0.5}),  # Pythia's: rotary q and k
     ("attention", {"n_heads": 2, "window": 3, "qkv_conv": "qk"}),
     ("mamba", {}),
     ("mamba", {"gate": False, "d_conv": 0, "dt_min": 0.1, "dt_max": 1.0}),  # larger steps: real decay

@@ -9,7 +9,7 @@ import torch
 
 from hookmech.errors import UsageError
 from hookmech.evaluate import suite
-from hookmech.evaluate.budget import OVERHEAD, plan, run_seconds, step_seconds, wall_seconds
+from hookmech.evaluate.budget import OVERHEAD, next_run, plan, run_seconds, step_seconds, wall_seconds
 from hookmech.evaluate.card import WINDOW, best_row, card_markdown, inside_attributions, lr_window
 from hookmech.sites import site_to_hook
 
@@ -17,9 +17,33 @@ from hookmech.sites import site_to_hook
 def test_the_plan_keeps_runs_in_order_while_they_fit():
     runs = [("ar", 3e-3, 10.0, False), ("mqar", 3e-3, 30.0, False), ("atr", 3e-3, 5.0, True), ("ar", 1e-3, 10.0, False)]
     kept = [p.kept for p in plan(runs, budget_hours=25 / 3600)]
-    assert kept == [True, False, True, True]  # 10 s, then 30 s does not fit, a finished run is free, 10 s fits
+    # 10 s; then 30 s does not fit; a finished run is free; ar's second rate would fit (20 s) but
+    # mqar has not had its first: every task's first rate comes before any task's second
+    assert kept == [True, False, True, False]
     assert all(p.kept for p in plan(runs, budget_hours=None))
     assert [p.kept for p in plan(runs, budget_hours=1e-9)] == [False, False, True, False]
+    # a shorter run of the same round still fits after a longer one is left out
+    runs = [("ar", 3e-3, 10.0, False), ("mqar", 3e-3, 30.0, False), ("atr", 3e-3, 5.0, False)]
+    assert [p.kept for p in plan(runs, budget_hours=25 / 3600)] == [True, False, True]
+
+
+def test_the_issues_budget_gives_every_task_its_first_rate_before_a_second():
+    """--budget-hours 0.1 with 2 workers once trained AR at three rates and MQAR at one and left
+    ATR out: ar's runs shared the workers (3 x 90 s on 2 workers = 135 s) while ATR's first run
+    (213 s) did not fit after them. Now nothing of round 2 runs before ATR's first rate."""
+    rates = (3e-3, 1e-3, 1e-2)
+    seconds = {"ar": 90.0, "mqar": 175.0, "atr": 213.0}
+    runs = [(task, lr, seconds[task], False) for lr in rates for task in ("ar", "mqar", "atr")]
+    kept = [(p.task, p.lr) for p in plan(runs, budget_hours=0.1, workers=2) if p.kept]
+    assert kept == [("ar", 3e-3), ("mqar", 3e-3)]  # 265 s; ATR's 213 s more would be 478 s > 360 s
+    following = next_run(plan(runs, budget_hours=0.1, workers=2), workers=2)
+    assert following is not None
+    run, hours = following
+    assert (run.task, run.lr, run.seconds) == ("atr", 3e-3, 213.0) and hours == pytest.approx(478 / 3600)
+    kept = [(p.task, p.lr) for p in plan(runs, budget_hours=478 / 3600, workers=2) if p.kept]
+    # with it, the second rates come free (each task's two runs share the 2 workers); a third does not fit
+    assert kept == [(task, lr) for lr in rates[:2] for task in ("ar", "mqar", "atr")]
+    assert next_run(plan(runs, budget_hours=None), workers=2) is None
 
 
 def test_workers_share_a_task_not_the_suite():
@@ -29,7 +53,8 @@ def test_workers_share_a_task_not_the_suite():
     assert wall_seconds([("ar", 10.0), ("ar", 6.0), ("ar", 2.0)], workers=2) == 9.0
     runs = [("ar", 3e-3, 10.0, False), ("mqar", 3e-3, 10.0, False), ("ar", 1e-3, 10.0, False)]
     assert [p.kept for p in plan(runs, budget_hours=20 / 3600, workers=2)] == [True, True, True]
-    assert [p.kept for p in plan(runs, budget_hours=19 / 3600, workers=2)] == [True, False, True]
+    # 19 s: mqar's first rate does not fit, so ar's second waits too (it would have fitted)
+    assert [p.kept for p in plan(runs, budget_hours=19 / 3600, workers=2)] == [True, False, False]
 
 
 @pytest.mark.parametrize("budget", [0.0, -1.0, math.nan, math.inf])

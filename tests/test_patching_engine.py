@@ -15,6 +15,7 @@ from hookmech.patching import attribution_score, corrupt_answers, parse_sites, p
 from hookmech.oracles import plain_loop_patch
 
 from helpers import ENGINE_TOL, make_model, unit_variance
+from pretrained_folders import FAMILY_CASES, folder_of
 
 POSITIONS = ["key", "value+query"]
 ALL_POSITIONS = ["key", "value", "query", "divider", "key+value", "all"]
@@ -52,12 +53,49 @@ def test_engine_equals_plain_loop_for_every_mixer_and_every_site(ar_task, mixer)
                              sensitive=True)
 
 
+@pytest.mark.parametrize("case", sorted(FAMILY_CASES))
+def test_engine_equals_plain_loop_on_pretrained_families(tmp_path, ar_task, case):
+    """A tiny random GPT-2 and Pythia (parallel and sequential blocks, rotary q and k) loaded from
+    their Hugging Face folders: every block site and inside hook of the last layer, the first
+    layer's MLP, at two role positions, as the plain loop computes them. The task's ids are within
+    the models' vocabulary; their redrawn weights let patches move p(answer)."""
+    pytest.importorskip("transformers")
+    model = hookmech.from_pretrained(folder_of(case, tmp_path))
+    batch = ar_task.sample(4, seed=3)
+    inside_last_layer = [site for site in positional_inside_sites(model) if site.startswith("blocks.1.")]
+    records = assert_matches_reference(model, batch, ["L0.block_in", "L0.mixer_out", "L0.mlp_in", "L0.mlp_out",
+                                                      "L1.*", *inside_last_layer], ["key", "value+query"],
+                                       sensitive=True)
+    assert {"blocks.1.mixer.hook_rot_k", "blocks.0.hook_mlp_in"} <= {r["hook"] for r in records} or case == "gpt2"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mixer", sorted(REGISTRY))
 def test_engine_equals_plain_loop_at_every_position(ar_task, mixer):
     model = unit_variance(make_model(ar_task, mixers=mixer, d_model=32))
     batch = ar_task.sample(16, seed=13)
     assert_matches_reference(model, batch, ["all", *positional_inside_sites(model)], ALL_POSITIONS, sensitive=True)
+
+
+#: Mamba-2 as pretrained folders have it (`hookmech.pretrained.mamba2`): heads in groups of B/C,
+#: Δ clamped (transformers' time_step_limit: both bounds bite at these weights), biases
+MAMBA2_PRETRAINED_OPTIONS = [
+    {"ngroups": 2, "headdim": 4},
+    {"ngroups": 4, "headdim": 4, "dt_limit": [0.005, 0.02], "bias": True, "conv_bias": False, "chunk_size": 8},
+]
+
+
+@pytest.mark.parametrize("options", MAMBA2_PRETRAINED_OPTIONS, ids=["groups", "groups-clamp-bias"])
+def test_engine_equals_plain_loop_for_mamba2_with_groups_and_a_clamped_delta(options):
+    """Every block-level site and every inside hook (the state included) at the key, the value and
+    the query, on rows of 43 tokens (resumed runs replay from the kept states of every 16th
+    position), and the whole-run base forwards with contexts (`fused_forward_with_context`)."""
+    task = hookmech.tasks.make("ar", vocab_size=64, num_kv_pairs=20)
+    model = unit_variance(make_model(task, mixers="mamba2", d_model=16, layer_options=[options] * 2))
+    batch = task.sample(6, seed=5)
+    assert batch.tokens.shape[1] == 43
+    assert_matches_reference(model, batch, ["all", *positional_inside_sites(model)], ["key", "value", "query"],
+                             max_batch=11, sensitive=True)
 
 
 @pytest.mark.parametrize("mixer", ["attention", "mamba"])

@@ -200,3 +200,56 @@ def test_ray_engine_without_ray_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(UsageError, match="needs Ray"):
         run_sweep(tiny(), tmp_path, engine="ray", threads=1, log=lambda m: None)
+
+
+def _data_sweep(path, n_train=24, extra_grid=""):
+    text = TINY.replace("n_train = 0", f'n_train = {n_train}\ndata = "{path}"')
+    return parse_sweep(text.split("[grid]")[0] + '[grid]\nmixer = ["attention"]\nd_model = [8]\nlr = [3e-3]\n'
+                       'seed = [0]\n' + extra_grid)
+
+
+def test_a_sweeps_train_data_file_trains_as_train_given_its_rows(tmp_path):
+    from hookmech.datasets import save_dataset
+    from hookmech.fileio import sha256_of
+
+    task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3)
+    rows = task.sample(24, seed=7)
+    path = save_dataset(rows, task, tmp_path / "rows.h5")
+    sweep = _data_sweep(path)
+    [row] = run_sweep(sweep, tmp_path / "runs", threads=1, log=lambda m: None)
+    assert row["status"] == "finished"
+    run = expand(sweep)[0]
+    _, model_config, train_config = build_run(run.as_dict())
+    train(task, model_config, train_config, tmp_path / "direct", progress=False, train_set=rows,
+          train_set_sha256=sha256_of(path))
+    swept = hookmech.load(tmp_path / "runs" / run.run_id / "model.safetensors").state_dict()
+    for name, tensor in hookmech.load(tmp_path / "direct" / "model.safetensors").state_dict().items():
+        assert torch.equal(tensor, swept[name]), name
+    recorded = json.loads((tmp_path / "runs" / run.run_id / "run.json").read_text())
+    assert recorded["train_set_sha256"] == sha256_of(path) and "data" not in recorded["train"]
+    # a sampled set of the same seed is other data: the file is what trained the sweep's run
+    train(task, model_config, train_config, tmp_path / "sampled", progress=False)
+    sampled = hookmech.load(tmp_path / "sampled" / "model.safetensors").state_dict()
+    assert not all(torch.equal(tensor, swept[name]) for name, tensor in sampled.items())
+
+
+def test_a_train_data_file_that_does_not_fit_the_sweep_is_refused_before_training(tmp_path):
+    from hookmech.datasets import save_dataset
+    from hookmech.errors import HookmechError
+
+    task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3)
+    path = save_dataset(task.sample(24, seed=7), task, tmp_path / "rows.h5")
+    other = hookmech.tasks.make("ar", vocab_size=20, num_kv_pairs=3)
+    other_path = save_dataset(other.sample(24, seed=7), other, tmp_path / "other.h5")
+    for sweep, message in [
+        (_data_sweep(path, n_train=23), "holds 24 rows, but n_train is 23"),
+        (_data_sweep(other_path), "holds task"),
+        (_data_sweep(tmp_path / "absent.h5"), "no such dataset file"),
+    ]:
+        with pytest.raises(HookmechError, match=message):
+            run_sweep(sweep, tmp_path / "runs", threads=1, log=lambda m: None)
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("*/run.json"))
+    with pytest.raises(UsageError, match=r"\[grid\] data"):
+        _data_sweep(path, extra_grid='data = ["a.h5", "b.h5"]\n')
+    with pytest.raises(UsageError, match=r"\[train\] data must be"):
+        parse_sweep(TINY.replace("n_train = 0", "n_train = 24\ndata = 3"))

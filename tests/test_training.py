@@ -10,6 +10,7 @@ import torch
 import hookmech
 from hookmech.config import build_config
 from hookmech.errors import HookmechError, UsageError
+from hookmech.model import HookedLM
 from hookmech.training import DataStream, TrainConfig, learning_rate, train
 
 
@@ -33,6 +34,24 @@ def test_learning_rate_schedule_by_hand():
     assert learning_rate(10, config) == pytest.approx(1.0)
     assert learning_rate(55, config) == pytest.approx(0.5)
     assert learning_rate(99, config) == pytest.approx(0.5 * (1 + math.cos(math.pi * 89 / 90)))
+
+
+@pytest.mark.parametrize("total, warmup_frac", [(50_016, 0.1), (40, 0.1), (37, 0.25), (10, 0.0), (3, 1.0)])
+def test_hf_cosine_is_transformers_schedule_as_paper_000s_code_calls_it(total, warmup_frac):
+    # tinylang experiment.py: get_cosine_schedule_with_warmup(optimizer, int(T·warmup), T) in a LambdaLR
+    from transformers import get_cosine_schedule_with_warmup
+
+    config = TrainConfig(lr=1e-2, warmup_frac=warmup_frac, epochs=None, steps=total, n_train=0, schedule="hf-cosine")
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-2)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, int(total * warmup_frac), total)
+    assert learning_rate(0, config) == optimizer.param_groups[0]["lr"]  # what LambdaLR set for the first step
+    steps = range(total) if total < 100 else [0, 1, 2, 5000, 5001, 5002, 5003, 27_508, 50_014, 50_015]
+    for step in steps:
+        assert learning_rate(step, config) == 1e-2 * scheduler.lr_lambdas[0](step), step
+    if total == 50_016:  # the paper's 16 epochs of 3126 steps: W = 5001, one step behind "cosine"'s 5002
+        cosine = TrainConfig(lr=1e-2, epochs=None, steps=total, n_train=0)
+        assert learning_rate(0, config) == 0.0 and learning_rate(0, cosine) == pytest.approx(1e-2 / 5002)
+        assert learning_rate(5001, config) == 1e-2 and learning_rate(5001, cosine) == pytest.approx(1e-2)
 
 
 def test_fixed_training_set_is_replayed_each_epoch_in_a_new_order():
@@ -60,18 +79,40 @@ def test_fixed_order_replays_the_same_batches_in_set_order_every_epoch():
         assert torch.equal(stream.batch(step).tokens, expected[step % 3]), step
 
 
-def test_order_is_recorded_only_when_not_the_default(tmp_path):
+def test_order_and_schedule_are_recorded_only_when_not_the_default(tmp_path):
     task, model_config, _ = small_setup()
-    for order in ("shuffled", "fixed"):
-        config = TrainConfig(lr=3e-3, epochs=1, n_train=16, n_dev=8, batch_size=8, eval_every=2, order=order)
+    for order, schedule in (("shuffled", "cosine"), ("fixed", "hf-cosine")):
+        config = TrainConfig(
+            lr=3e-3, epochs=1, n_train=16, n_dev=8, batch_size=8, eval_every=2, order=order, schedule=schedule
+        )
         train(task, model_config, config, tmp_path / order, progress=False)
         recorded = json.loads((tmp_path / order / "run.json").read_text())["train"]
-        # a run folder written before the option existed has no "order", and must still resume
+        # a run folder written before the options existed has neither, and must still resume
         assert recorded.get("order") == (None if order == "shuffled" else "fixed")
+        assert recorded.get("schedule") == (None if schedule == "cosine" else "hf-cosine")
+
     assert not torch.equal(
         weights(tmp_path / "shuffled" / "model.safetensors")["blocks.0.mixer.Wqkv.weight"],
         weights(tmp_path / "fixed" / "model.safetensors")["blocks.0.mixer.Wqkv.weight"],
     )
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "hf-cosine"])
+def test_hf_cosine_first_step_leaves_the_weights_as_drawn(tmp_path, schedule):
+    # tinylang's first optimizer step runs at lr 0: AdamW records the gradient's moments and moves
+    # nothing (weight decay 0); "cosine" moves the weights at its first step
+    task, model_config, config = small_setup(steps=20, warmup_frac=0.5, ckpt_every=1, schedule=schedule)
+
+    def stop_after_the_first_step(step):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(task, model_config, config, tmp_path / "run", progress=False, on_step=stop_after_the_first_step)
+    torch.manual_seed(config.seed)  # the trainer draws the model right after seeding torch
+    drawn = HookedLM(model_config).state_dict()
+    after_one_step = weights(tmp_path / "run" / "model.safetensors")
+    unchanged = all(torch.equal(tensor, drawn[name]) for name, tensor in after_one_step.items())
+    assert unchanged == (schedule == "hf-cosine")
 
 
 def test_training_is_deterministic(tmp_path):
@@ -184,7 +225,7 @@ def test_a_nan_dev_metric_stops_the_run_keeping_the_last_checkpoint(tmp_path, mo
 
 @pytest.mark.parametrize("options", [{"lr": 0}, {"lr": -1}, {"steps": 0}, {"batch_size": 0}, {"n_dev": 0},
                                      {"warmup_frac": 2}, {"epochs": 3}, {"steps": None, "epochs": 2, "n_train": 0},
-                                     {"order": "random"}])
+                                     {"order": "random"}, {"schedule": "linear"}])
 def test_invalid_options_are_refused(options):
     base = {"epochs": None, "steps": 10, "n_train": 0}
     with pytest.raises(UsageError):

@@ -113,6 +113,29 @@ def test_a_sweep_page_draws_without_errors(browser, tmp_path, capsys):
     assert browser.save_screenshot(str(tmp_path / "sweep.png"))
 
 
+def test_the_page_of_a_patch_json_file_draws_its_records(browser, tmp_path, capsys):
+    from selenium.webdriver.common.by import By
+
+    code, out, err = run_cli(
+        ["patch", "--ckpt", ATTENTION_FIXTURE, "--site", "all", "--pos", ROLES, "--n", N, "--seed", SEED, "--json"],
+        capsys,
+    )
+    assert code == 0, err
+    records = json.loads(out)
+    (tmp_path / "records.json").write_text(out)
+    page = tmp_path / "records.html"
+    code, _, err = run_cli(["view", tmp_path / "records.json", "-o", page], capsys)
+    assert code == 0, err
+    assert _errors(_open(browser, page)) == []
+    assert len(browser.find_elements(By.CSS_SELECTOR, "rect.cell")) == len(records) == 14 * 4
+    rows = browser.find_elements(By.CSS_SELECTOR, "table#records tr")
+    assert len(rows) == 1 + len(records)
+    first = [cell.text for cell in rows[1].find_elements(By.TAG_NAME, "td")]
+    assert first[:2] == [records[0]["site"], records[0]["pos"]]
+    assert float(first[3]) == pytest.approx(records[0]["p_clean"], rel=1e-3, abs=5e-5)
+    assert browser.save_screenshot(str(tmp_path / "records.png"))
+
+
 # -- hostile names: text from files and folders must stay text ---------------------------------
 #: names that break a page embedding them raw in its script element: "<!--<script>" puts the
 #: tokenizer in the script-data double-escaped state (the real "</script>" no longer ends the

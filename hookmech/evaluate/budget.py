@@ -1,9 +1,11 @@
 """`--budget-hours`: which runs of an evaluation fit, planned from measured step times.
 
 `step_seconds` times a few optimizer steps of a task's model here (after warm-up steps that are
-not counted); `plan` keeps runs in priority order — every task's first learning rate, then every
-task's second, … — while their estimated times, spread over the workers, fit the budget. Runs
-already finished in the folder cost nothing and are always kept.
+not counted); `plan` keeps runs round by round — every task's first learning rate, then every
+task's second, … — while their estimated times, spread over the workers, fit the budget; no run
+of a later round is kept while a run of an earlier one is left out. Runs already finished in the
+folder cost nothing and are always kept. `next_run` names the first run left out and the budget
+that would keep it too.
 """
 
 from __future__ import annotations
@@ -81,12 +83,14 @@ def step_seconds(
 
 def plan(runs: Sequence[tuple[str, float, float, bool]], budget_hours: float | None, workers: int = 1) -> list[Planned]:
     """Return the plan of `runs`, given as ``(task, lr, estimated seconds, done)`` in priority
-    order, with whether each is kept.
+    order (a task's k-th run belongs to round k), with whether each is kept.
 
     Without a budget every run is kept. With one, runs are kept in order while the estimated
     wall time of the kept unfinished runs (`wall_seconds`: tasks one after another, up to
-    `workers` runs of a task at once) stays within `budget_hours`; a run that does not fit is
-    left out, and a later, shorter one may still fit. Finished runs cost nothing and are kept.
+    `workers` runs of a task at once) stays within `budget_hours`. A run that does not fit is
+    left out, and so is every unfinished run of a later round: every task gets its first
+    learning rate before any task gets its second (a shorter run of the same round may still
+    fit). Finished runs cost nothing and are kept.
     """
     check_budget(budget_hours)
     if workers < 1:
@@ -94,12 +98,29 @@ def plan(runs: Sequence[tuple[str, float, float, bool]], budget_hours: float | N
     limit = math.inf if budget_hours is None else budget_hours * 3600
     pending: list[tuple[str, float]] = []
     planned = []
+    rounds: dict[str, int] = defaultdict(int)  # runs of each task seen so far
+    gap_round = math.inf  # the first round in which a run was left out
     for task, lr, seconds, done in runs:
-        kept = done or wall_seconds([*pending, (task, seconds)], workers) <= limit
+        this_round = rounds[task]
+        rounds[task] += 1
+        fits = this_round <= gap_round and wall_seconds([*pending, (task, seconds)], workers) <= limit
+        kept = done or fits
+        if not kept:
+            gap_round = min(gap_round, this_round)
         if kept and not done:
             pending.append((task, seconds))
         planned.append(Planned(task, lr, seconds, done, kept))
     return planned
+
+
+def next_run(planned: Sequence[Planned], workers: int = 1) -> tuple[Planned, float] | None:
+    """Return the first run `planned` leaves out and the budget in hours (estimated wall time of
+    the kept unfinished runs and it) that would keep it too, or None when every run is kept."""
+    left = [p for p in planned if not p.kept]
+    if not left:
+        return None
+    kept = [(p.task, p.seconds) for p in planned if p.kept and not p.done]
+    return left[0], wall_seconds([*kept, (left[0].task, left[0].seconds)], workers) / 3600
 
 
 def wall_seconds(runs: Sequence[tuple[str, float]], workers: int) -> float:

@@ -21,11 +21,12 @@ from ..errors import HookmechError, UsageError
 from ..fileio import read_json, write_text_atomic
 from ..locking import FolderLocked, folder_lock
 from ..option_pairs import parse_layer_options
+from ..progress import duration_text
 from ..sweep.driver import check_gpus_per_run
 from ..sweep.engines import check_ray_address, default_threads, import_ray
-from .budget import Planned, check_budget, plan, run_seconds, step_seconds
+from .budget import Planned, check_budget, next_run, plan, run_seconds, step_seconds
 from .card import build_card, write_card
-from .suites import Suite, SuiteTask, suite, with_rates
+from .suites import Suite, SuiteTask, suite, with_rates, with_steps, with_tasks
 
 #: the examples the attributions are measured on (every run), as the sweep presets' [mech]
 MECH_N, MECH_SEED = 320, 0
@@ -40,6 +41,8 @@ def evaluate(
     lrs: Sequence[float] | None = None,
     mixer_options: dict[str, Any] | None = None,
     budget_hours: float | None = None,
+    tasks: Sequence[str] | None = None,
+    steps: int | None = None,
     engine: str = "local",
     workers: int = 1,
     threads: int | None = None,
@@ -54,6 +57,9 @@ def evaluate(
     data).
 
     `lrs` replaces every task's learning rates (in order of priority; default: the suite's).
+    `tasks` (names of the suite's tasks) runs only those; the card still shows every task of
+    the suite that the folder holds runs of. `steps` trains every run for that many steps
+    instead of the suite's (a smoke test: another evaluation, recorded in evaluate.json).
     `mixer_options` (``{K: V}`` for every layer, ``{"L0.K": V}`` for one) go to every run; a
     suite's own mixer option that the evaluated mixer does not take (the paper suite's ``bias``)
     is left out and the card says so. `budget_hours` keeps the runs that fit (`budget.plan`)
@@ -66,6 +72,8 @@ def evaluate(
     if (mixer is None) == (arch is None):
         raise UsageError("give --mixer SPEC or --arch PRESET (one of them)")
     chosen = suite(suite_name) if lrs is None else with_rates(suite(suite_name), lrs)
+    chosen = chosen if steps is None else with_steps(chosen, steps)
+    selected = [task.name for task in (chosen if tasks is None else with_tasks(chosen, tasks)).tasks]
     model_key = _model_key(mixer, arch)
     options = dict(mixer_options or {})
     _refuse_model_keys(options)
@@ -84,12 +92,14 @@ def evaluate(
             raise UsageError(f"-o {out} is a file; give a folder")
         # two evaluations into one folder would mix their runs and cards: one at a time
         with folder_lock(out, "evaluation folder"):
-            _claim_folder(out, chosen, model_key, options)
-            planned = _plan(chosen, sweeps, out, budget_hours, workers, threads, device, log)
+            _claim_folder(out, chosen, model_key, options, steps)
+            planned = _plan(chosen, selected, sweeps, out, budget_hours, workers, threads, device, log)
             errors = _run(chosen, sweeps, planned, out, engine, workers, threads, device, address, gpus_per_run, log)
             mixers = model_key["mixer"].split(",") if "mixer" in model_key else []
             view_errors = _write_views(chosen, out, device, log, mixers) if views else {}
-            card = build_card(out, chosen, model_key, options, planned, errors, view_errors, not_applied)
+            card = build_card(
+                out, chosen, model_key, options, planned, errors, view_errors, not_applied, selected, steps
+            )
             write_card(card, out)
     log(f"wrote {out / 'card.md'} and {out / 'card.json'}")
     return card
@@ -142,9 +152,17 @@ def _model_key(mixer: str | None, arch: str | None) -> dict[str, Any]:
     return {"mixer": name}
 
 
-def _claim_folder(out: Path, chosen: Suite, model_key: dict[str, Any], options: dict[str, Any]) -> None:
-    """Write ``out/evaluate.json``, or refuse a folder that holds another evaluation."""
-    what = {"suite": chosen.name, "model": model_key, "mixer_options": options}
+def _claim_folder(
+    out: Path, chosen: Suite, model_key: dict[str, Any], options: dict[str, Any], steps: int | None = None
+) -> None:
+    """Write ``out/evaluate.json``, or refuse a folder that holds another evaluation (another
+    suite, model, option set or ``--steps``; ``steps`` is recorded only when given, so folders
+    written before the option keep resuming)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out} is a file; give a folder")
+    what: dict[str, Any] = {"suite": chosen.name, "model": model_key, "mixer_options": options}
+    if steps is not None:
+        what["steps"] = steps
     path = out / "evaluate.json"
     if path.exists():
         held = read_json(path)
@@ -164,7 +182,8 @@ def _describe(what: Any) -> str:
     name = model.get("mixer") or model.get("arch") or "?"
     options = what.get("mixer_options") or {}
     shown = "".join(f" {key}={value}" for key, value in sorted(options.items()))
-    return f"{name}{shown} on suite {what.get('suite')}"
+    steps = f" with --steps {what['steps']}" if what.get("steps") is not None else ""
+    return f"{name}{shown} on suite {what.get('suite')}{steps}"
 
 
 def _task_sweep(chosen: Suite, task: SuiteTask, model_key: dict[str, Any], options: dict[str, Any]):
@@ -242,16 +261,19 @@ def _mech_sites(run: dict[str, Any]) -> tuple[list[str], list[str]]:
 
 
 def _plan(
-    chosen: Suite, sweeps, out: Path, budget_hours, workers: int, threads: int, device: str, log
+    chosen: Suite, selected: list[str], sweeps, out: Path, budget_hours, workers: int, threads: int, device: str, log
 ) -> list[Planned]:
-    """Return the plan of every run: priority order is every task's first rate, then second, …"""
+    """Return the plan of every run of the `selected` tasks: round k holds every task's k-th
+    learning rate (`budget.plan`). With a budget, log what one run of each task costs here,
+    what is kept, and what the next run left out would need."""
     from ..sweep import build_run, expand, run_is_complete
 
     by_task = {name: expand(sweep) for name, sweep in sweeps.items()}
+    tasks = [task for task in chosen.tasks if task.name in selected]
     step_time: dict[str, float] = {}
     entries = []
-    for index in range(max(len(task.lrs) for task in chosen.tasks)):
-        for task in chosen.tasks:
+    for index in range(max(len(task.lrs) for task in tasks)):
+        for task in tasks:
             if index >= len(task.lrs):
                 continue
             run = by_task[task.name][index].as_dict()
@@ -261,18 +283,51 @@ def _plan(
             if budget_hours is not None and not done:
                 if task.name not in step_time:
                     step_time[task.name] = step_seconds(run, device, threads=threads)
-                    log(f"{task.name}: {step_time[task.name] * 1e3:.1f} ms a step here")
+                    log(
+                        f"{task.name}: {step_time[task.name] * 1e3:.1f} ms a step here: one run of {total} steps "
+                        f"≈ {duration_text(run_seconds(step_time[task.name], total))}"
+                    )
                 seconds = run_seconds(step_time[task.name], total)
             entries.append((task.name, float(task.lrs[index]), seconds, done))
     planned = plan(entries, budget_hours, workers)
-    left = [p for p in planned if not p.kept]
-    if left:
-        log(
-            f"--budget-hours {budget_hours}: leaving out {len(left)} runs ("
-            + ", ".join(f"{p.task} lr {p.lr:g}" for p in left)
-            + ")"
-        )
+    if budget_hours is not None:
+        _log_plan(planned, budget_hours, workers, log)
     return planned
+
+
+def _log_plan(planned: list[Planned], budget_hours: float, workers: int, log) -> None:
+    """Log the budget's plan: the runs kept and their estimated time, the runs left out, and
+    the budget the next of them would need."""
+    from .budget import wall_seconds
+
+    todo = [p for p in planned if p.kept and not p.done]
+    estimate = wall_seconds([(p.task, p.seconds) for p in todo], workers)
+    log(
+        f"--budget-hours {budget_hours:g} ({duration_text(budget_hours * 3600)}): {len(todo)} runs to train, "
+        f"estimated {duration_text(estimate)}"
+        + (f" ({', '.join(f'{p.task} lr {p.lr:g}' for p in todo)})" if todo else "")
+    )
+    following = next_run(planned, workers)
+    if following is None:
+        return
+    left = [p for p in planned if not p.kept]
+    first, hours = following
+    log(
+        f"--budget-hours {budget_hours:g}: leaving out {len(left)} runs ("
+        + ", ".join(f"{p.task} lr {p.lr:g}" for p in left)
+        + f"); the next, {first.task} lr {first.lr:g}, needs ≈ {duration_text(first.seconds)}: "
+        f"--budget-hours {_round_up(hours):g} would keep it"
+    )
+
+
+def _round_up(hours: float) -> float:
+    """`hours` rounded up to two significant digits (a budget to type)."""
+    import math
+
+    if hours <= 0:
+        return hours
+    scale = 10 ** (math.floor(math.log10(hours)) - 1)
+    return math.ceil(hours / scale - 1e-9) * scale
 
 
 def _run(chosen: Suite, sweeps, planned, out: Path, engine, workers, threads, device, address, gpus_per_run, log):

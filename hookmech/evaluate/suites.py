@@ -11,7 +11,8 @@ over which learning rates.
   3e-3 (ATR, the paper's range ends at 3e-3).
 
 A learning rate's place in its list is its priority: `--budget-hours` keeps the first rate of
-every task before the second of any.
+every task before the second of any. `with_rates`, `with_tasks` and `with_steps` make the
+variants of `--lr`, `--tasks` and `--steps` (the last two: smoke tests).
 """
 
 from __future__ import annotations
@@ -109,3 +110,30 @@ def with_rates(chosen: Suite, lrs: Sequence[float]) -> Suite:
         raise UsageError(f"--lr repeats a rate: {', '.join(f'{lr:g}' for lr in lrs)}")
     rates = tuple(float(lr) for lr in lrs)
     return dataclasses.replace(chosen, tasks=tuple(dataclasses.replace(task, lrs=rates) for task in chosen.tasks))
+
+
+def with_tasks(chosen: Suite, names: Sequence[str]) -> Suite:
+    """Return `chosen` with only the tasks `names` (in the suite's order); an unknown or repeated
+    name, or none, is a UsageError listing the suite's tasks."""
+    known = [task.name for task in chosen.tasks]
+    if not names:
+        raise UsageError(f"--tasks: give at least one of {', '.join(known)}")
+    for name in names:
+        if name not in known:
+            raise unknown(f"task of suite {chosen.name}", name, known)
+    if len(set(names)) != len(names):
+        raise UsageError(f"--tasks repeats a task: {', '.join(names)}")
+    return dataclasses.replace(chosen, tasks=tuple(task for task in chosen.tasks if task.name in names))
+
+
+def with_steps(chosen: Suite, steps: int) -> Suite:
+    """Return `chosen` with every task trained for `steps` optimizer steps instead of its steps or
+    epochs (everything else, the training data included, stays the suite's); `steps` < 1 is a
+    UsageError."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise UsageError(f"--steps must be an integer >= 1, got {steps}")
+    tasks = tuple(
+        dataclasses.replace(task, train={**{k: v for k, v in task.train.items() if k != "epochs"}, "steps": steps})
+        for task in chosen.tasks
+    )
+    return dataclasses.replace(chosen, tasks=tasks)

@@ -2,7 +2,9 @@
 
 Options from the papers: `window` (local causal attention over the last `window` tokens;
 paper 000's fixture uses window 2 in layer 0, i.e. current and previous token) and a short
-causal convolution on any of q/k/v (`qkv_conv="k"`, paper 003 table 1).
+causal convolution on any of q/k/v (`qkv_conv="k"`, paper 003 table 1). For pretrained GPT-NeoX
+(Pythia) models: rotary position embeddings on a fraction of each head (`rotary_pct`,
+`rotary_base`; hookmech/mixers/rotary.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..shapes import (
 from .base import Mixer, pattern_effects_by_rows, splice, take_window, window_index
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .mixer_spec import Heads, MixerSpec
+from .rotary import rotary_dim, rotate
 from .short_conv import ShortConv
 
 
@@ -39,10 +42,14 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
 
     `bias`: the q/k/v projection's bias (zoology's ``MHA(bias=...)``, which leaves the output
     projection's on; paper 000's code passes ``bias=False``); `out_bias`: the output
-    projection's bias (always on in zoology).
+    projection's bias (always on in zoology). `rotary_pct` > 0: rotary position embeddings on
+    that fraction of each head's channels, with base `rotary_base` (GPT-NeoX's ``rotary_pct``,
+    ``rotary_emb_base``), applied to q and k after their hooks.
 
     Inside hooks (shapes for input ``[batch, pos, d_model]``):
     ``hook_q, hook_k, hook_v, hook_z``: ``[batch, pos, head, d_head]``;
+    ``hook_rot_q, hook_rot_k`` (with rotary embeddings only): q and k rotated, the same shape
+    (TransformerLens's names: its ``hook_q``/``hook_k`` are before the rotation too);
     ``hook_attn_scores, hook_pattern``: ``[batch, head, query_pos, key_pos]`` (masked
     scores are -inf), position axis = the query axis.
     """
@@ -66,6 +73,8 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         conv_size: int = 3,
         bias: bool = True,
         out_bias: bool = True,
+        rotary_pct: float = 0.0,
+        rotary_base: float = 10000.0,
     ):
         super().__init__()
         if n_heads < 1 or d_model % n_heads:
@@ -76,7 +85,11 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
             raise UsageError(f"attention: qkv_conv must be letters of 'qkv', got {qkv_conv!r}")
         if conv_size < 1:
             raise UsageError(f"attention: conv_size must be >= 1, got {conv_size}")
+        if not rotary_base > 0:
+            raise UsageError(f"attention: rotary_base must be > 0, got {rotary_base}")
         self.n_heads, self.d_head, self.window = n_heads, d_model // n_heads, window
+        #: channels of each head that rotate (0: no rotary embeddings), and the rotation's base
+        self.rotary_dim, self.rotary_base = rotary_dim(self.d_head, rotary_pct), rotary_base
         # zoology's MHA: `bias` is Wqkv's only; its out_proj always has one (`out_bias` here)
         self.Wqkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=out_bias)
@@ -86,6 +99,24 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         self.hook_attn_scores = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
         self.hook_pattern = AxisHookPoint("batch head query_pos key_pos", pos_axis=2)
         self.hook_z = AxisHookPoint(head_axes)
+        if self.rotary_dim:
+            self.hook_rot_q, self.hook_rot_k = AxisHookPoint(head_axes), AxisHookPoint(head_axes)
+
+    def hook_aliases(self) -> dict[str, str]:
+        """`Mixer.hook_aliases`, with TransformerLens's names of the rotated q and k where they exist."""
+        aliases = dict(type(self).block_hook_aliases)
+        if self.rotary_dim:
+            aliases.update(tl_attention_aliases(rot_q="rot_q", rot_k="rot_k"))
+        return aliases
+
+    def _rotated(self, q: Tensor, k: Tensor, positions: Tensor, hooked: bool = True) -> tuple[Tensor, Tensor]:
+        """Return q and k ``[..., pos, head, d_head]`` rotated for their `positions` (``[pos]`` or
+        ``[batch, pos]``), through ``hook_rot_q``/``hook_rot_k`` when `hooked`; themselves
+        without rotary embeddings."""
+        if not self.rotary_dim:
+            return q, k
+        q, k = (rotate(t, positions, self.rotary_dim, self.rotary_base) for t in (q, k))
+        return (self.hook_rot_q(q), self.hook_rot_k(k)) if hooked else (q, k)
 
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
@@ -95,6 +126,7 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
             projected[name] = conv(projected[name])
         q, k, v = (projected[c].view(batch, n_pos, self.n_heads, self.d_head) for c in "qkv")
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        q, k = self._rotated(q, k, torch.arange(n_pos, device=x.device))
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
         scores = self.hook_attn_scores(scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
@@ -111,6 +143,7 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
             if name in self.convs:
                 projected[name] = self.convs[name](projected[name])
         q, k = (projected[c].view(batch, n_pos, self.n_heads, self.d_head) for c in "qk")
+        q, k = self._rotated(q, k, torch.arange(n_pos, device=x.device), hooked=False)
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
         return scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")).softmax(dim=-1).float()
 
@@ -136,9 +169,10 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
 
     # -- one position patched, through the softmax exactly (AtP*, see `ExactPatchEffects`)
     def patches_exactly(self, hook: str | None = None) -> bool:
-        """Return True for the input and q / k / v / scores without short convolutions
-        (`position_patch_effects`)."""
-        return not self.convs and hook in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores")
+        """Return True for the input and q / k / v (rotated or not) / scores without short
+        convolutions (`position_patch_effects`)."""
+        rotated = ("hook_rot_q", "hook_rot_k") if self.rotary_dim else ()
+        return not self.convs and hook in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores", *rotated)
 
     def exact_patch_effects(
         self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
@@ -167,11 +201,17 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         def heads(t: Tensor) -> Tensor:
             return t.reshape(*t.shape[:-1], self.n_heads, self.d_head).double()
 
+        positions = torch.arange(n_pos, device=x.device)
         q, k, v = (heads(t) for t in self.Wqkv(x).chunk(3, dim=-1))
         new = {"q": q, "k": k, "v": v}
         if hook is None:
             new = dict(zip("qkv", (heads(t) for t in self.Wqkv(patched).chunk(3, dim=-1)), strict=True))
-        elif hook != "hook_attn_scores":
+        elif hook in ("hook_q", "hook_k", "hook_v"):
+            new[hook[-1]] = patched.double()
+        # every position's new q / k is at that position: rotated as the run rotates it
+        q, k = self._rotated(q, k, positions, hooked=False)
+        new["q"], new["k"] = self._rotated(new["q"], new["k"], positions, hooked=False)
+        if hook in ("hook_rot_q", "hook_rot_k"):
             new[hook[-1]] = patched.double()
         grad_z = heads(grad_out @ self.out_proj.weight)  # y = z Wᵀ + b, so ∂m/∂z = ∂m/∂y · W
         allowed = self._mask(n_pos, x.device)  # [t, j]
@@ -242,8 +282,9 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
             c: getattr(self, hook_attribute(c))(parts[c].reshape(batch, width, self.n_heads, self.d_head))
             for c in "qkv"
         }
+        hooked["q"], hooked["k"] = self._rotated(hooked["q"], hooked["k"], window_index(start, width))
         # keys and values at every position: the context run's, with the window's spliced in
-        k, v = (self._spliced(full[c], hooked[c], rows, start, bool(self.convs)) for c in "kv")
+        k, v = (self._spliced(full[c], hooked[c], rows, start, bool(self.convs), c == "k") for c in "kv")
         n_keys = k.shape[1]
         q = hooked["q"] if keep is None else take_window(hooked["q"], keep, 1)
         queries = window_index(start, width) if keep is None else (start + keep)[:, None]  # [B, Q] positions
@@ -254,13 +295,18 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.out_proj(z.reshape(batch, queries.shape[1], -1))
 
-    def _spliced(self, run: Tensor, window: Tensor, rows: Tensor, start: Tensor, selected: bool) -> Tensor:
+    def _spliced(
+        self, run: Tensor, window: Tensor, rows: Tensor, start: Tensor, selected: bool, keys: bool = False
+    ) -> Tensor:
         """Return ``[B, T, head, d_head]``: `run` (the context run's ``[N, T, d_model]``, or, when
         `selected`, the chunk's own ``[B, T, d_model]``, written into) with `window`
-        ``[B, W, head, d_head]`` at each row's window."""
+        ``[B, W, head, d_head]`` at each row's window. `keys`: `run` holds keys, which are rotated
+        for their positions first (with rotary embeddings; `window` is rotated already)."""
         # index_select, not run[rows]: several times faster on CPU, and a new tensor to write into
         chosen = run if selected else run.index_select(0, rows)
         full = chosen.reshape(*chosen.shape[:2], self.n_heads, self.d_head)
+        if keys and self.rotary_dim:
+            full = rotate(full, torch.arange(full.shape[1], device=full.device), self.rotary_dim, self.rotary_base)
         full[torch.arange(len(rows), device=rows.device)[:, None], window_index(start, window.shape[1])] = window
         return full
 
@@ -288,8 +334,10 @@ SPEC = MixerSpec(
     mixer=Attention,
     heads=Heads(count="n_heads"),
     meanings={
-        "q": "queries (after the optional q convolution)",
-        "k": "keys (after the optional k convolution)",
+        "q": "queries (after the optional q convolution; before rotary embeddings)",
+        "k": "keys (after the optional k convolution; before rotary embeddings)",
+        "rot_q": "queries after rotary embeddings (rotary_pct > 0)",
+        "rot_k": "keys after rotary embeddings (rotary_pct > 0)",
         "v": "values (after the optional v convolution)",
         "attn_scores": "q·k/√d_head with the causal/window mask (-inf)",
         "pattern": "softmax of the scores: where each query attends",
@@ -300,7 +348,14 @@ SPEC = MixerSpec(
         {"n_heads": 2, "window": 3},
         {"n_heads": 2, "qkv_conv": "qk", "conv_size": 3},
         {"bias": False, "out_bias": False},
+        {"n_heads": 2, "rotary_pct": 0.5, "rotary_base": 100.0},
     ),
     bench_hooks=("q", "k", "v"),
     head_results=_head_results,
+    notes=(
+        "With rotary position embeddings (`rotary_pct` > 0, as pretrained GPT-NeoX / Pythia models load), "
+        "`L0.mixer.rot_q` and `L0.mixer.rot_k` (`blocks.0.mixer.hook_rot_q`, `hook_rot_k`; TransformerLens's "
+        "`blocks.0.attn.hook_rot_q`, `hook_rot_k`) hold q and k after the rotation, of the same shape; "
+        "`q` and `k` are before it, as in TransformerLens."
+    ),
 )

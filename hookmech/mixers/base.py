@@ -72,6 +72,11 @@ class Mixer(nn.Module):
     #: taken as float rounding (1e-5: the engine's exactness); None skips the check
     causal_tolerance: ClassVar[float | None] = 1e-5
 
+    def hook_aliases(self) -> dict[str, str]:
+        """Return this mixer's `block_hook_aliases` (``{alias: hook}``, paths inside the block): the
+        class's, which a mixer whose inside hooks depend on its options extends with those it has."""
+        return dict(type(self).block_hook_aliases)
+
     if TYPE_CHECKING:  # declared for mypy and readers; each mixer defines it (nn.Module's raises)
 
         def forward(self, x: Resid) -> Resid:

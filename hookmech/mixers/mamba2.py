@@ -6,7 +6,7 @@ dt_bias, A_log, D, norm, out_proj`; `conv1d` has `nn.Conv1d`'s keys). Per head h
 
     z, xBC, dt  = in_proj(u)                    (split d_inner | d_inner + 2·G·N | H)
     x, B, C     = silu(conv1d(xBC))             (causal depthwise conv, kernel d_conv)
-    Δ_t         = softplus(dt_t + dt_bias)      [H]
+    Δ_t         = softplus(dt_t + dt_bias)      [H]   (clamped to dt_limit where one is set)
     a_t         = exp(Δ_t · A),  A = -exp(A_log)
     h_t         = a_t h_{t-1} + Δ_t x_t B_tᵀ    [headdim, d_state] per head
     y_t         = h_t C_t + D x_t
@@ -22,6 +22,7 @@ by the tests.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -223,11 +224,15 @@ def ssd_scan(
     return (states @ C[..., None]).squeeze(-1), states
 
 
+#: the gated norm's epsilon by default: mamba-ssm's, and transformers' default ``layer_norm_epsilon``
+GATED_NORM_EPS = 1e-5
+
+
 class GatedRMSNorm(nn.Module):
     """rmsnorm(y ⊙ silu(z)) ⊙ weight over groups of channels (mamba-ssm's `RMSNormGated`
     with `norm_before_gate=False`). Returns ``[..., d_inner]``."""
 
-    def __init__(self, d_inner: int, group_size: int, eps: float = 1e-5):
+    def __init__(self, d_inner: int, group_size: int, eps: float = GATED_NORM_EPS):
         super().__init__()
         self.group_size, self.eps = group_size, eps
         self.weight = nn.Parameter(torch.ones(d_inner))
@@ -247,7 +252,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
     ``hook_gate`` ``[batch, pos, d_inner]`` (z, before silu);
     ``hook_conv`` ``[batch, pos, d_inner]`` (x after the conv, before silu);
     ``hook_conv_act`` ``[batch, pos, head, headdim]`` (the SSM input x);
-    ``hook_delta`` ``[batch, pos, head]`` (Δ after softplus);
+    ``hook_delta`` ``[batch, pos, head]`` (Δ after softplus, and after the `dt_limit` clamp);
     ``hook_B``, ``hook_C`` ``[batch, pos, group, d_state]``;
     ``hook_ssm_state`` ``[batch, pos, head, headdim, d_state]``, the state after each
     position, materialised only while a hook is attached; edits propagate;
@@ -281,6 +286,8 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         bias: bool = False,
         conv_bias: bool = True,
         chunk_size: int = 32,
+        dt_limit: Sequence[float | None] | None = None,
+        norm_eps: float = GATED_NORM_EPS,
     ):
         super().__init__()
         d_inner = expand * d_model
@@ -304,6 +311,9 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
             raise UsageError(f"mamba2: A_init_range must be 0 < low <= high, got {A_init_range}")
         if not 0 < dt_min <= dt_max:
             raise UsageError(f"mamba2: need 0 < dt_min <= dt_max, got {dt_min}, {dt_max}")
+        self.dt_limit = _check_dt_limit(dt_limit)
+        if not 0 < norm_eps < 1:
+            raise UsageError(f"mamba2: norm_eps must be in (0, 1), got {norm_eps}")
         self.d_inner, self.d_state, self.headdim = d_inner, d_state, headdim
         self.n_heads, self.ngroups, self.chunk_size = n_heads, ngroups, chunk_size
 
@@ -318,7 +328,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         self.A_log = nn.Parameter(torch.empty(n_heads).uniform_(*A_init_range).log())
         self.D = nn.Parameter(torch.ones(n_heads))
-        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups)
+        self.norm = GatedRMSNorm(d_inner, group_size=d_inner // ngroups, eps=norm_eps)
         self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
 
         self.hook_in_x = AxisHookPoint("batch pos d_inner")
@@ -351,7 +361,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         x = self.hook_conv_act(F.silu(self.hook_conv(x)).view(batch, n_pos, self.n_heads, self.headdim))
         B = self.hook_B(F.silu(B).view(batch, n_pos, self.ngroups, self.d_state))
         C = self.hook_C(F.silu(C).view(batch, n_pos, self.ngroups, self.d_state))
-        dt = self.hook_delta(F.softplus(dt + self.dt_bias))
+        dt = self.hook_delta(self._delta(dt))
         A = -torch.exp(self.A_log)
 
         context: Context | None = None
@@ -493,7 +503,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         x = self.hook_conv_act(F.silu(self.hook_conv(x)).view(batch, n_pos, self.n_heads, self.headdim))
         B = self.hook_B(F.silu(B).view(batch, n_pos, self.ngroups, self.d_state))
         C = self.hook_C(F.silu(C).view(batch, n_pos, self.ngroups, self.d_state))
-        dt = self.hook_delta(F.softplus(dt + self.dt_bias))
+        dt = self.hook_delta(self._delta(dt))
         A = -torch.exp(self.A_log)
         initial = self._state_before(context, rows, start)
         if hook_in_use(self.hook_ssm_state):
@@ -519,7 +529,16 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         x, B, C = F.silu(xbc).split([self.d_inner, d_bc, d_bc], dim=-1)
         x = x.reshape(batch, n_pos, self.n_heads, self.headdim)
         B, C = (t.reshape(batch, n_pos, self.ngroups, self.d_state) for t in (B, C))
-        return x, F.softplus(dt + self.dt_bias), B, C
+        return x, self._delta(dt), B, C
+
+    def _delta(self, dt: Tensor) -> Tensor:
+        """Return Δ ``[b, t, head]`` of in_proj's raw dt: softplus(dt + dt_bias), clamped to
+        `dt_limit` where one is set (mamba-ssm's and transformers' ``dt_limit``/``time_step_limit``,
+        applied after the softplus as they do)."""
+        delta = F.softplus(dt + self.dt_bias)
+        if self.dt_limit is None:  # no clamp at all: the bytes of models made before the option
+            return delta
+        return delta.clamp(*self.dt_limit)
 
     def _ssd_through_state_hook(
         self, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, initial: Tensor | None = None
@@ -550,6 +569,21 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
 
         states = hook_state_with_propagation(self.hook_ssm_state, states, rescan, carry, initial)
         return torch.einsum("blhpn,blhn->blhp", states, _expand_groups(C, self.n_heads))
+
+
+def _check_dt_limit(dt_limit: Sequence[float | None] | None) -> tuple[float | None, float | None] | None:
+    """Return `dt_limit` as a (low, high) tuple (None: no clamp); a UsageError unless it is None
+    or two bounds, each a number or None (unbounded), not both None, with low <= high."""
+    if dt_limit is None:
+        return None
+    bounds = tuple(dt_limit) if isinstance(dt_limit, (list, tuple)) else ()
+    numbers = all(b is None or (isinstance(b, (int, float)) and not isinstance(b, bool)) for b in bounds)
+    if len(bounds) != 2 or not numbers or bounds == (None, None):
+        raise UsageError(f"mamba2: dt_limit must be [low, high] (numbers, null for unbounded), got {dt_limit!r}")
+    low, high = bounds
+    if low is not None and high is not None and not low <= high:
+        raise UsageError(f"mamba2: dt_limit needs low <= high, got {list(bounds)}")
+    return low, high
 
 
 def _state_loop(mixer: Mamba2, acts, senders: Tensor) -> Tensor:
@@ -587,7 +621,7 @@ SPEC = MixerSpec(
         "gate": "z branch (gated RMSNorm)",
         "conv": "short convolution over x, B, C",
         "conv_act": "SiLU(conv) x per head",
-        "delta": "dt per head (after softplus)",
+        "delta": "dt per head (after softplus and the dt_limit clamp)",
         "B": "B_t per group",
         "C": "C_t per group",
         "ssm_state": "h_t = exp(dt·A) h_{t-1} + dt x Bᵀ per head (after position t); patching propagates",
@@ -604,6 +638,8 @@ SPEC = MixerSpec(
         {},
         {"d_conv": 0, "chunk_size": 3},
         {"ngroups": 2, "headdim": 8, "chunk_size": 5, "bias": True, "conv_bias": False},
+        # transformers' time_step_limit (pretrained Mamba-2 folders): Δ clamped on both sides
+        {"ngroups": 4, "headdim": 4, "dt_limit": [0.02, 0.06]},
     ),
     bench_hooks=("B", "C", "ssm_state"),
     state_loop=StateLoop("y", _state_loop),

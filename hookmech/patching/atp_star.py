@@ -115,9 +115,14 @@ def atp_star_patch(
     first = 0 if start is None else start
     blocks = range(first, model.cfg.n_layers)
     # what the estimates read of the corrupt run: each block's input, mixer input and output, and
-    # the residual before its MLP where that MLP's output is patched
+    # the residual before its MLP where that MLP's output is patched (a parallel block has none: its
+    # MLP reads the block's input)
     context = [block_hook(layer, part) for layer in blocks for part in ("resid_pre", "mixer_in", "mixer_out")]
-    context += [block_hook(layer, "resid_mid") for layer in blocks if block_hook(layer, "mlp_out") in hooks]
+    context += [
+        block_hook(layer, "resid_mid")
+        for layer in blocks
+        if block_hook(layer, "mlp_out") in hooks and block_hook(layer, "resid_mid") in model.hook_dict
+    ]
     if any(model.resume_layer(hook) == model.cfg.n_layers for hook in hooks):  # the final norm is patched
         context.append(model.resid_hook(model.cfg.n_layers))  # its input
     with evaluating(model), open_source(source) as (batch, cache):

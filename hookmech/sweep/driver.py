@@ -9,7 +9,6 @@ import dataclasses
 import json
 import math
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from ..errors import HookmechError, UsageError, unknown
 from ..fileio import write_text_atomic
 from ..locking import folder_lock
+from .display import SweepDisplay
 from .engines import ENGINES, check_ray_address, default_threads, import_ray, ray_session, run_local, run_ray
 from .grid import expand, validate
 from .results import write_results
@@ -43,6 +43,7 @@ def run_sweep(
     address: str | None = None,
     gpus_per_run: float = 0.0,
     log: Callable[[str], None] | None = None,
+    progress: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Run every run of `sweep` not yet complete in `runs_dir` and write ``runs_dir/results.csv``.
 
@@ -53,6 +54,10 @@ def run_sweep(
     Every run is checked (`validate`) before anything is written; a bad option of any run raises
     then, naming the run; so does a Ray that is not installed, or an `address` where nothing
     answers. Raises `hookmech.locking.FolderLocked` if another process holds `runs_dir`.
+
+    While runs train, `log` gets their progress (`display.SweepDisplay`): with `progress` None,
+    bars when stderr is a terminal and plain lines otherwise; True bars, False lines. Every
+    finished run gets a line with its own training time and the sweep's.
     """
     if engine not in ENGINES:
         raise unknown("engine", engine, ENGINES)
@@ -88,23 +93,20 @@ def run_sweep(
                 f"sweep {sweep.name}: {len(runs)} runs, {len(runs) - len(todo)} already done, {len(todo)} to run "
                 f"({engine}, {workers} workers x {threads} threads)"
             )
-            began = time.perf_counter()
+            display = SweepDisplay(sweep.name, len(runs), len(todo), log, tty=progress, workers=workers)
 
             def done(run: dict[str, Any], row: dict[str, Any]) -> None:
                 rows[run["run_id"]] = row
-                acc = row.get("dev_acc")
-                detail = row.get("error") or (f"dev_acc {acc:.3f}" if isinstance(acc, float) else "")
-                log(
-                    f"[{len(rows)}/{len(runs)}] {run['run_id']}: {row['status']} {detail} "
-                    f"({time.perf_counter() - began:.0f} s)"
-                )
+                display.finished(run["run_id"], row)
                 write_results([rows[r["run_id"]] for r in as_dicts if r["run_id"] in rows], runs_dir / "results.csv")
 
-            if todo:
-                if engine == "local":
-                    run_local(todo, str(runs_dir), workers, threads, device, done)
-                else:
-                    run_ray(ray, todo, str(runs_dir), threads, device, done, gpus_per_run)
+            try:
+                if todo and engine == "local":
+                    run_local(todo, str(runs_dir), workers, threads, device, done, display.update)
+                elif todo:
+                    run_ray(ray, todo, str(runs_dir), threads, device, done, gpus_per_run, display.update)
+            finally:
+                display.close()
             ordered = [rows[run["run_id"]] for run in as_dicts]
             write_results(ordered, runs_dir / "results.csv")
             failed = [row["run_id"] for row in ordered if row["status"] == "error"]

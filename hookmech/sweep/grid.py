@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import HookmechError, UsageError
-from .spec import MODEL_DEFAULTS, MODEL_KEYS, Sweep, train_keys
+from .spec import MODEL_DEFAULTS, MODEL_KEYS, TRAIN_DATA, Sweep, train_keys
 
 #: short forms of the common grid keys in run ids
 _ID_PREFIX = {"arch": "", "mixer": "", "d_model": "d", "n_layers": "L", "lr": "lr", "seed": "s"}
@@ -183,7 +183,41 @@ def build_run(run: dict[str, Any]):
         mlp_hidden_mult=model["mlp_hidden_mult"],
         init=model.get("init"),
     )
-    return task, model_config, TrainConfig(**run["train"])
+    train = {key: value for key, value in run["train"].items() if key != TRAIN_DATA}
+    return task, model_config, TrainConfig(**train)
+
+
+def check_training_data(run: dict[str, Any], task, train_config) -> None:
+    """Raise a UsageError naming the file when the run's [train] data file is missing, holds
+    another task or holds other than ``n_train`` rows; return None (also without a file). Reads
+    the file's header only."""
+    from .. import tasks
+    from ..datasets import read_dataset_header
+
+    path = run["train"].get(TRAIN_DATA)
+    if path is None:
+        return
+    header = read_dataset_header(path)
+    if tasks.from_spec(header["task"]).spec != task.spec:
+        raise UsageError(f"[train] data {path} holds task {header['task']}, not the sweep's {task.spec}")
+    if header["n"] != train_config.n_train:
+        raise UsageError(
+            f"[train] data {path} holds {header['n']} rows, but n_train is {train_config.n_train} "
+            "(set [train] n_train to the file's rows)"
+        )
+
+
+def training_data(run: dict[str, Any], task, train_config):
+    """Return ``(rows, the file's sha256)`` of the run's [train] data file (checked as
+    `check_training_data` does), or ``(None, None)`` when the run samples its training set."""
+    from ..datasets import load_dataset
+    from ..fileio import sha256_of
+
+    path = run["train"].get(TRAIN_DATA)
+    if path is None:
+        return None, None
+    check_training_data(run, task, train_config)
+    return load_dataset(path)[1], sha256_of(path)
 
 
 def validate(runs: Iterable[Run]) -> None:
@@ -208,6 +242,7 @@ def validate(runs: Iterable[Run]) -> None:
     for run in runs:
         try:
             task, model_config, train_config = build_run(run.as_dict())
+            check_training_data(run.as_dict(), task, train_config)
             if needs_test_split(run.task):
                 tasks.from_spec({**run.task, "split": "test"})
             key = model_config.to_json()

@@ -4,7 +4,8 @@ A sweep file has
 
     name = "ar-cpu"                 # optional
     [task]    name = "ar", task options …
-    [train]   trainer options (`TrainConfig` fields: steps, epochs, n_train, warmup_frac, …)
+    [train]   trainer options (`TrainConfig` fields: steps, epochs, n_train, warmup_frac, …), and
+              `data`: a dataset file (`hookmech data`) every run trains on, as `train --data`
     [model]   fixed model options (arch — a model preset of `hookmech.model_presets`, e.g. "based"
               = BaseConv and Based layers alternating —, mixer, d_model, n_layers, n_heads, mlp, tie_embeddings,
               pos_emb, mlp_hidden_mult, init) and mixer options (`K` for every layer, `L0.K` for one)
@@ -84,6 +85,10 @@ MECH_DEFAULTS = {
 }
 
 
+#: the [train] key naming a dataset file to train on (not a `TrainConfig` field: `build_run` reads it)
+TRAIN_DATA = "data"
+
+
 def train_keys() -> tuple[str, ...]:
     """Return the trainer options a sweep may set: the fields of `TrainConfig`."""
     from ..training import TrainConfig
@@ -123,11 +128,15 @@ def parse_sweep(text: str, name: str = "sweep", source: str | None = None) -> Sw
     if "name" not in task:
         raise UsageError(f'{where}: [task] needs a name (e.g. name = "ar")')
     train = dict(data.get("train", {}))
-    trainer_keys = train_keys()
+    trainer_keys = (*train_keys(), TRAIN_DATA)
     for key in train:
         if key not in trainer_keys:
             raise unknown(f"trainer option in {where} [train]:", key, trainer_keys)
+    if TRAIN_DATA in train and not (isinstance(train[TRAIN_DATA], str) and train[TRAIN_DATA].strip()):
+        raise UsageError(f"{where}: [train] data must be a dataset file's path, got {train[TRAIN_DATA]!r}")
     grid = _flatten(data.get("grid", {}))
+    if TRAIN_DATA in grid:
+        raise UsageError(f"{where}: [grid] data: every run of a sweep trains on one file; give it in [train]")
     if "grid" in data and not grid:
         raise UsageError(
             f"{where}: [grid] is empty; give each varied key a list (e.g. seed = [0, 1]), "

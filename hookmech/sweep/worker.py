@@ -6,13 +6,15 @@ attributions, then its results row. The worker holds its run folder's lock meanw
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import HookmechError
 from ..fileio import read_json, write_text_atomic
 from ..locking import folder_lock
-from .grid import build_run, needs_test_split
+from ..progress import RunProgress
+from .grid import build_run, needs_test_split, training_data
 from .results import RESULT_COLUMNS
 
 
@@ -35,12 +37,18 @@ def run_is_complete(run: dict[str, Any], runs_dir: str | Path) -> bool:
 
 
 def execute_run(
-    run: dict[str, Any], runs_dir: str, threads: int | None = None, device: str = "cpu", quiet: bool = True
+    run: dict[str, Any],
+    runs_dir: str,
+    threads: int | None = None,
+    device: str = "cpu",
+    quiet: bool = True,
+    progress: Callable[[RunProgress], Any] | None = None,
 ) -> dict[str, Any]:
     """Train one run into ``runs_dir/<run_id>`` (skip/resume as its folder says), then add the
     test-split accuracy and the end-of-run attributions; return its results row.
 
-    A run stopped by a NaN loss returns its row with ``status = "nan"``.
+    `progress` gets the run's `RunProgress` events as it trains (the sweep's driver draws them;
+    None: nothing is shown). A run stopped by a NaN loss returns its row with ``status = "nan"``.
     """
     import torch
 
@@ -69,10 +77,20 @@ def execute_run(
             device=device,
         )
     log = (lambda message: None) if quiet else None
+    train_set, train_set_sha256 = training_data(run, task, train_config)
     with folder_lock(out, "run folder"):  # training, test.json and mech.json: one process at a time
         try:
             summary = train(
-                task, model_config, train_config, out, device=device, progress=False, on_eval=on_eval, log=log
+                task,
+                model_config,
+                train_config,
+                out,
+                device=device,
+                progress=False if progress is None else progress,
+                on_eval=on_eval,
+                log=log,
+                train_set=train_set,
+                train_set_sha256=train_set_sha256,
             )
         except HookmechError:
             summary = _read_json(out / "summary.json")

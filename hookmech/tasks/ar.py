@@ -208,6 +208,10 @@ class AssociativeRecall(Task):
         scores = np.where(allowed, rng.random(allowed.shape), -1.0)
         return scores.argmax(axis=1)
 
+    def chance(self) -> float:
+        """Return 1 / num_kv_pairs: a uniform guess among the document's values (all distinct)."""
+        return 1 / self.num_kv_pairs
+
     def describe_tokens(self, tokens: list[int]) -> str:
         names = {self.pad_id: "PAD", self.bos_id: "BOS", self.divider_id: "DIV"}
         half = self.vocab_size // 2

@@ -45,6 +45,8 @@ MIN_LENGTH = 3
 _ROUND_DOCS = 1 << 15
 #: derivations drawn without a single usable document before the options are declared unusable
 _GIVE_UP = 1 << 17
+#: documents `chance` averages over
+CHANCE_DOCUMENTS = 10_000
 
 
 @dataclass
@@ -154,10 +156,9 @@ class AssociativeTreecall(Task):
         return self.max_length + 3
 
     # -- documents and queries ------------------------------------------------------------
-    def _choose_queries(self, rng: np.random.Generator, yields: Yields) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Return per document (key, value) positions in its yield (-1 where none is eligible)
-        and its number of eligible queries."""
-        n_docs = len(yields.lengths)
+    def _eligible(self, yields: Yields) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return (the symbols that may be queried, as indices into the yields; every symbol's
+        value position in its document's yield; every symbol's position there)."""
         doc, labels, parent = yields.doc, yields.labels, yields.parent
         pos = np.arange(len(labels)) - yields.offsets[doc]
         # rightmost occurrence of each terminal in each document
@@ -179,7 +180,14 @@ class AssociativeTreecall(Task):
         has_parent = parent >= 0
         value_label = labels[yields.offsets[doc] + np.maximum(value, 0)]
         allowed = split_allows(held_out(value_label, labels, self.split_seed), self.split)
-        eligible = np.flatnonzero(has_parent & rightmost & allowed)
+        return np.flatnonzero(has_parent & rightmost & allowed), value, pos
+
+    def _choose_queries(self, rng: np.random.Generator, yields: Yields) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return per document (key, value) positions in its yield (-1 where none is eligible)
+        and its number of eligible queries."""
+        n_docs = len(yields.lengths)
+        doc, parent = yields.doc, yields.parent
+        eligible, value, pos = self._eligible(yields)
 
         # a parent uniformly, then one of its eligible children uniformly
         eligible = eligible[np.lexsort((pos[eligible], parent[eligible], doc[eligible]))]
@@ -263,6 +271,18 @@ class AssociativeTreecall(Task):
             },
             parent_pos=as_tensor(parent_pos),
         )
+
+    def chance(self, n: int = CHANCE_DOCUMENTS, seed: int = 0) -> float:
+        """Return the mean, over `n` documents drawn with `seed`, of 1 / the number of distinct
+        answers (value tokens) of the document's eligible queries: a guess that knows which
+        symbols may be asked about but not which one is."""
+        docs = self._documents(rng_for(seed), n).yields
+        eligible, value, _ = self._eligible(docs)
+        doc = docs.doc[eligible]
+        answer = docs.labels[docs.offsets[doc] + value[eligible]]
+        pairs = np.unique(doc * (self.num_terminals + 1) + answer)  # distinct (document, answer)
+        per_doc = np.bincount(pairs // (self.num_terminals + 1), minlength=n)
+        return float(np.mean(1.0 / per_doc[per_doc > 0]))
 
     def describe_tokens(self, tokens: list[int]) -> str:
         names = {self.pad_id: "PAD", self.bos_id: "BOS", self.divider_id: "DIV"}

@@ -17,6 +17,9 @@ class Task(abc.ABC):
     name: ClassVar[str]
     #: the roles a batch of this task carries
     roles: ClassVar[tuple[str, ...]]
+    #: how many rows the task holds when its rows are given rather than drawn (the user's
+    #: prompts: `sample` returns the first n of them); None where any number can be drawn
+    n_rows: int | None = None
 
     @property
     @abc.abstractmethod
@@ -40,6 +43,23 @@ class Task(abc.ABC):
     def describe_tokens(self, tokens: list[int]) -> str:
         """Return a human-readable rendering of one row of token ids."""
         return " ".join(str(t) for t in tokens)
+
+    def chance(self) -> float | None:
+        """Return the task's chance accuracy: that of a guess which knows the task's format but
+        not which pair the query asks, uniform among the answers the document offers to its
+        possible queries (AR, MQAR: its values; ATR: the parents of its eligible keys). None
+        where the task defines none."""
+        return None
+
+    def token_names(self, d_vocab: int) -> list[str]:
+        """Return the name of every token id ``0 .. d_vocab - 1`` (`describe_tokens` of each:
+        ``k3``, ``v0``, ``BOS``, ...); tasks whose names hold spaces (a tokenizer's) override it."""
+        from ..errors import HookmechError
+
+        names = self.describe_tokens(list(range(d_vocab))).split(" ")
+        if len(names) != d_vocab:  # a name with a space in it would shift every later one
+            raise HookmechError(f"task {self.name}: describe_tokens gave {len(names)} names for {d_vocab} tokens")
+        return names
 
 
 def check_task_options(cls: type[Task], options: dict[str, Any]) -> None:

@@ -162,6 +162,10 @@ class MultiQueryAR(Task):
             },
         )
 
+    def chance(self) -> float:
+        """Return 1 / num_kv_pairs: a uniform guess among the document's values (all distinct)."""
+        return 1 / self.num_kv_pairs
+
     def describe_tokens(self, tokens: list[int]) -> str:
         half = self.vocab_size // 2
         return " ".join("PAD" if t == self.pad_id else f"k{t}" if t < half else f"v{t - half}" for t in tokens)

@@ -8,7 +8,7 @@
   (p_patched − p_corrupt of the row), beside the unpatched runs' per-example p_clean, p_corrupt
   (the engine's own, with ``per_example``);
 - the examples: clean and corrupt tokens, lengths, answers, roles, and the task's name of
-  every token id (`Task.describe_tokens`);
+  every token id (`Task.token_names`: a tokenizer task's are the tokens' texts);
 - per layer, the effective attention (`hookmech.attention_maps`) of the first examples: the
   channel mean of per-channel mixers and every head, plus every channel for short rows
   (`SHORT_ROWS`), as many examples as fit in `MAP_BUDGET` bytes;
@@ -57,12 +57,9 @@ def default_positions(task: Task, batch: Batch) -> list[str]:
 
 
 def token_names(task: Task, d_vocab: int) -> list[str]:
-    """Return the task's name of every token id ``0 .. d_vocab - 1`` (`Task.describe_tokens`:
-    ``k3``, ``v0``, ``t17``, ``BOS``, ...)."""
-    names = task.describe_tokens(list(range(d_vocab))).split(" ")
-    if len(names) != d_vocab:  # a name with a space in it would shift every later one
-        raise HookmechError(f"task {task.name}: describe_tokens gave {len(names)} names for {d_vocab} tokens")
-    return names
+    """Return the task's name of every token id ``0 .. d_vocab - 1`` (`Task.token_names`:
+    ``k3``, ``v0``, ``t17``, ``BOS``, ...; a tokenizer task's decoded texts, `` Paris``)."""
+    return task.token_names(d_vocab)
 
 
 def checkpoint_page_data(

@@ -33,6 +33,7 @@ def sweep_page_data(
     seed: int = EXAMPLES_SEED,
     heatmaps: bool = True,
     log: Callable[[str], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Return the page data of the sweep in `runs_dir` (its results.csv): ``{"kind": "sweep",
     "title", "about", "keys", "site", "summary", "lr_curves", "value_query", "bars", "selected"}``.
@@ -43,6 +44,7 @@ def sweep_page_data(
     `log`) and its dynamics (metrics.jsonl lines that carry attributions: ``step``,
     `DYNAMICS_FIELDS` and ``attr:*``, as lists). Reads the folder, writes nothing into it;
     its files are checked as `hookmech report` checks them (`report.read_sweep_results`).
+    `progress(done, total)` is called before the first selected run and as each is done.
     """
     from ..report import (
         SELECTION_RULE,
@@ -60,6 +62,7 @@ def sweep_page_data(
         sweep_title,
         value_query_points,
     )
+    from ..run_weights import run_weights
 
     runs_dir = Path(runs_dir)
     log = log or (lambda message: None)
@@ -72,7 +75,10 @@ def sweep_page_data(
     title = sweep_title(runs_dir)
     site = attribution_site(rows)
     selected = []
-    for row in [by_id[run] for run in runs] if runs else select_runs(rows, keys):
+    chosen = [by_id[run] for run in runs] if runs else select_runs(rows, keys)
+    if progress is not None:
+        progress(0, len(chosen))
+    for index, row in enumerate(chosen):
         run_dir = runs_dir / row["run_id"]
         entry: dict[str, Any] = {
             "run_id": row["run_id"],
@@ -88,10 +94,16 @@ def sweep_page_data(
         if entry["no_heatmap"] is not None:
             log(f"no heatmap for {row['run_id']}: {entry['no_heatmap']}")
         elif heatmaps:
-            log(f"heatmap {row['run_id']}")
+            weights = run_weights(run_dir)
+            fixture = weights.name if weights is not None and weights.parent != run_dir else None
+            if fixture is not None:
+                entry["weights"] = f"the bundled fixture {fixture} (the run's folder keeps no weights)"
+            log(f"heatmap {index + 1}/{len(chosen)}: {row['run_id']}" + (f" from {fixture}" if fixture else ""))
             entry["heatmap"] = heatmap_records(run_dir, n, seed)
         entry["dynamics"] = dynamics(read_metrics(run_dir / "metrics.jsonl"))
         selected.append(entry)
+        if progress is not None:
+            progress(index + 1, len(chosen))
     return {
         "kind": "sweep",
         "title": title,

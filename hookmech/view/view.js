@@ -503,6 +503,7 @@
 
   function drawRun(box, run) {
     if (run.heatmap) box.append(el("div", { class: "scroll" }, heatmap(run.heatmap, null).svg), el("p", { class: "note", text: HEATMAP_KEY }));
+    if (run.heatmap && run.weights) box.append(el("p", { class: "note weights", text: `Weights: ${run.weights}.` }));
     if (run.dynamics) {
       const dyn = run.dynamics, steps = dyn.step;
       const pts = (values) => steps.map((s, k) => ({ x: s, y: values[k], tip: `step ${s}: ${fmt(values[k], 4)}` })).filter((p) => p.y !== null);
@@ -624,6 +625,25 @@
     page.append(selected);
   }
 
+  // -- the page of a patch --json file ----------------------------------------------------------
+  function renderRecords(D, page) {
+    const about = D.about;
+    const axes = about.paths ? "sender \u00d7 receiver" : "site \u00d7 position";
+    document.getElementById("about").textContent = `${about.records} records from ${about.source} (hookmech patch --json)`;
+    const { svg } = heatmap(D.records, null);
+    page.append(section(`Attribution: ${axes}`,
+      el("p", { class: "note", text: "The records of the file; hover a cell for its numbers. Per-example drill-down needs the checkpoint: hookmech view --ckpt CKPT." }),
+      el("div", { class: "scroll" }, svg), el("p", { class: "note", text: HEATMAP_KEY })));
+    const place = about.paths ? ["sender", "receiver"] : ["site", "pos"];
+    const head = [...place, "attribution", "p_clean", "p_corrupt", "p_patched", "n", "passes_filter", ...D.columns.filter((c) => !place.includes(c))];
+    const table = el("table", { id: "records" }, el("tr", {}, ...head.map((h) => el("th", { text: h }))));
+    for (const record of D.records) {
+      const value = (field) => (about.paths && field === "receiver" ? record.pos : about.paths && field === "sender" ? record.site : record[field]);
+      table.append(el("tr", {}, ...head.map((field) => el("td", { class: typeof value(field) === "number" ? "num" : null, text: fmt(value(field), 4) }))));
+    }
+    page.append(section("Records", table));
+  }
+
   // milliseconds each part of drawing took (window.hookmechTimings; bench/view_pages.py prints them)
   const timings = {};
   let lastMark = performance.now();
@@ -637,6 +657,7 @@
     page.replaceChildren();
     if (D.kind === "checkpoint") renderCheckpoint(D, page);
     else if (D.kind === "sweep") renderSweep(D, page);
+    else if (D.kind === "records") renderRecords(D, page);
     else throw new Error(`unknown page kind ${D.kind}`);
     window.hookmechRenderMs = performance.now() - started;
     window.hookmechTimings = timings;

@@ -296,9 +296,9 @@ VIEW = ["view", "--ckpt", "{ckpt}", "--n", "4"]
 #: hookmech view: what to show, options of the other kind of page, outputs, examples
 ROWS_VIEW = [
     ("view-neither-runs-nor-ckpt", "none", ["view", "-o", "{tmp}/p.html"], 2,
-     "give a sweep folder RUNS_DIR or --ckpt CKPT"),
+     "give a sweep folder RUNS_DIR, a patch --json file or --ckpt CKPT"),
     ("view-both-runs-and-ckpt", "runs-with-results", ["view", "{tmp}/runs", "--ckpt", "{ckpt}", "-o", "{tmp}/p.html"],
-     2, "give a sweep folder RUNS_DIR or --ckpt CKPT"),
+     2, "give a sweep folder RUNS_DIR, a patch --json file or --ckpt CKPT"),
     ("view-runs-missing", "none", ["view", "{tmp}/nosuch", "-o", "{tmp}/p.html"], 2, "does not exist"),
     ("view-runs-without-results", "none", ["view", "{tmp}", "-o", "{tmp}/p.html"], 1, "results.csv does not exist"),
     ("view-cache-with-runs", "runs-with-results", ["view", "{tmp}/runs", "--cache", "{tmp}/c.h5", "-o", "{tmp}/p.html"],

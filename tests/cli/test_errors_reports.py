@@ -257,7 +257,8 @@ def _without_model_or_folder(tmp: Path) -> Path:
 
 
 @pytest.mark.parametrize(("run", "reason"), [
-    ("a", "{runs}/a/model.safetensors does not exist"),
+    ("a", "{runs}/a/model.safetensors does not exist and no bundled fixture holds this run's weights (retrain "
+          "it, or view its checkpoint with hookmech view --ckpt FILE)"),
     ("b", "results.csv names it but {runs}/b does not exist"),
 ])
 def test_a_run_without_its_model_or_folder_is_named_in_the_output_and_the_report(run, reason, tmp_path, capsys):

@@ -3,7 +3,9 @@ locked run folder, sweep dry runs and presets, a report without results."""
 from __future__ import annotations
 
 import json
+import math
 
+import pytest
 from click.testing import CliRunner
 
 from hookmech.cli.main import cli
@@ -35,6 +37,20 @@ def test_cli_train_into_a_locked_folder_is_one_line_naming_the_pid(tmp_path, hol
                               "0", "--steps", "2", "--d-model", "8", "--n-dev", "8", "-o", str(tmp_path / "r")], capsys)
     assert code == 1 and err.count("\n") == 1 and err.startswith("hookmech: error: run folder ")
     assert f"in use by process {process.pid}" in err and "Traceback" not in err
+
+
+def test_cli_train_schedule_reaches_the_trainer(tmp_path, capsys):
+    args = ["train", "--task-opt", "vocab_size=16", "--task-opt", "num_kv_pairs=3", "--n-train", "0", "--steps", "20",
+            "--d-model", "8", "--n-dev", "8", "--eval-every", "1"]
+    code, _, err = run_cli([*args, "--schedule", "hf-cosine", "-o", str(tmp_path / "hf")], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "hf" / "run.json").read_text())["train"]["schedule"] == "hf-cosine"
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "hf" / "metrics.jsonl").read_text().splitlines()]
+    # warm-up int(0.1·20) = 2 steps at lr·t/2 (step 0 at lr 0), then cosine over the other 18
+    assert lrs[:3] == pytest.approx([0.0, 0.5e-3, 1e-3])
+    assert lrs[19] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 17 / 18)))
+    code, _, err = run_cli([*args, "--schedule", "linear", "-o", str(tmp_path / "bad")], capsys)
+    assert code == 2 and "--schedule" in err and "Traceback" not in err
 
 
 # -- sweep -------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ exp of segment sums); causality 1e-13; an unpatched prefix uses torch's float64 
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import pytest
@@ -49,6 +50,10 @@ def reference_forward(mixer: Mamba2, u: torch.Tensor, initial: dict[int, torch.T
     B = xbc[..., d_inner : d_inner + G * N].reshape(batch, n_pos, G, N)
     C = xbc[..., d_inner + G * N :].reshape(batch, n_pos, G, N)
     dt = F.softplus(dt + mixer.dt_bias)
+    if mixer.dt_limit is not None:  # transformers' time_step_limit: a clamp after the softplus
+        low, high = mixer.dt_limit
+        dt = torch.maximum(dt, torch.tensor(low, dtype=dt.dtype)) if low is not None else dt
+        dt = torch.minimum(dt, torch.tensor(high, dtype=dt.dtype)) if high is not None else dt
     A = -torch.exp(mixer.A_log)
     group_of_head = torch.arange(H) // (H // G)
     h = torch.zeros(batch, H, P, N, dtype=u.dtype)
@@ -64,7 +69,7 @@ def reference_forward(mixer: Mamba2, u: torch.Tensor, initial: dict[int, torch.T
     y = torch.stack(ys, dim=1)
     # mamba-ssm's gated RMSNorm normalises each group of d_inner / ngroups channels apart.
     gated = (y.reshape(batch, n_pos, d_inner) * F.silu(z)).reshape(batch, n_pos, G, d_inner // G)
-    normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + 1e-5)
+    normed = gated * torch.rsqrt(gated.pow(2).mean(-1, keepdim=True) + mixer.norm.eps)
     normed = normed.reshape(batch, n_pos, d_inner) * mixer.norm.weight
     return normed @ mixer.out_proj.weight.T, y, torch.stack(states, dim=1)
 
@@ -82,7 +87,8 @@ def test_defaults_follow_mamba2_with_small_heads():
 
 @pytest.mark.parametrize(
     "options",
-    [{"headdim": 24}, {"d_conv": -1}, {"ngroups": 3}, {"d_state": 0}, {"chunk_size": 0}, {"dt_min": 0.0}],
+    [{"headdim": 24}, {"d_conv": -1}, {"ngroups": 3}, {"d_state": 0}, {"chunk_size": 0}, {"dt_min": 0.0},
+     {"dt_limit": [0.1, 0.01]}, {"dt_limit": [None, None]}, {"dt_limit": [0.0, 0.1, 1.0]}, {"norm_eps": 0.0}],
 )
 def test_invalid_options_raise_usage_error(options):
     with pytest.raises(UsageError, match="mamba2"):
@@ -160,12 +166,39 @@ def test_forward_without_autograd_equals_the_differentiable_one(options):
     torch.testing.assert_close(fast, mixer(u), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("options", [{}, {"ngroups": 2, "d_conv": 2, "chunk_size": 3}, {"d_conv": 0}])
+@pytest.mark.parametrize("options", [
+    {}, {"ngroups": 2, "d_conv": 2, "chunk_size": 3}, {"d_conv": 0},
+    {"ngroups": 4, "headdim": 4, "dt_limit": [0.02, 0.06]}, {"dt_limit": [None, 0.03]}, {"dt_limit": [0.05, None]},
+    {"ngroups": 2, "norm_eps": 0.5},  # an epsilon large enough to change the output
+])
 def test_mixer_matches_a_positionwise_reference(options):
     mixer = make_mixer(**options)
     u = torch.randn(2, 10, D_MODEL, dtype=torch.double)
     expected, _, _ = reference_forward(mixer, u)
     torch.testing.assert_close(mixer(u), expected, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("dt_limit", [[0.02, 0.06], [None, 0.03], [0.05, None]])
+def test_dt_limit_clamps_delta_after_the_softplus(dt_limit):
+    """hook_delta lies within dt_limit, on its bounds where the softplus is beyond them, and equals
+    the unclamped Δ elsewhere (a bound of None clamps nothing)."""
+    clamped, free = make_mixer(dt_limit=dt_limit), make_mixer()
+    u = torch.randn(2, 10, D_MODEL, dtype=torch.double)
+    seen = {}
+    for name, mixer in (("clamped", clamped), ("free", free)):
+        mixer.hook_delta.add_hook(lambda act, hook, name=name: seen.__setitem__(name, act.clone()))
+        mixer(u)
+        mixer.hook_delta.remove_hooks()
+    low, high = (torch.tensor(-math.inf if b is None else b, dtype=torch.double) for b in (dt_limit[0], dt_limit[1]))
+    high = torch.tensor(math.inf, dtype=torch.double) if dt_limit[1] is None else high
+    torch.testing.assert_close(seen["clamped"], seen["free"].clamp(low, high), rtol=0, atol=0)
+    assert ((seen["free"] < low) | (seen["free"] > high)).any(), "the clamp bites somewhere"
+
+
+def test_no_dt_limit_keeps_the_config_and_the_outputs_of_models_made_before_it():
+    """dt_limit defaults to None: no option recorded (the config's JSON unchanged) and no clamp."""
+    cfg = build_config(d_vocab=20, n_ctx=16, mixers="mamba2", d_model=D_MODEL, n_layers=1)
+    assert "dt_limit" not in cfg.to_json() and make_mixer().dt_limit is None
 
 
 def tiny_model() -> HookedLM:
