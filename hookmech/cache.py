@@ -34,6 +34,7 @@ from torch import Tensor
 from . import __version__
 from .errors import HookmechError, UsageError, suggest, unknown
 from .fileio import atomic_h5, sha256_of
+from .hook_names import parse_hook
 from .identity import model_hash
 from .pretrained import is_pretrained
 from .row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks
