@@ -88,6 +88,8 @@ def for_checkpoint(path: str | Path, name: str | None = None, options: dict[str,
         spec = stored_task_spec(path)
         if spec is None:
             raise UsageError(f"{path} stores no task: give one with --task NAME ({', '.join(REGISTRY)})")
+        if not options:  # the stored spec alone: a fault of it is the file's, named
+            return from_checkpoint(path)
         return from_spec({**spec, **options})
     if name in REGISTRY and "tokenizer" in inspect.signature(REGISTRY[name].__init__).parameters:
         if "tokenizer" not in options and Path(path).is_dir():

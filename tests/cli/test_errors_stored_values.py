@@ -1,8 +1,8 @@
 """Values read from files, and options that look valid, refused in one line that says where the
-fault is: a checkpoint's task spec or dtype names the file (exit 1: the file, not the command line,
-is at fault); a sweep file that is not UTF-8 names itself; gla's clamp_min above 0 (growth, not
-decay) is refused before training; a cache that fails view's check says how to skip it, as view
-can."""
+fault is: a checkpoint's task spec or dtype (one a model computes in: `hookmech.config.DTYPES`)
+names the file (exit 1: the file, not the command line, is at fault); a sweep file that is not
+UTF-8 names itself; gla's clamp_min above 0 (growth, not decay) is refused before training; a
+cache that fails view's check says how to skip it, as view can."""
 from __future__ import annotations
 
 import json
@@ -38,12 +38,12 @@ def test_a_checkpoints_bad_task_spec_names_the_file_and_exits_1(change, words, t
     assert err.count("\n") == 1
 
 
-@pytest.mark.parametrize("dtype", ["int8", "float64", "float16"])
-def test_a_config_dtype_other_than_float32_is_refused(dtype, tmp_path, capsys):
+@pytest.mark.parametrize("dtype", ["int8", "float64"])
+def test_a_config_dtype_no_model_computes_in_is_refused(dtype, tmp_path, capsys):
     checkpoint = _with_metadata(tmp_path / "m.safetensors", "hookmech_config", lambda c: {**c, "dtype": dtype})
     code, _, err = run_cli(["sites", "--ckpt", checkpoint], capsys)
     assert code == 1 and err == (f'hookmech: error: {checkpoint}: model config: dtype = "{dtype}": expected '
-                                 '"float32" (the precision models are built in)\n')
+                                 'one of float32, float16, bfloat16\n')
     config = json.loads(hookmech.load(ATTENTION_FIXTURE).cfg.to_json())
     with pytest.raises(UsageError, match="dtype"):
         ModelConfig.from_json(json.dumps({**config, "dtype": dtype}))
