@@ -75,7 +75,10 @@ def read_config(folder: str | Path) -> dict[str, Any]:
     it is missing, not JSON, not an object, or without a string ``model_type``."""
     config_path = Path(folder) / CONFIG_FILE
     if not config_path.is_file():
-        raise HookmechError(f"{config_path}: missing (a Hugging Face model folder holds config.json and weights)")
+        raise HookmechError(
+            f"{config_path}: missing: {folder} is a folder, and neither a Hugging Face model folder "
+            "(config.json and weights) nor a checkpoint file (.safetensors)"
+        )
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
