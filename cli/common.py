@@ -161,9 +161,12 @@ def allow_mixer_option(command):
 
     @functools.wraps(command)
     def run(*args, allow_mixers=(), **kwargs):
+        specs = split_flag(allow_mixers)
+        if not specs:  # nothing imported early: the mixers' modules come after --threads is set
+            return command(*args, **kwargs)
         from hookmech.mixers.allow_list import allowing
 
-        with allowing(split_flag(allow_mixers)):
+        with allowing(specs):
             return command(*args, **kwargs)
 
     return click.option(

@@ -163,7 +163,8 @@ def test_a_library_call_with_a_wrong_argument_is_one_usage_error(case, words, li
     assert kind == "UsageError" and words in message, (kind, message)
 
 
-def test_loading_a_folder_says_it_is_a_folder(tmp_path):
+def test_loading_a_folder_says_what_the_folder_lacks(tmp_path):
+    """A folder is read as a Hugging Face model folder (`hookmech.pretrained`), not as a missing file."""
     from hookmech.errors import HookmechError
 
     # a folder may be a Hugging Face model folder; one without config.json is neither that nor a checkpoint file
