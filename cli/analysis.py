@@ -11,6 +11,8 @@ from .common import (
     CONTEXT,
     DEFAULT_MEMORY_MIB,
     EXAMPLES_SEED,
+    EXAMPLES_SEED_HELP,
+    ExamplesSeed,
     OutputPath,
     allow_mixer_option,
     ckpt_path,
@@ -71,7 +73,7 @@ def sites(ckpt, as_json):
 @allow_mixer_option
 @click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--n", type=int, default=320, show_default=True, help="number of examples")
-@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
+@click.option("--seed", type=ExamplesSeed(), default=EXAMPLES_SEED, show_default=True, help=EXAMPLES_SEED_HELP)
 @click.option("--sites", "site_specs", multiple=True, help="sites to store (default: all block-level sites)")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
 @click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True)
@@ -156,7 +158,11 @@ def cache(
 )
 @click.option("--n", type=int, default=320, show_default=True, help="examples, without --cache")
 @click.option(
-    "--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples, without --cache"
+    "--seed",
+    type=ExamplesSeed(),
+    default=EXAMPLES_SEED,
+    show_default=True,
+    help=EXAMPLES_SEED_HELP + "; without --cache",
 )
 @click.option(
     "--method",

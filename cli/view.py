@@ -11,6 +11,8 @@ from .common import (
     CKPT_HELP,
     CONTEXT,
     EXAMPLES_SEED,
+    EXAMPLES_SEED_HELP,
+    ExamplesSeed,
     OutputPath,
     allow_mixer_option,
     ckpt_path,
@@ -65,7 +67,7 @@ RECORDS_REFUSED = (("--n", "n"), ("--seed", "seed"), ("--threads", "threads"))
 @click.option(
     "--n", type=int, default=320, show_default=True, help="examples (checkpoint: patched; sweep: per heatmap)"
 )
-@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
+@click.option("--seed", type=ExamplesSeed(), default=EXAMPLES_SEED, show_default=True, help=EXAMPLES_SEED_HELP)
 @threshold_option
 @max_batch_option
 @click.option(
