@@ -73,8 +73,10 @@ ORDERS = ("shuffled", "fixed")
 #: learning-rate schedules (`TrainConfig.schedule`, `learning_rate`): "cosine" warms up over
 #: round(warmup_frac·T) steps at lr·(t+1)/W; "hf-cosine" is Hugging Face's
 #: `get_cosine_schedule_with_warmup` as paper 000's code calls it (tinylang `experiment.py`):
-#: W = int(warmup_frac·T) steps at lr·t/W, so step 0 runs at lr 0 — one step behind "cosine"
-SCHEDULES = ("cosine", "hf-cosine")
+#: W = int(warmup_frac·T) steps at lr·t/W, so step 0 runs at lr 0 — one step behind "cosine";
+#: "hf-linear" is its `get_linear_schedule_with_warmup`, the same warm-up then a linear decay to 0,
+#: which that code uses unless a config says `cosine: true` (its §5.3 runs, `pcfg_gen`)
+SCHEDULES = ("cosine", "hf-cosine", "hf-linear")
 
 #: what each trainer option may be (`TrainConfig` checks them; sweep files are checked against them)
 TRAIN_FIELDS: dict[str, schema.Field] = {
@@ -136,13 +138,16 @@ class TrainConfig:
 
 def learning_rate(step: int, config: TrainConfig) -> float:
     """Return the learning rate of optimizer step `step` (0-based): linear warm-up over
-    the first `warmup_frac` of steps, then cosine decay to 0 at the last step (`SCHEDULES`)."""
+    the first `warmup_frac` of steps, then cosine (or, "hf-linear", linear) decay to 0 at the
+    last step (`SCHEDULES`)."""
     total = config.total_steps()
-    if config.schedule == "hf-cosine":
-        # transformers' lr_lambda (num_cycles 0.5), multiplied in as LambdaLR does: base_lr * factor
+    if config.schedule in ("hf-cosine", "hf-linear"):
+        # transformers' lr_lambdas (cosine: num_cycles 0.5), multiplied in as LambdaLR does: base_lr * factor
         warmup = int(config.warmup_frac * total)
         if step < warmup:
             return config.lr * (step / max(1, warmup))
+        if config.schedule == "hf-linear":
+            return config.lr * max(0.0, float(total - step) / float(max(1, total - warmup)))
         progress = (step - warmup) / max(1, total - warmup)
         return config.lr * max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
     warmup = int(round(config.warmup_frac * total))
