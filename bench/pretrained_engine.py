@@ -142,7 +142,9 @@ def work_units(
     return plain, 2 * unpatched + needed
 
 
-def cells_of(batch: Batch, layers: list[int], changed: dict[int, torch.Tensor]) -> list[tuple[int, list[int], list[bool]]]:
+def cells_of(
+    batch: Batch, layers: list[int], changed: dict[int, torch.Tensor]
+) -> list[tuple[int, list[int], list[bool]]]:
     """Return the cells of `layers` x ROLES in `work_units`' form."""
     rows = torch.arange(len(batch))
     out = []
@@ -193,7 +195,8 @@ def main() -> None:
     batch = task.sample(args.n, seed=1)
     n_pos = batch.tokens.shape[1]
     print(f"AR, {args.n} documents of {n_pos} tokens, random weights, {args.threads} thread(s), best of {args.reps}")
-    print(f"  {'cells':<22} {'n':>5} {'plain s':>8} {'engine s':>8} {'speedup':>7} {'bound':>6} {'of bound':>8} {'max |dp|':>9}")
+    columns = f"{'n':>5} {'plain s':>8} {'engine s':>8} {'speedup':>7} {'bound':>6} {'of bound':>8} {'max |dp|':>9}"
+    print(f"  {'cells':<22} {columns}")
     for key in args.shapes.split(","):
         shape = SHAPES[key]
         model = build(shape)
@@ -208,14 +211,24 @@ def main() -> None:
         sites = [f"L{layer}.block_in" for layer in named]
         plain_s, engine_s, worst = measure(model, batch, sites, args.reps, plain=True)
         plain_units, least = work_units(n_layers, n_pos, head, query, cells_of(batch, named, changed))
-        report(",".join(f"L{layer}" for layer in named) + ".block_in", 3 * len(named), plain_s, engine_s, plain_units / least, worst, False)
+        report(
+            ",".join(f"L{layer}" for layer in named) + ".block_in",
+            3 * len(named),
+            plain_s,
+            engine_s,
+            plain_units / least,
+            worst,
+            False,
+        )
         if args.all_sites:
             all_cells = cells_of(batch, every, changed)
             all_plain, engine_all, worst_all = measure(model, batch, ["L*.block_in"], args.reps, plain=args.plain_all)
             if not args.plain_all:  # every plain forward is the same full forward: scale by their count
                 all_plain = plain_s * (2 + len(all_cells)) / (2 + 3 * len(named))
             plain_units, least = work_units(n_layers, n_pos, head, query, all_cells)
-            report("L*.block_in", len(all_cells), all_plain, engine_all, plain_units / least, worst_all, not args.plain_all)
+            report(
+                "L*.block_in", len(all_cells), all_plain, engine_all, plain_units / least, worst_all, not args.plain_all
+            )
     print("(* the named cells' plain-loop time scaled by its forward count; --plain-all times it)")
 
 
