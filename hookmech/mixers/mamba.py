@@ -355,6 +355,12 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         """Return the state after the positions of `conv` ``[B, P, d_inner]`` (the convolution's
         output there) from `kept_state` ``[B, d_inner, d_state]``; positions not `live` ``[B, P]``
         are no-ops (Δ = 0: decay 1, no input)."""
+        # the live positions end every row's replay: those before the longest run of them are
+        # no-ops in every row, and are not computed (half the replay, on average)
+        needed = int(live.sum(1).max()) if live.numel() else 0
+        if needed == 0:
+            return kept_state.clone()
+        conv, live = conv[:, conv.shape[1] - needed :], live[:, live.shape[1] - needed :]
         u, delta, B, _ = self._ssm_inputs(conv, convolved=True)
         delta = delta * live[..., None]
         A = self._A()

@@ -39,6 +39,11 @@ from torch.autograd.function import once_differentiable
 from .base import needs_grad
 from .decay_exp import decay_exp_
 
+#: bytes of one position's states above which a forward that autograd does not record scans a
+#: block of rows at a time (`selective_scan`): a resumed window stacks hundreds of (patch, row)
+#: pairs, and at d_inner 1536 a position's states of 64 of them (6 MB) leave the cache at every
+#: step (1.6x slower than blocks of 4 rows, bench/pretrained_engine.py)
+ROW_BLOCK_BYTES = 512 << 10
 #: positions per chunk of the fast scan; 8-32 measure alike on CPU (bench/mamba_scan.py)
 DEFAULT_CHUNK = 16
 #: ... but a chunk's states take at most this many bytes: larger blocks are fresh memory from the
@@ -207,6 +212,14 @@ class _SelectiveScan(torch.autograd.Function):
         )
 
 
+def _row_blocks(u: Tensor, A: Tensor) -> list[slice]:
+    """Return the blocks of rows of `u` ``[batch, pos, d_inner]`` whose states at a position take at
+    most ROW_BLOCK_BYTES (at least one row each)."""
+    per_row = u.shape[2] * A.shape[1] * u.element_size()
+    size = max(1, ROW_BLOCK_BYTES // per_row)
+    return [slice(start, start + size) for start in range(0, u.shape[0], size)]
+
+
 @torch.no_grad()
 def strided_selective_scan(
     u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, stride: int
@@ -249,7 +262,15 @@ def selective_scan(
     d_state]`` is the state before the first position (zeros when None), e.g. to resume a
     scan; it is differentiable too.
     """
-    y = _SelectiveScan.apply(u, delta, A, B, C, chunk, h0)
+    blocks = _row_blocks(u, A)
+    if needs_grad(u, delta, A, B, C, h0) or len(blocks) <= 1:
+        y = _SelectiveScan.apply(u, delta, A, B, C, chunk, h0)
+    else:  # every operation is per row: the same bytes a block of rows at a time, its states in cache
+        parts = []
+        for rows in blocks:
+            h0_rows = None if h0 is None else h0[rows]
+            parts.append(_SelectiveScan.apply(u[rows], delta[rows], A, B[rows], C[rows], chunk, h0_rows))
+        y = torch.cat(parts)
     if D is not None:
         y = y + u * D
     return y

@@ -110,7 +110,7 @@ def resumed_pairs(
     # hooks are installed once and pointed at each chunk: adding and removing them per chunk
     # walks every hook point of the model each time
     with model.hooks(fwd_hooks=[(patcher.plan.target.hook, patcher) for patcher in patchers]):
-        for chunk in width_chunks(widths[order].tolist(), max_batch):
+        for chunk in width_chunks(widths[order].tolist(), max_batch, waste_floor(resid.shape[-1])):
             pairs = order[chunk]
             which_patch, rows = patch_index[pairs], row_index[pairs]
             width, start = resume_window(widths[pairs], query[rows])
@@ -128,23 +128,35 @@ WIDTH_GROWTH = 1.25
 #: resumed forward costs a fixed few milliseconds of Python and small-tensor calls, what a few
 #: hundred positions cost at d_model 64, so merging short windows is cheaper than running them apart
 WASTE_FLOOR = 512
+#: the residual width up to which WASTE_FLOOR holds (`waste_floor`)
+WASTE_FLOOR_WIDTH = 128
 
 
-def width_chunks(widths: list[int], max_batch: int) -> Iterator[slice]:
+def waste_floor(d_model: int) -> int:
+    """Return the positions a chunk of a model with residual width `d_model` may compute for
+    nothing (`width_chunks`): WASTE_FLOOR up to WASTE_FLOOR_WIDTH, then less as d_model² grows.
+    A resumed forward's fixed cost stays, a position's grows with d_model²: at d_model 768
+    (Pythia-160m, Mamba-130m) WASTE_FLOOR merged a key's windows of 6 to 60 positions into one
+    chunk that computed 64 % more positions than they need (bench/pretrained_engine.py)."""
+    return round(WASTE_FLOOR * min(1.0, (WASTE_FLOOR_WIDTH / d_model) ** 2))
+
+
+def width_chunks(widths: list[int], max_batch: int, floor: int | None = None) -> Iterator[slice]:
     """Yield slices covering `widths` (ascending window widths, one per pair) of at most
     `max_batch` pairs, a new slice wherever the next width would make the slice compute more than
-    WASTE_FLOOR positions for nothing (a chunk runs every row on its widest window) and exceeds
+    `floor` positions for nothing (default WASTE_FLOOR; a chunk runs every row on its widest window) and exceeds
     WIDTH_GROWTH times the slice's first width (and its first + 1): this bounds the positions
     computed for nothing to a quarter, where fixed-size chunks of a key's windows (4 to 35
     positions) ran most rows on 30 or more, while short windows (ATR's patches near the query:
     1 to 20 positions) share a few forwards instead of one per width."""
+    floor = WASTE_FLOOR if floor is None else floor
     start = 0
     while start < len(widths):
         limit = max(widths[start] * WIDTH_GROWTH, widths[start] + 1)
         stop, total = start + 1, widths[start]
         while stop < len(widths) and stop - start < max_batch:
             waste = (stop + 1 - start) * widths[stop] - (total + widths[stop])
-            if widths[stop] > limit and waste > WASTE_FLOOR:
+            if widths[stop] > limit and waste > floor:
                 break
             total += widths[stop]
             stop += 1
