@@ -20,6 +20,7 @@ from .errors import HookmechError, NoComponentError, UsageError
 from .hook_names import (
     FINAL_NORM,
     MIXER,
+    TL_ATTN,
     block_aliases,
     block_hook,
     block_path,
@@ -30,7 +31,7 @@ from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
 from .initialisation import initialise
 from .mixers import build_mixer, spec_of
 from .mixers.base import Mixer, hook_in_use, take_window, window_of
-from .mixers.capabilities import AttentionWeights, ExactPatchEffects, MixerMemo, PatchMemo
+from .mixers.capabilities import AttentionWeights, ExactPatchEffects, MissingCapability, MixerMemo, PatchMemo
 from .path_routes import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
     Acts,
@@ -154,6 +155,16 @@ class Block(nn.Module):
                 self.hook_resid_mid = AxisHookPoint()
             self.hook_mlp_in = AxisHookPoint()
             self.hook_mlp_out = AxisHookPoint()
+
+    def __getattr__(self, name: str) -> Tensor | nn.Module:
+        """nn.Module's, except that ``attn`` of a block whose mixer has no attention weights is a
+        `MissingCapability` (an AttributeError: ``getattr(block, "attn", None)`` is None) saying so."""
+        if name == TL_ATTN:
+            raise MissingCapability(
+                f"blocks[{self.layer}].attn: block {self.layer}'s mixer ({type(self.mixer).__name__}) has no "
+                f"attention weights (only softmax attention has them); its output is {block_hook(self.layer, 'mixer_out')}"
+            )
+        return super().__getattr__(name)
 
     @property
     def has_attention_weights(self) -> bool:

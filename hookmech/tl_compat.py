@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
-from transformer_lens import ActivationCache
+from transformer_lens import ActivationCache, head_detector
+from transformer_lens import patching as tl_patching
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name, lm_cross_entropy_loss
 
 from .errors import HookmechError, NoComponentError, UsageError, unknown
 from .hook_names import (
     FINAL_NORM_MODULE,
+    MIXER,
     MLP,
     MLP_PARTS,
     TL_ATTN,
@@ -82,6 +84,7 @@ class AliasedActivationCache(ActivationCache):
         name = self._full_name(key)
         if name in self.cache_dict:
             return self.cache_dict[name]
+        model.check_heads_uniform(name.removesuffix(GRAD_SUFFIX))
         if name in model.hook_aliases:
             return self.cache_dict[model.hook_aliases[name]]
         if name.endswith(GRAD_SUFFIX) and name.removesuffix(GRAD_SUFFIX) in model.hook_aliases:
@@ -97,7 +100,7 @@ class AliasedActivationCache(ActivationCache):
     def __contains__(self, key) -> bool:
         """True for what `cache[key]` returns: a hook, an alias of one, or a value computed from
         the cached hooks (computing it, for the last)."""
-        if key in self.cache_dict or getattr(self.model, "hook_aliases", {}).get(key) in self.cache_dict:
+        if key in self.cache_dict:
             return True
         try:
             self[key]
@@ -124,6 +127,14 @@ class AliasedActivationCache(ActivationCache):
         activation = self.cache_dict[hook]
         return activation if self.has_batch_dim else activation[None]
 
+    def _uses_ln_centering(self, layer: int | None) -> bool:
+        # TransformerLens (>= 4.3) asks whether the norm before `layer` centres (a LayerNorm) by its
+        # one normalization_type, the final norm's: each of these models' norms answers for itself,
+        # so that apply_ln_to_stack(layer=l) on a Mamba block's RMSNorm under a final LayerNorm is that RMSNorm
+        blocks = self.model.blocks
+        norm = self.model.ln_final.norm if layer is None or not 0 <= layer < len(blocks) else blocks[layer].ln1
+        return norm_kind(norm) == "LN"
+
     def _ensure_head_results(self) -> bool:
         # TransformerLens computes head results from attn.hook_z and blocks[l].attn.W_O, which
         # only attention has; here they are computed on each read (`Block.head_results`)
@@ -141,6 +152,8 @@ class AliasedActivationCache(ActivationCache):
 
 #: TransformerLens's `forward(return_type=...)`: what a run returns (`TransformerLensCompat.model_output`)
 RETURN_TYPES = ("logits", "loss", "both", None)
+#: how TransformerLens's SSM bridges name the hooks of their mixers (``mixer.hook_ssm_out``, ``hook_ssm_state``)
+TL_SSM_PREFIX = "ssm_"
 #: the suffix TransformerLens gives a hook's gradient in a cache (``run_with_cache(incl_bwd=True)``)
 GRAD_SUFFIX = "_grad"
 
@@ -173,10 +186,10 @@ class TransformerLensCompat(TransformerLensWeights):
         for name in (name for name, _ in hooks if isinstance(name, str)):
             if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
                 raise unknown("hook", name, [*self.hook_dict, *self.hook_aliases])
-            self._check_heads_uniform(name)
+            self.check_heads_uniform(name)
         return super().run_with_hooks(*model_args, **kwargs)
 
-    def _check_heads_uniform(self, name: str) -> None:
+    def check_heads_uniform(self, name: str) -> None:
         """Raise a NoComponentError for TransformerLens's per-head name `name` (``attn.hook_*``)
         on a model whose layers differ in head count: TransformerLens sizes every layer's head
         axis by one `cfg.n_heads` (layer 0's), so its head sweeps and labels would silently skip
@@ -343,15 +356,16 @@ class TransformerLensCompat(TransformerLensWeights):
             ln2_input = block_hook(layer, "resid_pre" if block.parallel else "resid_mid")
             return self._block_norm_scale(name, block.ln2, read(ln2_input))
         if part == (TL_ATTN, TL_RESULT):
-            self._check_heads_uniform(name)
+            self.check_heads_uniform(name)
             return block.head_results(read(block_hook(layer, "mixer_in")), read(block_hook(layer, "mixer_out")))
         if part == (MLP, TL_POST):
             return block.mlp.neurons(read(block_hook(layer, "mlp_in")))
         return None
 
     def _block_norm_scale(self, name: str, norm: nn.LayerNorm | RMSNorm, resid: Resid) -> Tensor:
-        """`norm_scale` of a block norm, refused where TransformerLens would apply it as the other kind."""
-        if norm_kind(norm) != self.cfg.normalization_type:
+        """`norm_scale` of a block norm; refused where TransformerLens would apply it as the other kind
+        (a TransformerLens without `ActivationCache._uses_ln_centering`, which the cache answers per norm)."""
+        if norm_kind(norm) != self.cfg.normalization_type and not hasattr(ActivationCache, "_uses_ln_centering"):
             raise NoComponentError(
                 f"{name}: this block's norm is {type(norm).__name__}, but TransformerLens's apply_ln applies "
                 f"every norm as the final one (cfg.normalization_type {self.cfg.normalization_type!r}): "
@@ -371,7 +385,8 @@ class TransformerLensCompat(TransformerLensWeights):
         if needs_mlp(parsed) and not self.blocks[layer].has_mlp:
             return NoComponentError(
                 f"{name}: block {layer} ({mixer}) has no MLP, so it has no {', '.join(MLP_PARTS)} "
-                "or MLP norm; TransformerLens's MLP sweeps and names do not apply to it"
+                "or MLP norm; TransformerLens's MLP sweeps and names do not apply to it "
+                "(hookmech.tl_compat.get_act_patch_block_every sweeps the parts it has)"
             )
         if parsed.part == "resid_mid" and parsed.inside is None and self.blocks[layer].parallel:
             return NoComponentError(
@@ -385,10 +400,99 @@ class TransformerLensCompat(TransformerLensWeights):
                 f"{name}: block {layer}'s mixer ({mixer}) has no such hook; of TransformerLens's attn names "
                 f"it answers to {', '.join(known)}"
             )
+        if parsed.part == MIXER and parsed.inside is not None and parsed.inside.startswith(TL_SSM_PREFIX):
+            known = [hook for hook in [*self.hook_dict, *self.hook_aliases] if _is_tl_ssm_name(hook, layer)]
+            return NoComponentError(
+                f"{name}: block {layer}'s mixer ({mixer}) has no such hook; of TransformerLens's SSM names "
+                f"(mixer.hook_ssm_*) it answers to {', '.join(known) or 'none: it is no state-space model'}"
+            )
         return None
+
+
+def _is_tl_ssm_name(hook_name: str, layer: int) -> bool:
+    """Return True where `hook_name` is a hook (or alias) of block `layer`'s mixer named as
+    TransformerLens's SSM bridges name theirs (``mixer.hook_ssm_out``)."""
+    parsed = parse_hook(hook_name)
+    return (
+        parsed is not None
+        and (parsed.layer, parsed.part) == (layer, MIXER)
+        and (parsed.inside or "").startswith(TL_SSM_PREFIX)
+    )
 
 
 def _in_sublayer(hook_name: str, layer: int, sublayer: str) -> bool:
     """Return True where `hook_name` is a hook of module `sublayer` of block `layer`."""
     parsed = parse_hook(hook_name)
     return parsed is not None and parsed.layer == layer and parsed.part == sublayer and parsed.inside is not None
+
+
+#: the parts TransformerLens's `get_act_patch_block_every` patches, in its order, and its sweep of each
+BLOCK_EVERY_SWEEPS: dict[str, Callable[..., Any]] = {
+    "resid_pre": tl_patching.get_act_patch_resid_pre,
+    "attn_out": tl_patching.get_act_patch_attn_out,
+    "mlp_out": tl_patching.get_act_patch_mlp_out,
+}
+
+
+def block_every_parts(model: TransformerLensCompat) -> tuple[str, ...]:
+    """Return the parts `get_act_patch_block_every` patches on `model`: ``resid_pre``, ``attn_out``
+    (the mixer's output) and, where every block has an MLP, ``mlp_out``."""
+    parts = tuple(BLOCK_EVERY_SWEEPS)
+    return parts if all(block.has_mlp for block in model.blocks) else parts[:2]
+
+
+def get_act_patch_block_every(
+    model: TransformerLensCompat,
+    corrupted_tokens: Tensor,
+    clean_cache: ActivationCache,
+    metric: Callable,
+    **kwargs: Any,
+) -> Any:
+    """Return TransformerLens's `patching.get_act_patch_block_every` ``[part, n_layers, pos]`` for
+    the parts `model` has (`block_every_parts`): its own result (3 parts; a `PatchingResult` with
+    its `reduce` or `baseline` options) where every block has an MLP; on a model whose blocks
+    lack one (Mamba's) its resid_pre and attn_out sweeps stacked (2 parts), where
+    TransformerLens's own refuses the missing MLP."""
+    parts = block_every_parts(model)
+    if len(parts) == len(BLOCK_EVERY_SWEEPS):
+        return tl_patching.get_act_patch_block_every(model, corrupted_tokens, clean_cache, metric, **kwargs)
+    results = [BLOCK_EVERY_SWEEPS[part](model, corrupted_tokens, clean_cache, metric, **kwargs) for part in parts]
+    if not all(isinstance(result, Tensor) for result in results):
+        raise UsageError(
+            f"get_act_patch_block_every: {', '.join(kwargs)} give PatchingResults, which do not stack: "
+            f"call transformer_lens.patching's sweeps of {', '.join(parts)} one by one"
+        )
+    return torch.stack(results)
+
+
+class _TorchDtypeConfig:
+    """A model's config that answers ``dtype`` as a torch dtype (TransformerLens's), the rest as itself."""
+
+    def __init__(self, cfg: Any):
+        self._cfg = cfg
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cfg, name)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(torch, self._cfg.dtype)
+
+
+class _TorchDtypeView:
+    """A model whose ``cfg.dtype`` is a torch dtype: what TransformerLens's head detector reads."""
+
+    def __init__(self, model: TransformerLensCompat):
+        self._model = model
+        self.cfg = _TorchDtypeConfig(model.cfg)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def detect_head(model: TransformerLensCompat, seq: str | list[str], detection_pattern: Any, **kwargs: Any) -> Tensor:
+    """Return TransformerLens's `head_detector.detect_head` ``[n_layers, n_heads]`` on `model`: its own
+    function, given the model with ``cfg.dtype`` as the torch dtype it reads (a hookmech config
+    records the dtype's name, ``"float32"``, which TransformerLens's own call refuses with a TypeError).
+    `seq` is text in the model's vocabulary (`TransformerLensCompat.to_tokens`)."""
+    return head_detector.detect_head(_TorchDtypeView(model), seq, detection_pattern, **kwargs)  # type: ignore[arg-type]
