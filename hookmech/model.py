@@ -161,8 +161,8 @@ class Block(nn.Module):
         `MissingCapability` (an AttributeError: ``getattr(block, "attn", None)`` is None) saying so."""
         if name == TL_ATTN:
             raise MissingCapability(
-                f"blocks[{self.layer}].attn: block {self.layer}'s mixer ({type(self.mixer).__name__}) has no "
-                f"attention weights (only softmax attention has them); its output is {block_hook(self.layer, 'mixer_out')}"
+                f"blocks[{self.layer}].attn: block {self.layer}'s mixer ({type(self.mixer).__name__}) has no attention "
+                f"weights (only softmax attention has them); its output is {block_hook(self.layer, 'mixer_out')}"
             )
         return super().__getattr__(name)
 
