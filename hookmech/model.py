@@ -39,7 +39,6 @@ from .shapes import (
     Gradients,
     HeadResults,
     KeptWindow,
-    Logits,
     PositionEffects,
     QueryLogits,
     Resid,
@@ -50,7 +49,7 @@ from .shapes import (
     Tokens,
     Window,
 )
-from .tl_compat import TransformerLensCompat
+from .tl_compat import ModelOutput, TransformerLensCompat
 from .validate import check_tokens
 
 
@@ -486,7 +485,7 @@ class HookedLM(TransformerLensCompat):
         stop_at_layer: int | None = None,
         positions: RowInts | None = None,
         tail_at_positions: bool = False,
-    ) -> Logits | QueryLogits | Resid | Tensor | tuple[Logits, Tensor] | None:
+    ) -> ModelOutput:
         """Run the model.
 
         `return_type`, `loss_per_token`: TransformerLens's ("logits", "loss", "both", None;

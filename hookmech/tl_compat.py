@@ -150,6 +150,9 @@ class AliasedActivationCache(ActivationCache):
         return AliasedActivationCache(sliced.cache_dict, self.model, has_batch_dim=sliced.has_batch_dim)
 
 
+#: what a forward returns: logits (of every position, or of one per row), a residual stream
+#: (`stop_at_layer`), a loss, ``(logits, loss)``, or None (TransformerLens's `return_type`)
+ModelOutput = Logits | QueryLogits | Resid | Tensor | tuple[Logits, Tensor] | None
 #: TransformerLens's `forward(return_type=...)`: what a run returns (`TransformerLensCompat.model_output`)
 RETURN_TYPES = ("logits", "loss", "both", None)
 #: how TransformerLens's SSM bridges name the hooks of their mixers (``mixer.hook_ssm_out``, ``hook_ssm_state``)
@@ -169,8 +172,9 @@ class TransformerLensCompat(TransformerLensWeights):
 
         def resid_hook(self, layer: int) -> str: ...
 
-    def run_with_hooks(self, *model_args: Any, **kwargs: Any) -> Logits | QueryLogits | Resid:
-        """Run the model with `fwd_hooks` and `bwd_hooks` attached; return its output.
+    def run_with_hooks(self, *model_args: Any, **kwargs: Any) -> Any:
+        """Run the model with `fwd_hooks` and `bwd_hooks` attached; return its output (`ModelOutput`:
+        what `forward` returns for the arguments).
 
         TransformerLens's own, after two checks that turn its raw errors into a UsageError: the
         tokens (`check_tokens`, unless the input is a residual stream given with `start_at_layer`)
@@ -215,8 +219,9 @@ class TransformerLensCompat(TransformerLensWeights):
 
     def run_with_cache(
         self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any
-    ) -> tuple[Logits | QueryLogits | Resid | Tensor, AliasedActivationCache | dict[str, Tensor]]:
-        """Run the model, returning ``(output, cache)``.
+    ) -> tuple[Any, AliasedActivationCache | dict[str, Tensor]]:
+        """Run the model, returning ``(output, cache)`` (the output: `ModelOutput`, what `forward`
+        returns for the arguments).
 
         As TransformerLens's HookedTransformer: the cache is an `ActivationCache` (an
         `AliasedActivationCache`, which also answers to `hook_aliases`) unless
