@@ -17,7 +17,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 from transformer_lens import patching as tl_patching
 
 import hookmech

@@ -347,3 +347,19 @@ def test_head_hooks_of_layers_with_different_head_counts_are_refused(ar_task):
         one_line_refusal(refused.value, name, "[1, 2] heads")
         assert name not in cache
     assert cache["blocks.1.mixer.hook_z"].shape[2] == 2  # hookmech's own name holds every head
+
+
+def test_a_pretrained_folder_speaks_through_the_tokenizer_beside_its_weights(tmp_path):
+    import pretrained_folders
+
+    pretrained_folders.gpt2(tmp_path)
+    model = hookmech.from_pretrained(tmp_path)
+    reference = pretrained_folders.word_tokenizer()  # transformers' tokenizer of the same words
+    text = "w3 w1 w40 w7"
+    expected = reference(text, add_special_tokens=False)["input_ids"]
+    assert model.to_tokens(text).tolist() == [expected]
+    assert model.to_tokens(text, prepend_bos=True).tolist() == [[reference.bos_token_id, *expected]]
+    assert model.to_string(torch.tensor(expected)) == reference.decode(expected)
+    assert model.to_str_tokens(text) == reference.convert_ids_to_tokens(expected)
+    logits = model(model.to_tokens(text))
+    assert logits.shape == (1, 4, model.cfg.d_vocab)
