@@ -395,11 +395,9 @@ class TiedUnembed(nn.Module):
 class HookedLM(TransformerLensCompat):
     """A causal language model whose every intermediate activation is a named hook.
 
-    A TransformerLens `HookedRootModule` (`run_with_hooks`, `run_with_cache`, `hooks()`), whose
-    ``cfg`` answers what TransformerLens's generic code reads (`ModelConfig`). What else its code
-    and users call on a model is `hookmech.tl_compat`'s and `hookmech.tl_weights`'; docs/guide.md
-    §6 says which of TransformerLens's tools run on which mixer.
-    """
+    A TransformerLens `HookedRootModule` whose ``cfg`` answers what TransformerLens's code reads
+    (`ModelConfig`); what else its code and users call on a model is `hookmech.tl_compat`'s and
+    `hookmech.tl_weights`' (docs/guide.md §6: which of its tools run on which mixer)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -503,7 +501,7 @@ class HookedLM(TransformerLensCompat):
         is in use (then every position, as without it). The logits are the same computation on
         fewer rows (equal to float rounding); the patching engine asks for it, training does not.
         """
-        self.check_return_type(return_type, gives_logits=start_at_layer is stop_at_layer is positions is None)
+        self.check_return_type(return_type, start_at_layer, stop_at_layer, positions)
         if start_at_layer is None:  # an id outside the vocabulary: an IndexError on CPU, a device assert on CUDA
             check_tokens(input, self.cfg, "HookedLM")
         resid = self.embed_tokens(input) if start_at_layer is None else input

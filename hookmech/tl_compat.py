@@ -263,15 +263,16 @@ class TransformerLensCompat(TransformerLensWeights):
         loss = lm_cross_entropy_loss(logits, tokens, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
-    def check_return_type(self, return_type: str | None, *, gives_logits: bool) -> None:
-        """Raise a UsageError unless `return_type` is one of TransformerLens's (`RETURN_TYPES`)
-        and, for a loss, the forward gives every position's logits of its tokens
-        (`gives_logits`: no `start_at_layer`, `stop_at_layer` or `positions`)."""
+    def check_return_type(self, return_type: str | None, *other_outputs: Any) -> None:
+        """Raise a UsageError unless `return_type` is one of TransformerLens's (`RETURN_TYPES`) and,
+        unless it is "logits", the forward's `other_outputs` options (`start_at_layer`,
+        `stop_at_layer`, `positions`) are all None: a loss is of a run of tokens to every
+        position's logits."""
         if return_type not in RETURN_TYPES:
             raise UsageError(f"return_type must be one of {', '.join(map(repr, RETURN_TYPES))}, got {return_type!r}")
-        if return_type in ("loss", "both") and not gives_logits:
+        if return_type != "logits" and any(option is not None for option in other_outputs):
             raise UsageError(
-                f"return_type={return_type!r} needs the tokens and the logits of every position: "
+                f"return_type={return_type!r} is for a run of tokens to the logits of every position: "
                 "not with start_at_layer, stop_at_layer or positions"
             )
 
