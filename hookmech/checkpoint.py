@@ -189,8 +189,6 @@ def load(
     meta = read_metadata(path)
     model = _build(_resolved(meta["config"], allow_mixers, path), device, path)
     _load_into(model, _load_state(path), path)
-    if isinstance(meta.get("task"), dict):  # to_tokens / to_string: its task's token names, made on first use
-        model.set_vocabulary(meta["task"])
     # built in float32; a config that records another compute dtype (ModelConfig.dtype) runs in it
     return model.to(device=device, dtype=getattr(torch, meta["config"].dtype)).eval()
 

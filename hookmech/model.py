@@ -392,7 +392,7 @@ class TiedUnembed(nn.Module):
         return resid @ self.embed.weight.T
 
 
-class HookedLM(TransformerLensCompat):
+class HookedLM(TransformerLensCompat[Block]):
     """A causal language model whose every intermediate activation is a named hook.
 
     A TransformerLens `HookedRootModule` whose ``cfg`` answers what TransformerLens's code reads

@@ -39,15 +39,12 @@ from .hook_names import (
     sublayer_hook,
 )
 from .shapes import Acts, Logits, QueryLogits, Resid
-from .tl_weights import TransformerLensWeights
+from .tl_weights import BlockT, Norm, TransformerLensWeights
 from .validate import check_tokens
 from .vocabulary import Vocabulary, vocabulary_of
 
-if TYPE_CHECKING:
-    from .model import RMSNorm
 
-
-def norm_scale(norm: nn.LayerNorm | RMSNorm, x: Acts) -> Acts:
+def norm_scale(norm: Norm, x: Acts) -> Acts:
     """Return what `norm` divides `x` ``[batch, pos, d_model]`` by, ``[batch, pos, 1]``:
     sqrt(variance + eps) for a LayerNorm (after centring), sqrt(mean square + eps) for an
     RMSNorm (TransformerLens's ``hook_scale``)."""
@@ -56,7 +53,7 @@ def norm_scale(norm: nn.LayerNorm | RMSNorm, x: Acts) -> Acts:
     return (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
 
 
-def norm_kind(norm: nn.LayerNorm | RMSNorm) -> str:
+def norm_kind(norm: Norm) -> str:
     """Return TransformerLens's name of `norm`'s kind (`ModelConfig.normalization_type`): "LN" or "RMS"."""
     return "LN" if isinstance(norm, nn.LayerNorm) else "RMS"
 
@@ -161,7 +158,7 @@ TL_SSM_PREFIX = "ssm_"
 GRAD_SUFFIX = "_grad"
 
 
-class TransformerLensCompat(TransformerLensWeights):
+class TransformerLensCompat(TransformerLensWeights[BlockT]):
     """The part of `HookedLM` TransformerLens's code and its users call (module docstring)."""
 
     #: what `vocabulary` is made from (`set_vocabulary`), or the vocabulary once made; None: none
@@ -278,9 +275,8 @@ class TransformerLensCompat(TransformerLensWeights):
 
     # -- text (TransformerLens's to_tokens, to_string, to_str_tokens; hookmech.vocabulary) ---------
     def set_vocabulary(self, source: Any) -> None:
-        """Give the model the vocabulary `to_tokens` and `to_string` use: a task or a task spec
-        (its token names), a tokenizer or its path, or the `d_vocab` token names (`vocabulary_of`;
-        made on first use)."""
+        """Give the model the vocabulary `to_tokens` and `to_string` use: a task (its token names),
+        a tokenizer or its path, or the `d_vocab` token names (`vocabulary_of`; made on first use)."""
         self.vocabulary_source = source
 
     @property
@@ -289,8 +285,8 @@ class TransformerLensCompat(TransformerLensWeights):
         source = self.vocabulary_source
         if source is None:
             raise UsageError(
-                "this model has no vocabulary: load it with hookmech.load from a checkpoint that stores its task "
-                "(or a pretrained folder with a tokenizer), or call model.set_vocabulary(task)"
+                "this model has no vocabulary: give it its task's, model.set_vocabulary(task) (a checkpoint's: "
+                "hookmech.tasks.from_checkpoint(path)), or load a pretrained folder with a tokenizer"
             )
         vocabulary = vocabulary_of(source, self.cfg.d_vocab)
         self.vocabulary_source = vocabulary
@@ -368,7 +364,7 @@ class TransformerLensCompat(TransformerLensWeights):
             return block.mlp.neurons(read(block_hook(layer, "mlp_in")))
         return None
 
-    def _block_norm_scale(self, name: str, norm: nn.LayerNorm | RMSNorm, resid: Resid) -> Tensor:
+    def _block_norm_scale(self, name: str, norm: Norm, resid: Resid) -> Tensor:
         """`norm_scale` of a block norm; refused where TransformerLens would apply it as the other kind
         (a TransformerLens without `ActivationCache._uses_ln_centering`, which the cache answers per norm)."""
         if norm_kind(norm) != self.cfg.normalization_type and not hasattr(ActivationCache, "_uses_ln_centering"):

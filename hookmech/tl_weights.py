@@ -14,23 +14,88 @@ copy), so gradients reach them; no norm is folded in (the weights are the model'
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import torch
 from torch import Tensor, nn
 from transformer_lens import FactoredMatrix, HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 from .config import ModelConfig
 from .errors import NoComponentError, UsageError
 from .hook_names import FINAL_NORM_MODULE, MLP, TL_ATTN, TL_NORMS, block_path
-from .mixers.capabilities import ATTENTION_WEIGHTS
+from .mixers.capabilities import ATTENTION_WEIGHTS, AttentionWeights
 from .validate import check_tokens
-
-if TYPE_CHECKING:
-    from .model import Block, FinalNorm, RMSNorm, TiedUnembed
 
 #: TransformerLens's names of an MLP's weights (`hookmech.model.MLP`)
 MLP_WEIGHTS = ("W_in", "b_in", "W_out", "b_out")
+
+
+class Norm(Protocol):
+    """What the TransformerLens layer reads of a norm (`hookmech.model.make_norm`: a LayerNorm or an RMSNorm)."""
+
+    @property
+    def eps(self) -> float: ...
+
+    @property
+    def weight(self) -> Tensor: ...
+
+
+class NormHolder(Protocol):
+    """The final norm's module (`hookmech.model.FinalNorm`): its norm, and its hook on its output."""
+
+    @property
+    def norm(self) -> Norm: ...
+
+    @property
+    def hook_normalized(self) -> HookPoint: ...
+
+    def __call__(self, resid: Tensor) -> Tensor: ...
+
+
+class Neurons(Protocol):
+    """What the TransformerLens layer reads of an MLP (`hookmech.model.MLP`) besides TransformerLens's weights."""
+
+    @property
+    def b_out(self) -> Tensor: ...
+
+    def neurons(self, x: Tensor) -> Tensor: ...
+
+
+class TLBlock(Protocol):
+    """What the TransformerLens layer reads of a block (`hookmech.model.Block`): written here, so
+    that this module and `hookmech.tl_compat` need not import the model that inherits them."""
+
+    @property
+    def layer(self) -> int: ...
+
+    @property
+    def has_mlp(self) -> bool: ...
+
+    @property
+    def parallel(self) -> bool: ...
+
+    @property
+    def ln1(self) -> Norm: ...
+
+    @property
+    def ln2(self) -> Norm: ...
+
+    @property
+    def mlp(self) -> Neurons: ...
+
+    @property
+    def has_attention_weights(self) -> bool: ...
+
+    def tl_attention(self, name: str) -> AttentionWeights: ...
+
+    def head_result_bias(self) -> Tensor: ...
+
+    def head_results(self, mixer_in: Tensor, mixer_out: Tensor) -> Tensor: ...
+
+
+#: the model's block class (`hookmech.model.Block`)
+BlockT = TypeVar("BlockT", bound=TLBlock)
 
 
 def _stacked_weight(name: str, shape: str) -> property:
@@ -43,21 +108,21 @@ def _stacked_weight(name: str, shape: str) -> property:
     return property(read)
 
 
-class TransformerLensWeights(HookedRootModule):
+class TransformerLensWeights(HookedRootModule, Generic[BlockT]):
     """The part of `HookedLM` that answers TransformerLens's weight names (module docstring)."""
 
     if TYPE_CHECKING:  # for mypy only: HookedLM's
         embed: nn.Embedding
         pos_embed: nn.Embedding
-        unembed: nn.Linear | TiedUnembed
-        ln_final: FinalNorm
+        unembed: nn.Module
+        ln_final: NormHolder
 
         @property
         def cfg(self) -> ModelConfig: ...
 
         # `blocks` is an nn.ModuleList (its items typed Module) of Block
         @property
-        def blocks(self) -> Sequence[Block]: ...
+        def blocks(self) -> Sequence[BlockT]: ...
 
         @blocks.setter
         def blocks(self, value: nn.ModuleList) -> None: ...
@@ -149,10 +214,11 @@ class TransformerLensWeights(HookedRootModule):
         if self.cfg.pos_emb == "learned":
             params["pos_embed.W_pos"] = self.W_pos
         for layer, block in enumerate(self.blocks):
-            parts: list[tuple[str, nn.LayerNorm | RMSNorm]] = [(TL_NORMS[0], block.ln1)]
+            parts: list[tuple[str, Norm]] = [(TL_NORMS[0], block.ln1)]
             if block.has_attention_weights:
+                attention = block.tl_attention(TL_ATTN)
                 params.update(
-                    {block_path(layer, f"{TL_ATTN}.{name}"): getattr(block.attn, name) for name in ATTENTION_WEIGHTS}
+                    {block_path(layer, f"{TL_ATTN}.{name}"): getattr(attention, name) for name in ATTENTION_WEIGHTS}
                 )
             if block.has_mlp:
                 params.update({block_path(layer, f"{MLP}.{name}"): getattr(block.mlp, name) for name in MLP_WEIGHTS})
@@ -202,7 +268,7 @@ class TransformerLensWeights(HookedRootModule):
         return total
 
 
-def _norm_parameters(module_name: str, norm: nn.LayerNorm | RMSNorm) -> dict[str, Tensor]:
+def _norm_parameters(module_name: str, norm: Norm) -> dict[str, Tensor]:
     """TransformerLens's names of a norm's weight and bias (``ln1.w``, ``ln1.b``): the bias where it has one."""
     params: dict[str, Tensor] = {f"{module_name}.w": norm.weight}
     bias = getattr(norm, "bias", None)  # an RMSNorm has none

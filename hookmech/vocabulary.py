@@ -3,10 +3,10 @@
 
 Two kinds: a task's token names (``k3 v0 DIV``, one word per token: a text is its tokens' names
 separated by spaces), and a tokenizer's (`hookmech.tasks.tokenizer.TextTokenizer`: a pretrained
-folder's, or a tokenizer task's). `hookmech.load` gives a checkpoint the vocabulary of the task it
-stores (its spec), `hookmech.from_pretrained` a folder the tokenizer beside its weights (its path);
-either is made on first use (a task's names or a tokenizer cost a moment to make), and
-`HookedLM.set_vocabulary` gives one to any model.
+folder's, or a tokenizer task's). `HookedLM.set_vocabulary` gives a model one; a checkpoint's task
+is the tasks package's to rebuild (``hookmech.tasks.from_checkpoint(path)``), which the model, imported
+by that package, does not import. `hookmech.from_pretrained` gives a folder the tokenizer beside its
+weights (its path: loaded on first use).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import UsageError, suggest
+from .tasks.tokenizer import TextTokenizer, load_tokenizer
 
 #: the name the tasks give their beginning-of-sequence token (`Task.token_names`)
 BOS_NAME = "BOS"
@@ -101,17 +102,12 @@ class TokenizerVocabulary:
 
 
 def vocabulary_of(source: Any, d_vocab: int) -> Vocabulary:
-    """Return the vocabulary of `source`: a `Task` or a task spec (its token names), a `TextTokenizer`, a path
-    to a tokenizer file or folder, a sequence of `d_vocab` token names, or a `Vocabulary`."""
-    # here, not at the top: a model is imported by every command, the task modules only where
-    # a vocabulary is made
-    from .tasks import from_spec
-    from .tasks.base import Task
-    from .tasks.tokenizer import TextTokenizer, load_tokenizer
-
-    if isinstance(source, dict):  # a task spec, as a checkpoint stores it
-        source = from_spec(source)
-    if isinstance(source, Task):
+    """Return the vocabulary of `source`: a task (anything with `token_names(d_vocab)`, `Task`'s),
+    a `TextTokenizer`, a path to a tokenizer file or folder, a sequence of `d_vocab` token names,
+    or a `Vocabulary`."""
+    if all(hasattr(source, member) for member in ("encode", "decode", "token_texts", "bos_id")):
+        return source
+    if hasattr(source, "token_names"):
         return NamedVocabulary(tuple(source.token_names(d_vocab)))
     if isinstance(source, TextTokenizer):
         return TokenizerVocabulary(source)
@@ -121,8 +117,6 @@ def vocabulary_of(source: Any, d_vocab: int) -> Vocabulary:
         if len(source) != d_vocab:
             raise UsageError(f"set_vocabulary: {len(source)} token names for a vocabulary of {d_vocab}")
         return NamedVocabulary(tuple(source))
-    if all(hasattr(source, member) for member in ("encode", "decode", "token_texts", "bos_id")):
-        return source
     raise UsageError(
         f"set_vocabulary: give a task, a tokenizer (or its path) or the {d_vocab} token names, "
         f"not a {type(source).__name__}"

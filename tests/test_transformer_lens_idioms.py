@@ -44,8 +44,9 @@ def one_line_refusal(error: Exception, *phrases: str) -> None:
 def fixture(request):
     """(name, float64 model, batch of 4 rows) of a bundled fixture."""
     path = FIXTURES[request.param]
-    model = hookmech.load(path).double().eval()
-    return request.param, model, hookmech.tasks.from_checkpoint(path).sample(4, seed=1)
+    model, task = hookmech.load(path).double().eval(), hookmech.tasks.from_checkpoint(path)
+    model.set_vocabulary(task)  # to_tokens / to_string: the task's token names
+    return request.param, model, task.sample(4, seed=1)
 
 
 # -- the loss -------------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def test_a_model_without_a_vocabulary_says_how_to_give_it_one(ar_task):
     model = make_model(ar_task)
     with pytest.raises(UsageError) as refused:
         model.to_tokens("BOS k1")
-    one_line_refusal(refused.value, "no vocabulary", "set_vocabulary")
+    one_line_refusal(refused.value, "no vocabulary", "set_vocabulary", "from_checkpoint")
     model.set_vocabulary(ar_task)
     row = ar_task.sample(1, seed=0).tokens
     assert torch.equal(model.to_tokens(model.to_string(row[0])), row)
