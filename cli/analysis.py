@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import click
 
 from .common import (
     CKPT_HELP,
     CONTEXT,
-    DEFAULT_MEMORY_MIB,
     EXAMPLES_SEED,
+    EXAMPLES_SEED_HELP,
+    ExamplesSeed,
     OutputPath,
     allow_mixer_option,
     ckpt_path,
@@ -71,7 +76,7 @@ def sites(ckpt, as_json):
 @allow_mixer_option
 @click.option("--ckpt", required=True, type=ckpt_path, help=CKPT_HELP)
 @click.option("--n", type=int, default=320, show_default=True, help="number of examples")
-@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
+@click.option("--seed", type=ExamplesSeed(), default=EXAMPLES_SEED, show_default=True, help=EXAMPLES_SEED_HELP)
 @click.option("--sites", "site_specs", multiple=True, help="sites to store (default: all block-level sites)")
 @click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
 @click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True)
@@ -156,7 +161,11 @@ def cache(
 )
 @click.option("--n", type=int, default=320, show_default=True, help="examples, without --cache")
 @click.option(
-    "--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples, without --cache"
+    "--seed",
+    type=ExamplesSeed(),
+    default=EXAMPLES_SEED,
+    show_default=True,
+    help=EXAMPLES_SEED_HELP + "; without --cache",
 )
 @click.option(
     "--method",
@@ -248,205 +257,196 @@ def cache(
 @task_options
 @device_option
 @threads_option
-def patch(
-    ckpt,
-    site_specs,
-    pos_specs,
-    cache_path,
-    n,
-    seed,
-    method,
-    verify_top,
-    graddrop,
-    threshold,
-    max_batch,
-    as_json,
-    per_example,
-    device,
-    threads,
-    data_path=None,
-    metric="p_answer",
-    direction=None,
-    ablate=None,
-    ablate_seed=0,
-    corrupt=None,
-    context_memory=2048,
-    senders=(),
-    receivers=(),
-    via=None,
-    verify_cache=True,
-    as_csv=False,
-    heatmap_path=None,
-    memory=DEFAULT_MEMORY_MIB,
-    engine="local",
-    address=None,
-    workers=None,
-    task_name=None,
-    task_opts=(),
-):
+def patch(**options):
     """Interchange interventions: patch clean activations into the corrupt run, per site x position
     (--site, --pos), or along one path from a sender to a receiver (--sender, --receiver, --via)."""
-    from hookmech.cache import CacheFile
-    from hookmech.errors import UsageError
-    from hookmech.patching import PathSkippedWarning, path_patch
-    from hookmech.patching import patch as run_patch
     from hookmech.patching.rows_file import RowsFile
-    from hookmech.row_chunks import memory_bytes
-    from hookmech.tables import format_csv, format_records
-    from hookmech.validate import check_finite_parameters
 
-    _check_node_or_path(site_specs, pos_specs, senders, receivers, via, method, verify_top, direction, ablate)
-    if n < 1:
-        raise UsageError(f"--n must be >= 1, got {n}")
-    if context_memory < 0:
-        raise UsageError(f"--context-memory must be >= 0 MiB, got {context_memory}")
-    if verify_top < 0 or (verify_top and method not in ("atp", "atp-star")):
-        raise UsageError("--verify-top K needs --method atp or atp-star and K >= 0")
-    if graddrop is not None and method != "atp-star":
-        raise UsageError(f"--{'' if graddrop else 'no-'}graddrop is an option of --method atp-star")
-    if corrupt is not None and cache_path is not None:
-        raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
-    prompts = task_name == "prompts"
-    _check_task_source(task_name, task_opts, cache_path, data_path)
-    if as_csv and as_json:
-        raise UsageError("print --csv or --json, not both")
-    _check_heatmap_path(heatmap_path)
-    memory_limit = memory_bytes(memory)
-    _check_engine(engine, address, workers, cache_path, data_path)
-    refuse_overwriting_inputs(
-        [("--per-example", per_example), ("-o", heatmap_path)],
-        [("--ckpt", ckpt), ("--cache", cache_path), ("--data", data_path)],
-    )
-    set_threads(threads)
-    dataset = None if prompts else data_path
-    model, task = load_model_and_task(
-        ckpt,
-        device,
-        task_name,
-        task_opts,
-        data_path if prompts else None,
-        need_task=(cache_path is None and dataset is None) or corrupt is not None,
-    )
-    check_finite_parameters(model, ckpt)
-    if corrupt is not None:
-        from hookmech.tasks import from_spec
-
-        task = from_spec({**task.spec, "corrupt": corrupt})
-    if dataset is not None:
-        source = _patch_rows_from_file(dataset, ckpt)
-    elif cache_path is not None:
-        source = CacheFile(cache_path, verify=verify_cache)
-    else:
-        source = task.sample(examples_count(task, n), seed=seed)
+    request = SimpleNamespace(**options)  # the command's options, by their parameter names
+    _check_patch_options(request)
+    set_threads(request.threads)
+    model, source = _model_and_rows(request)
     # per-row outputs go to disk as row chunks are done (then into the --per-example file)
-    rows_file = RowsFile(per_example) if per_example is not None else None
-    ray_engine = None
+    rows_file = RowsFile(request.per_example) if request.per_example is not None else None
     try:
-        if engine == "ray":
-            from hookmech.patching.distributed import RayPatchEngine
-
-            ray_engine = RayPatchEngine(ckpt, cache_path, workers=workers, address=address, threads=threads or 1)
-            ray_engine.__enter__()
-        if cache_path is not None:
-            # the one identity check; the checkpoint file checks an older cache without model_hash
-            source.check_model(model, checkpoint=ckpt, hooks=())
-        batch = source.batch() if isinstance(source, CacheFile) else source
-        if via is not None:
-            total = path_count(model, batch, split_flag(senders), split_flag(receivers))
-            with notes_of(PathSkippedWarning), progress(total, "patching", unit="patch") as advance:
-                path_options = dict(
-                    threshold=threshold,
-                    max_batch=max_batch,
-                    per_example=per_example is not None,
-                    metric=metric,
-                    context_memory=context_memory << 20,
-                )
-                ends = (split_flag(senders), split_flag(receivers), via)
-                if ray_engine is not None:
-                    records = ray_engine.path_patch(
-                        model,
-                        source,
-                        *ends,
-                        memory=memory_limit,
-                        rows_sink=rows_file,
-                        progress=_in_records(advance, total),
-                        **path_options,
-                    )
-                else:
-                    records = path_patch(
-                        model, source, *ends, progress=advance, memory=memory_limit, rows_sink=rows_file, **path_options
-                    )
-        else:
-            total = patch_count(model, batch, split_flag(site_specs), split_flag(pos_specs))
-            with progress(total, "patching", unit="patch") as advance:
-                patch_options = dict(
-                    method=method,
-                    threshold=threshold,
-                    max_batch=max_batch,
-                    per_example=per_example is not None,
-                    metric=metric,
-                    direction=direction,
-                    ablate=ablate,
-                    ablate_seed=ablate_seed,
-                    context_memory=context_memory << 20,
-                    graddrop=graddrop,
-                )
-                nodes = (split_flag(site_specs), split_flag(pos_specs))
-                if ray_engine is not None:
-                    records = ray_engine.patch(
-                        model,
-                        source,
-                        *nodes,
-                        memory=memory_limit,
-                        rows_sink=rows_file,
-                        progress=_in_records(advance, total),
-                        **patch_options,
-                    )
-                else:
-                    records = run_patch(
-                        model,
-                        source,
-                        *nodes,
-                        progress=advance,
-                        memory=memory_limit,
-                        rows_sink=rows_file,
-                        **patch_options,
-                    )
-        if verify_top:
-            from hookmech.patching import verify_top as verify
-
-            records = verify(
-                model,
-                source,
-                records,
-                verify_top,
-                threshold=threshold,
-                max_batch=max_batch,
-                context_memory=context_memory << 20,
-                memory=memory_limit,
-                exact=None
-                if ray_engine is None
-                else _exact_on(ray_engine, model, source, threshold, max_batch, context_memory << 20, memory_limit),
-            )
+        with _patch_engine(request, model, source) as engine:
+            if request.cache_path is not None:
+                # the one identity check; the checkpoint file checks an older cache without model_hash
+                source.check_model(model, checkpoint=request.ckpt, hooks=())
+            records = _run_patches(engine, model, source, request, rows_file)
         if rows_file is not None:
             rows_file.write(records, to_json)
     finally:
-        if ray_engine is not None:
-            ray_engine.__exit__(None, None, None)
-        if cache_path is not None:
+        if request.cache_path is not None:
             source.close()
         if rows_file is not None:
             rows_file.close()
-    if per_example is not None:
+    _print_patch_records(records, request)
+
+
+def _check_patch_options(request) -> None:
+    """Raise a UsageError for options that contradict each other or are out of range, before
+    anything is loaded (`request`: the patch command's options). Returns None."""
+    from hookmech.errors import UsageError
+    from hookmech.row_chunks import memory_bytes
+
+    r = request
+    _check_node_or_path(
+        r.site_specs, r.pos_specs, r.senders, r.receivers, r.via, r.method, r.verify_top, r.direction, r.ablate
+    )
+    if r.n < 1:
+        raise UsageError(f"--n must be >= 1, got {r.n}")
+    if r.context_memory < 0:
+        raise UsageError(f"--context-memory must be >= 0 MiB, got {r.context_memory}")
+    if r.verify_top < 0 or (r.verify_top and r.method not in ("atp", "atp-star")):
+        raise UsageError("--verify-top K needs --method atp or atp-star and K >= 0")
+    if r.graddrop is not None and r.method != "atp-star":
+        raise UsageError(f"--{'' if r.graddrop else 'no-'}graddrop is an option of --method atp-star")
+    if r.corrupt is not None and r.cache_path is not None:
+        raise UsageError("--corrupt rebuilds the examples; a --cache holds its own (drop one of them)")
+    _check_task_source(r.task_name, r.task_opts, r.cache_path, r.data_path)
+    if r.as_csv and r.as_json:
+        raise UsageError("print --csv or --json, not both")
+    _check_heatmap_path(r.heatmap_path)
+    memory_bytes(r.memory)
+    _check_engine(r.engine, r.address, r.workers, r.cache_path, r.data_path)
+    refuse_overwriting_inputs(
+        [("--per-example", r.per_example), ("-o", r.heatmap_path)],
+        [("--ckpt", r.ckpt), ("--cache", r.cache_path), ("--data", r.data_path)],
+    )
+
+
+def _model_and_rows(request):
+    """Return (model, rows to patch): the rows of --data (a dataset file), of --cache (an open
+    `CacheFile`, closed by the caller) or the task's examples (--n, --seed; --task, --corrupt)."""
+    from hookmech.cache import CacheFile
+    from hookmech.validate import check_finite_parameters
+
+    r = request
+    prompts = r.task_name == "prompts"
+    dataset = None if prompts else r.data_path
+    model, task = load_model_and_task(
+        r.ckpt,
+        r.device,
+        r.task_name,
+        r.task_opts,
+        r.data_path if prompts else None,
+        need_task=(r.cache_path is None and dataset is None) or r.corrupt is not None,
+    )
+    check_finite_parameters(model, r.ckpt)
+    if r.corrupt is not None:
+        from hookmech.tasks import from_spec
+
+        task = from_spec({**task.spec, "corrupt": r.corrupt})
+    if dataset is not None:
+        return model, _patch_rows_from_file(dataset, r.ckpt)
+    if r.cache_path is not None:
+        return model, CacheFile(r.cache_path, verify=r.verify_cache)
+    return model, task.sample(examples_count(task, r.n), seed=r.seed)
+
+
+class _Engine(NamedTuple):
+    """Where the patches run: the library in this process, or Ray workers over a cache's rows.
+    `progress(advance, total)` adapts the command's bar to the engine's callback; `exact` is
+    `verify_top`'s exact runner (None: the library's)."""
+
+    patch: Callable[..., list[dict[str, Any]]]
+    path_patch: Callable[..., list[dict[str, Any]]]
+    progress: Callable[[Callable[[int], None], int], Callable[..., None]]
+    exact: Callable[..., list[dict[str, Any]]] | None
+
+
+@contextlib.contextmanager
+def _patch_engine(request, model, source) -> Iterator[_Engine]:
+    """Yield the `_Engine` of --engine: local, or a started `RayPatchEngine` (stopped after)."""
+    from hookmech.patching import patch as run_patch
+    from hookmech.patching import path_patch
+
+    if request.engine != "ray":
+        yield _Engine(run_patch, path_patch, lambda advance, total: advance, None)
+        return
+    from hookmech.patching.distributed import RayPatchEngine
+    from hookmech.row_chunks import memory_bytes
+
+    threads = request.threads or 1
+    with RayPatchEngine(
+        request.ckpt, request.cache_path, workers=request.workers, address=request.address, threads=threads
+    ) as ray:
+        options = (request.threshold, request.max_batch, request.context_memory << 20, memory_bytes(request.memory))
+        yield _Engine(ray.patch, ray.path_patch, _in_records, _exact_on(ray, model, source, *options))
+
+
+def _run_patches(engine: _Engine, model, source, request, rows_file) -> list[dict[str, Any]]:
+    """Return the records of the node or path patches `request` asks for (then its --verify-top
+    re-runs), with the command's progress bar."""
+    from hookmech.cache import CacheFile
+    from hookmech.patching import PathSkippedWarning
+    from hookmech.row_chunks import memory_bytes
+
+    r = request
+    memory_limit = memory_bytes(r.memory)
+    shared = dict(
+        threshold=r.threshold,
+        max_batch=r.max_batch,
+        per_example=r.per_example is not None,
+        metric=r.metric,
+        context_memory=r.context_memory << 20,
+        memory=memory_limit,
+        rows_sink=rows_file,
+    )
+    batch = source.batch() if isinstance(source, CacheFile) else source
+    if r.via is not None:
+        ends = (split_flag(r.senders), split_flag(r.receivers), r.via)
+        total = path_count(model, batch, *ends[:2])
+        with notes_of(PathSkippedWarning), progress(total, "patching", unit="patch") as advance:
+            return engine.path_patch(model, source, *ends, progress=engine.progress(advance, total), **shared)
+    nodes = (split_flag(r.site_specs), split_flag(r.pos_specs))
+    total = patch_count(model, batch, *nodes)
+    with progress(total, "patching", unit="patch") as advance:
+        records = engine.patch(
+            model,
+            source,
+            *nodes,
+            progress=engine.progress(advance, total),
+            method=r.method,
+            direction=r.direction,
+            ablate=r.ablate,
+            ablate_seed=r.ablate_seed,
+            graddrop=r.graddrop,
+            **shared,
+        )
+    if not r.verify_top:
+        return records
+    from hookmech.patching import verify_top
+
+    return verify_top(
+        model,
+        source,
+        records,
+        r.verify_top,
+        threshold=r.threshold,
+        max_batch=r.max_batch,
+        context_memory=r.context_memory << 20,
+        memory=memory_limit,
+        exact=engine.exact,
+    )
+
+
+def _print_patch_records(records, request) -> None:
+    """Draw the -o heatmap and print the records (table, --json or --csv), without the per-row
+    lists that went to the --per-example file."""
+    from hookmech.tables import format_csv, format_records
+
+    if request.per_example is not None:
         for record in records:
             for rows in ("p_patched_rows", "metric_patched_rows", "p_clean_rows", "p_corrupt_rows"):
                 record.pop(rows, None)
-    if heatmap_path is not None:
-        _draw_heatmap(records, heatmap_path, ckpt, method, metric, via)
-    if as_json:
+    if request.heatmap_path is not None:
+        _draw_heatmap(records, request.heatmap_path, request.ckpt, request.method, request.metric, request.via)
+    if request.as_json:
         click.echo(to_json(records, indent=1))
     else:
-        click.echo(format_csv(records) if as_csv else format_records(records))
+        click.echo(format_csv(records) if request.as_csv else format_records(records))
 
 
 def _check_engine(engine: str, address, workers, cache_path, data_path) -> None:

@@ -20,6 +20,36 @@ if TYPE_CHECKING:  # tqdm is imported when a bar is drawn
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 #: the default ``--seed`` of the commands that draw examples
 EXAMPLES_SEED = seeds.EXAMPLES_SEED
+EXAMPLES_SEED_HELP = (
+    "seed of the examples: an integer, or mech:S for the examples a sweep's mechanistic "
+    "evaluation of a run trained with seed S measured (its own sampling stream)"
+)
+
+
+class ExamplesSeed(click.ParamType):
+    """``--seed`` of the commands that draw examples: an integer S (``task.sample(n, S)``) or
+    ``mech:S``, the pair ``(S, MECH_STREAM)`` that `hookmech.mech.mech_batch` draws, so that one
+    command reproduces the attributions a sweep recorded for a run of seed S."""
+
+    name = "INTEGER|mech:S"
+
+    def convert(self, value, param, ctx) -> int | tuple[int, int]:
+        """Return the int, or ``(S, MECH_STREAM)`` for ``mech:S``."""
+        if isinstance(value, (int, tuple)):
+            return value
+        text = str(value).strip()
+        prefix, _, rest = text.partition(":")
+        try:
+            if not rest and not text.startswith("mech:"):
+                return int(text)
+            if prefix == "mech":
+                from hookmech.mech import MECH_STREAM
+
+                if int(rest) >= 0:
+                    return (int(rest), MECH_STREAM)
+        except ValueError:
+            pass
+        self.fail(f"{value!r} is neither an integer nor mech:S with an integer S >= 0", param, ctx)
 
 
 def split_flag(values) -> list[str]:

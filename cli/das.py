@@ -83,27 +83,12 @@ def das(
     from pathlib import Path
 
     from hookmech.cache import CacheFile
-    from hookmech.das import BASES_FILE, RECORDS_FILE, DasOptions, train
-    from hookmech.errors import UsageError
+    from hookmech.das import train
     from hookmech.locking import folder_lock
-    from hookmech.row_chunks import check_memory
-    from hookmech.tables import format_table
     from hookmech.validate import check_finite_parameters
 
-    dims = _parse_dims(split_flag(dim_specs)) if dim_specs else None
-    if dims is not None and boundless:
-        raise UsageError("give the subspace dimensions (--dim) or --boundless, not both")
-    if dims is None and not boundless:
-        raise UsageError("give the subspace dimensions to learn (--dim K[,K...]) or --boundless")
-    DasOptions(steps=steps, lr=lr, batch_size=batch_size, seed=seed)  # checks them before anything is loaded
-    check_memory(memory)
+    dims = _check_options(ckpt, cache_path, dim_specs, boundless, steps, lr, batch_size, seed, memory, out_dir)
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"-o {out_dir} is a file; das writes a folder (records.json, bases.safetensors)")
-    refuse_overwriting_inputs(
-        [("-o", out_dir), ("-o", str(out / RECORDS_FILE)), ("-o", str(out / BASES_FILE))],
-        [("--ckpt", ckpt), ("--cache", cache_path)],
-    )
     # two runs into one folder would mix their records and bases: one at a time, as train's run folders
     with folder_lock(out, "das folder"):
         set_threads(threads)
@@ -129,6 +114,40 @@ def das(
                     progress=advance,
                 )
         result.save(out)
+    _print_result(result, out, steps, as_json)
+
+
+def _check_options(ckpt, cache_path, dim_specs, boundless, steps, lr, batch_size, seed, memory, out_dir):
+    """Return the --dim values (None with --boundless); raise a UsageError for a missing or doubled
+    choice of dimensions, a search option out of range, or an -o that is a file or an input."""
+    from pathlib import Path
+
+    from hookmech.das import BASES_FILE, RECORDS_FILE, DasOptions
+    from hookmech.errors import UsageError
+    from hookmech.row_chunks import check_memory
+
+    dims = _parse_dims(split_flag(dim_specs)) if dim_specs else None
+    if dims is not None and boundless:
+        raise UsageError("give the subspace dimensions (--dim) or --boundless, not both")
+    if dims is None and not boundless:
+        raise UsageError("give the subspace dimensions to learn (--dim K[,K...]) or --boundless")
+    DasOptions(steps=steps, lr=lr, batch_size=batch_size, seed=seed)  # checks them before anything is loaded
+    check_memory(memory)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"-o {out_dir} is a file; das writes a folder (records.json, bases.safetensors)")
+    refuse_overwriting_inputs(
+        [("-o", out_dir), ("-o", str(out / RECORDS_FILE)), ("-o", str(out / BASES_FILE))],
+        [("--ckpt", ckpt), ("--cache", cache_path)],
+    )
+    return dims
+
+
+def _print_result(result, out, steps: int, as_json: bool) -> None:
+    """Print the records (JSON, or a table with a heading) and where they were written."""
+    from hookmech.das import BASES_FILE, RECORDS_FILE
+    from hookmech.tables import format_table
+
     if as_json:
         click.echo(to_json(result.records, indent=1))
         return

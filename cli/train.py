@@ -85,12 +85,13 @@ from .common import (
 )
 @click.option(
     "--schedule",
-    type=click.Choice(["cosine", "hf-cosine"]),
+    type=click.Choice(["cosine", "hf-cosine", "hf-linear"]),
     default="cosine",
     show_default=True,
     help="learning-rate schedule: cosine warms up at lr·(t+1)/W over W = round(warmup-frac·T) steps; "
     "hf-cosine is Hugging Face's get_cosine_schedule_with_warmup as paper 000's code calls it "
-    "(lr·t/W over W = int(warmup-frac·T) steps: step 0 at lr 0), then both decay to 0 by cosine",
+    "(lr·t/W over W = int(warmup-frac·T) steps: step 0 at lr 0), then both decay to 0 by cosine; "
+    "hf-linear is its get_linear_schedule_with_warmup (the same warm-up, then a linear decay to 0)",
 )
 @click.option(
     "--mech-every",
@@ -107,98 +108,31 @@ from .common import (
 @device_option
 @threads_option
 @click.option("-o", "--out", "out_dir", required=True, type=OutputPath(file_okay=False), help="run folder")
-def train(
-    task_name,
-    task_opt,
-    mixer,
-    preset,
-    mixer_opt,
-    d_model,
-    n_layers,
-    n_heads,
-    mlp,
-    tie_embeddings,
-    pos_emb,
-    init,
-    lr,
-    warmup_frac,
-    epochs,
-    steps,
-    n_train,
-    data_path,
-    n_dev,
-    batch_size,
-    seed,
-    eval_every,
-    ckpt_every,
-    order,
-    schedule,
-    device,
-    threads,
-    out_dir,
-    mech_every=None,
-    mech_sites=(),
-    mech_positions=(),
-):
+def train(**options):
     """Train a model on a task; resumable, deterministic; writes OUT/model.safetensors."""
-    from hookmech import tasks
-    from hookmech.config import build_config
     from hookmech.errors import UsageError
     from hookmech.mixers.allow_list import plug_ins
-    from hookmech.option_pairs import parse_options
-    from hookmech.training import RUN_FILES, TrainConfig
+    from hookmech.training import RUN_FILES
     from hookmech.training import train as run_training
 
-    if epochs is not None and steps is not None:
+    if options["epochs"] is not None and options["steps"] is not None:
         raise UsageError("give --epochs or --steps, not both")
-    _check_options(locals())  # every argument, by name
+    _check_options(options)
+    out_dir, data_path = options["out_dir"], options["data_path"]
     refuse_overwriting_inputs(
         [("-o", out_dir), *(("-o", f"{out_dir}/{name}") for name in RUN_FILES)], [("--data", data_path)]
     )
-    task_options = parse_options(task_opt, "--task-opt")
-    train_set, train_set_sha256 = None, None
-    if data_path is None:
-        task = tasks.make(task_name or "ar", **task_options)
-        n_train = 100_032 if n_train is None else n_train
-    else:
-        task, train_set, train_set_sha256 = _read_training_set(data_path, task_name, task_options, n_train)
-        n_train = len(train_set)
-    train_config = TrainConfig(
-        lr=lr,
-        warmup_frac=warmup_frac,
-        epochs=None if steps is not None else (16 if epochs is None else epochs),
-        steps=steps,
-        n_train=n_train,
-        n_dev=n_dev,
-        batch_size=batch_size,
-        seed=seed,
-        eval_every=eval_every,
-        ckpt_every=ckpt_every,
-        order=order,
-        schedule=schedule,
-    )
-    mixers, layer_options = _mixers_and_options(mixer, preset, mixer_opt, n_layers)
-    model_config = build_config(
-        d_vocab=task.d_vocab,
-        n_ctx=task.n_ctx,
-        mixers=mixers,
-        d_model=d_model,
-        n_layers=n_layers,
-        layer_options=layer_options,
-        n_heads=n_heads,
-        mlp=mlp,
-        tie_embeddings=tie_embeddings,
-        pos_emb=pos_emb,
-        init=init,
-    )
-    set_threads(threads)
-    on_eval = _mech_on_eval(task, model_config, train_config, mech_every, mech_sites, mech_positions, device)
+    task, train_set, train_set_sha256 = _task_and_training_set(options)
+    train_config = _train_config(options, n_train=len(train_set) if train_set is not None else options["n_train"])
+    model_config = _model_config(options, task)
+    set_threads(options["threads"])
+    on_eval = _mech_on_eval(task, model_config, train_config, options)
     summary = run_training(
         task,
         model_config,
         train_config,
         out_dir,
-        device=check_device(device),
+        device=check_device(options["device"]),
         train_set=train_set,
         train_set_sha256=train_set_sha256,
         on_eval=on_eval,
@@ -206,6 +140,61 @@ def train(
     for name in plug_ins(model_config.mixers):  # the name the checkpoint records, resolved: loading it names it
         click.echo(f"hookmech: note: the checkpoint records mixer {name} (load it with --allow-mixer {name})", err=True)
     click.echo(json.dumps(summary, sort_keys=True))
+
+
+def _task_and_training_set(options):
+    """Return (task, training batch or None, the dataset file's sha256 or None): the task of
+    --task/--task-opt, or a dataset file's (--data) with its rows."""
+    from hookmech import tasks
+    from hookmech.option_pairs import parse_options
+
+    task_options = parse_options(options["task_opt"], "--task-opt")
+    if options["data_path"] is None:
+        return tasks.make(options["task_name"] or "ar", **task_options), None, None
+    return _read_training_set(options["data_path"], options["task_name"], task_options, options["n_train"])
+
+
+def _train_config(options, n_train):
+    """Return the `TrainConfig` of the command's options (`n_train` None: the paper's 100,032)."""
+    from hookmech.training import TrainConfig
+
+    steps, epochs = options["steps"], options["epochs"]
+    return TrainConfig(
+        lr=options["lr"],
+        warmup_frac=options["warmup_frac"],
+        epochs=None if steps is not None else (16 if epochs is None else epochs),
+        steps=steps,
+        n_train=100_032 if n_train is None else n_train,
+        n_dev=options["n_dev"],
+        batch_size=options["batch_size"],
+        seed=options["seed"],
+        eval_every=options["eval_every"],
+        ckpt_every=options["ckpt_every"],
+        order=options["order"],
+        schedule=options["schedule"],
+    )
+
+
+def _model_config(options, task):
+    """Return the validated `ModelConfig` of the command's model options, sized for `task`."""
+    from hookmech.config import build_config
+
+    mixers, layer_options = _mixers_and_options(
+        options["mixer"], options["preset"], options["mixer_opt"], options["n_layers"]
+    )
+    return build_config(
+        d_vocab=task.d_vocab,
+        n_ctx=task.n_ctx,
+        mixers=mixers,
+        d_model=options["d_model"],
+        n_layers=options["n_layers"],
+        layer_options=layer_options,
+        n_heads=options["n_heads"],
+        mlp=options["mlp"],
+        tie_embeddings=options["tie_embeddings"],
+        pos_emb=options["pos_emb"],
+        init=options["init"],
+    )
 
 
 #: the count options of `train` and their least value (--n-train 0 means fresh documents)
@@ -277,8 +266,9 @@ def _read_training_set(path, task_name, task_options, n_train):
     return task, batch, sha256_of(path)
 
 
-def _mech_on_eval(task, model_config, train_config, every, sites, positions, device):
+def _mech_on_eval(task, model_config, train_config, options):
     """Return the trainer's on_eval for --mech-every/--mech-site/--mech-pos, or None when none is given."""
+    every, sites, positions = options["mech_every"], options["mech_sites"], options["mech_positions"]
     if every is None and not sites and not positions:
         return None
     from hookmech.mech import DEFAULT_EVERY_EVALS, DEFAULT_POSITIONS, DEFAULT_SITES, mech_callback
@@ -293,5 +283,5 @@ def _mech_on_eval(task, model_config, train_config, every, sites, positions, dev
         total_steps=train_config.total_steps(),
         n=train_config.n_dev,
         seed=train_config.seed,
-        device=device,
+        device=options["device"],
     )

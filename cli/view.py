@@ -11,6 +11,8 @@ from .common import (
     CKPT_HELP,
     CONTEXT,
     EXAMPLES_SEED,
+    EXAMPLES_SEED_HELP,
+    ExamplesSeed,
     OutputPath,
     allow_mixer_option,
     ckpt_path,
@@ -65,7 +67,7 @@ RECORDS_REFUSED = (("--n", "n"), ("--seed", "seed"), ("--threads", "threads"))
 @click.option(
     "--n", type=int, default=320, show_default=True, help="examples (checkpoint: patched; sweep: per heatmap)"
 )
-@click.option("--seed", type=int, default=EXAMPLES_SEED, show_default=True, help="seed of the examples")
+@click.option("--seed", type=ExamplesSeed(), default=EXAMPLES_SEED, show_default=True, help=EXAMPLES_SEED_HELP)
 @threshold_option
 @max_batch_option
 @click.option(
@@ -95,30 +97,7 @@ RECORDS_REFUSED = (("--n", "n"), ("--seed", "seed"), ("--threads", "threads"))
 @device_option
 @threads_option
 @click.option("-o", "--out", "out_path", required=True, type=OutputPath(file=True), help="the HTML file to write")
-def view(
-    runs_dir,
-    ckpt,
-    cache_path,
-    site_specs,
-    pos_specs,
-    n,
-    seed,
-    threshold,
-    max_batch,
-    maps,
-    maps_mib,
-    run_ids,
-    no_heatmaps,
-    memory,
-    device,
-    threads,
-    out_path,
-    random_repeat_induction=False,
-    task_name=None,
-    task_opts=(),
-    prompts_path=None,
-    verify_cache=True,
-):
+def view(**options):
     """Write one HTML page (no network needed to open it) of a checkpoint, a sweep folder or the
     records of a `hookmech patch --json` file.
 
@@ -129,13 +108,59 @@ def view(
     interactive twin of every hookmech report figure (a run whose folder keeps no weights is
     drawn from the bundled fixture that holds them). With RECORDS.json: its heatmap and table.
     """
+    from hookmech.fileio import size_text
+    from hookmech.view import write_page
+
+    runs_dir = options["runs_dir"]
+    records_file = runs_dir is not None and Path(runs_dir).is_file()
+    _check_options(options, records_file)
+    if records_file:
+        from hookmech.view.records import records_page_data
+
+        data = records_page_data(runs_dir)
+        title = f"{data['title']}: patch records"
+    elif runs_dir is not None:
+        set_threads(options["threads"])
+        data = _sweep_data(runs_dir, options["run_ids"], options["n"], options["seed"], options["no_heatmaps"])
+        title = f"{data['title']}: sweep"
+    else:
+        set_threads(options["threads"])
+        data, title = _checkpoint_data(
+            options["ckpt"],
+            options["cache_path"],
+            options["site_specs"],
+            options["pos_specs"],
+            options["n"],
+            options["seed"],
+            options["threshold"],
+            options["max_batch"],
+            options["maps"],
+            options["maps_mib"],
+            options["memory"],
+            options["device"],
+            options["random_repeat_induction"],
+            (options["task_name"], options["task_opts"], options["prompts_path"]),
+            options["verify_cache"],
+        )
+    path = write_page(data, options["out_path"], title)
+    click.echo(f"wrote {path} ({size_text(path.stat().st_size)})")
+
+
+def _check_options(options, records_file: bool) -> None:
+    """Raise a UsageError for options of another kind of page, counts out of range, --cache with
+    what it replaces, or an -o that is a folder or one of the inputs. Returns None."""
     from hookmech.errors import UsageError
     from hookmech.row_chunks import check_memory
 
+    runs_dir, ckpt, cache_path, out_path = (
+        options["runs_dir"],
+        options["ckpt"],
+        options["cache_path"],
+        options["out_path"],
+    )
     if (runs_dir is None) == (ckpt is None):
         raise UsageError("give a sweep folder RUNS_DIR, a patch --json file or --ckpt CKPT (one of them)")
     given = _given_options()
-    records_file = runs_dir is not None and Path(runs_dir).is_file()
     if records_file:
         wrong = [name for name, param in (*SWEEP_ONLY, *CHECKPOINT_ONLY, *RECORDS_REFUSED) if param in given]
         if wrong:
@@ -144,55 +169,21 @@ def view(
     if wrong and not records_file:
         kind = "sweep-folder (RUNS_DIR)" if ckpt else "checkpoint (--ckpt)"
         raise UsageError(f"{wrong[0]} belongs to {kind} pages; drop it")
-    if n < 1:
-        raise UsageError(f"--n must be >= 1, got {n}")
+    if options["n"] < 1:
+        raise UsageError(f"--n must be >= 1, got {options['n']}")
     if cache_path is not None and given & {"n", "seed"}:
         raise UsageError("--cache gives the examples; drop --n and --seed")
     if cache_path is not None and given & {"task_name", "task_opts", "prompts_path"}:
         raise UsageError("--cache holds its own examples and their task: drop --task, --task-opt and --data")
-    if maps < 1 or not maps_mib > 0:
-        raise UsageError(f"--maps must be >= 1 and --maps-mib > 0, got {maps} and {maps_mib}")
-    check_memory(memory)
+    if options["maps"] < 1 or not options["maps_mib"] > 0:
+        raise UsageError(f"--maps must be >= 1 and --maps-mib > 0, got {options['maps']} and {options['maps_mib']}")
+    check_memory(options["memory"])
     if Path(out_path).is_dir():
         raise UsageError(f"-o {out_path} is a folder; give the page's file name (e.g. page.html)")
-    inputs = [("--ckpt", ckpt), ("--cache", cache_path), ("--data", prompts_path), ("RUNS_DIR", runs_dir)]
+    inputs = [("--ckpt", ckpt), ("--cache", cache_path), ("--data", options["prompts_path"]), ("RUNS_DIR", runs_dir)]
     if runs_dir is not None and not records_file:
         inputs += [("RUNS_DIR", f"{runs_dir}/{name}") for name in ("results.csv", "sweep.json")]
     refuse_overwriting_inputs([("-o", out_path)], inputs)
-    from hookmech.fileio import size_text
-
-    if records_file:
-        from hookmech.view.records import records_page_data
-
-        data = records_page_data(runs_dir)
-        title = f"{data['title']}: patch records"
-    elif runs_dir is not None:
-        set_threads(threads)
-        data = _sweep_data(runs_dir, run_ids, n, seed, no_heatmaps)
-        title = f"{data['title']}: sweep"
-    else:
-        set_threads(threads)
-        data, title = _checkpoint_data(
-            ckpt,
-            cache_path,
-            site_specs,
-            pos_specs,
-            n,
-            seed,
-            threshold,
-            max_batch,
-            maps,
-            maps_mib,
-            memory,
-            device,
-            random_repeat_induction,
-            (task_name, task_opts, prompts_path),
-            verify_cache,
-        )
-    from hookmech.view import write_page
-
-    path = write_page(data, out_path, title)
-    click.echo(f"wrote {path} ({size_text(path.stat().st_size)})")
 
 
 def _sweep_data(runs_dir, run_ids, n, seed, no_heatmaps):

@@ -228,13 +228,7 @@ def fit_probe(
     rows_per_chunk = probe_chunk_rows(cache, hook, which, memory) if chunk is None else chunk
     store = _RowStore(int(check_memory(memory) * 2**20))
     try:
-        label_parts, doc_parts = [], []
-        for rows in row_chunks(cache.n, rows_per_chunk):
-            features, labels, doc_index = probe_data(cache.window(rows), hook, pos, target, which)
-            store.append(features)
-            label_parts.append(labels)
-            doc_parts.append(doc_index)
-        labels, doc_index = torch.cat(label_parts), torch.cat(doc_parts)
+        labels, doc_index = _read_rows(cache, hook, pos, target, which, rows_per_chunk, store)
         train, heldout = split_by_document(doc_index, heldout_frac, seed)
         classes, train_labels = torch.unique(labels[train], return_inverse=True)
         bounds = [(rows.start, rows.stop) for rows in row_chunks(cache.n, rows_per_chunk)]
@@ -274,6 +268,20 @@ def fit_probe(
         n_heldout=int(heldout.sum()),
         d_features=store.width,
     )
+
+
+def _read_rows(
+    cache: CacheFile, hook: str, pos: str, target: str, which: str, rows_per_chunk: int, store
+) -> tuple[Tensor, Tensor]:
+    """Append each chunk's features at `pos` to `store`; return the labels and document indices
+    of all rows (``[N]`` each)."""
+    label_parts, doc_parts = [], []
+    for rows in row_chunks(cache.n, rows_per_chunk):
+        features, labels, doc_index = probe_data(cache.window(rows), hook, pos, target, which)
+        store.append(features)
+        label_parts.append(labels)
+        doc_parts.append(doc_index)
+    return torch.cat(label_parts), torch.cat(doc_parts)
 
 
 def _train_statistics(store: _RowStore, train: Tensor, bounds: list[tuple[int, int]]) -> tuple[Tensor, Tensor]:

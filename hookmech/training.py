@@ -73,8 +73,10 @@ ORDERS = ("shuffled", "fixed")
 #: learning-rate schedules (`TrainConfig.schedule`, `learning_rate`): "cosine" warms up over
 #: round(warmup_frac·T) steps at lr·(t+1)/W; "hf-cosine" is Hugging Face's
 #: `get_cosine_schedule_with_warmup` as paper 000's code calls it (tinylang `experiment.py`):
-#: W = int(warmup_frac·T) steps at lr·t/W, so step 0 runs at lr 0 — one step behind "cosine"
-SCHEDULES = ("cosine", "hf-cosine")
+#: W = int(warmup_frac·T) steps at lr·t/W, so step 0 runs at lr 0 — one step behind "cosine";
+#: "hf-linear" is its `get_linear_schedule_with_warmup`, the same warm-up then a linear decay to 0,
+#: which that code uses unless a config says `cosine: true` (its §5.3 runs, `pcfg_gen`)
+SCHEDULES = ("cosine", "hf-cosine", "hf-linear")
 
 #: what each trainer option may be (`TrainConfig` checks them; sweep files are checked against them)
 TRAIN_FIELDS: dict[str, schema.Field] = {
@@ -136,13 +138,16 @@ class TrainConfig:
 
 def learning_rate(step: int, config: TrainConfig) -> float:
     """Return the learning rate of optimizer step `step` (0-based): linear warm-up over
-    the first `warmup_frac` of steps, then cosine decay to 0 at the last step (`SCHEDULES`)."""
+    the first `warmup_frac` of steps, then cosine (or, "hf-linear", linear) decay to 0 at the
+    last step (`SCHEDULES`)."""
     total = config.total_steps()
-    if config.schedule == "hf-cosine":
-        # transformers' lr_lambda (num_cycles 0.5), multiplied in as LambdaLR does: base_lr * factor
+    if config.schedule in ("hf-cosine", "hf-linear"):
+        # transformers' lr_lambdas (cosine: num_cycles 0.5), multiplied in as LambdaLR does: base_lr * factor
         warmup = int(config.warmup_frac * total)
         if step < warmup:
             return config.lr * (step / max(1, warmup))
+        if config.schedule == "hf-linear":
+            return config.lr * max(0.0, float(total - step) / float(max(1, total - warmup)))
         progress = (step - warmup) / max(1, total - warmup)
         return config.lr * max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
     warmup = int(round(config.warmup_frac * total))
@@ -461,108 +466,156 @@ def _train_loop(
     log,
 ) -> dict[str, Any]:
     """Run the optimizer steps left in `out` (resuming from its resume state) and return the summary."""
-    summary_path, resume_path, metrics_path = out / "summary.json", out / "resume.safetensors", out / "metrics.jsonl"
+    run = _Run(task, config, out, model, optimizer, dev, log)
+    start = run.resume()
     total = config.total_steps()
-    start, seconds_before, loss_sum, loss_count = 0, 0.0, 0.0, 0
-    kept: int | None = None  # the step of the checkpoint in the folder (model.safetensors, resume state)
-    if resume_path.exists():
-        extra = _load_resume(resume_path, model, optimizer, total)
-        start, seconds_before = extra["step"], extra["seconds"]
-        loss_sum, loss_count = extra["loss_sum"], extra["loss_count"]
-        kept = start
-        log(f"{out}: resuming from step {start}")
-    _truncate_metrics(metrics_path, start)
-
-    began = time.perf_counter()
-    last_eval: dict[str, float] = {}
-    bar = reporter(progress, run=str(out), total=total, start=start, seconds_before=seconds_before, log=log)
-
-    def elapsed() -> float:
-        return seconds_before + time.perf_counter() - began
-
-    def diverged(what: str, step: int) -> HookmechError:
-        """Write the "nan" summary; return the error saying what diverged and what was kept."""
-        bar.close()
-        _write_summary(
-            summary_path,
-            {"status": "nan", "steps": step, "checkpoint_step": kept, "seconds": elapsed(), **last_eval},
-        )
-        if kept is None:
-            was_kept = f"no checkpoint was kept (the first was due at step {min(config.ckpt_every, total)})"
-        else:
-            was_kept = f"kept the checkpoint of step {kept} in {out / 'model.safetensors'}"
-        return HookmechError(f"{what} at step {step}; run stopped, {was_kept}")
-
-    def checkpoint(step: int) -> None:
-        _save_resume(
-            resume_path,
-            model,
-            optimizer,
-            {"step": step, "seconds": elapsed(), "loss_sum": loss_sum, "loss_count": loss_count},
-        )
-        save(model, out / "model.safetensors", task_spec=task.spec, summary={"steps": step, **last_eval})
-
+    bar = reporter(progress, run=str(out), total=total, start=start, seconds_before=run.seconds_before, log=log)
+    run.began, run.bar = time.perf_counter(), bar
     for step in range(start, total):
         batch = data.batch(step).trimmed().to(device)
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, config)
-        loss = answer_loss(model, batch)
-        if not torch.isfinite(loss):
-            raise diverged(f"loss became {loss.item()}", step)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        loss_sum, loss_count = loss_sum + loss.item(), loss_count + 1
+        run.optimizer_step(step, batch)
         done = step + 1
-        bar.stepped(done, elapsed())
+        bar.stepped(done, run.elapsed())
         evaluating = done % config.eval_every == 0 or done == total
         checkpointing = done % config.ckpt_every == 0 or done == total
         if evaluating or checkpointing:
-            # a finite loss can still leave NaN weights (an inf gradient): only finite weights
-            # are evaluated or written, so the folder's checkpoint is always one to resume from
-            bad = first_non_finite_tensor(_training_state(model, optimizer))
-            if bad is not None:
-                raise diverged(f"the weights became non-finite (NaN or inf in {bad[0]})", done)
+            run.check_weights(done)
         if evaluating:
-            metrics = evaluate(model, dev)
-            if (bad_metric := _first_non_finite_metric(metrics)) is not None:
-                # finite weights can still compute NaN on some dev documents (e.g. an overflow in the
-                # forward pass): such a model's later numbers would be noise, so the run stops
-                raise diverged(f"the dev metric {bad_metric} became {metrics[bad_metric]}", done)
-            last_eval = metrics
-            entry = {
-                "step": done,
-                "loss": loss_sum / loss_count,
-                "lr": learning_rate(step, config),
-                **last_eval,
-                "seconds": round(elapsed(), 3),
-            }
-            if on_eval is not None:
-                entry.update(on_eval(done, model))
-                model.train()
-            with disk_full_as_error(metrics_path), open(metrics_path, "a") as handle:
-                handle.write(json.dumps(entry) + "\n")
-            loss_sum, loss_count = 0.0, 0
-            bar.evaluated(done, elapsed(), entry["loss"], last_eval["dev_acc"])
+            run.evaluate_and_log(step, on_eval)
         if checkpointing:
-            checkpoint(done)
-            kept = done
+            run.checkpoint(done)
         if on_step is not None:
             on_step(done)
     bar.close()
-    summary = {"status": "finished", "steps": total, "seconds": round(elapsed(), 3), **evaluate(model, dev)}
-    # no wall-clock values in the model file: identical runs write identical checkpoints
-    save(
-        model,
-        out / "model.safetensors",
-        task_spec=task.spec,
-        summary={key: value for key, value in summary.items() if key != "seconds"},
-    )
-    # the final model's identity, so that its weights are found where the folder does not keep
-    # them (a record committed without its checkpoint: `hookmech.run_weights`)
-    summary["model_hash"] = read_metadata(out / "model.safetensors")["model_hash"]
-    _write_summary(summary_path, summary)
-    return summary
+    return run.finish()
+
+
+class _Run:
+    """One training run's state between steps: the running loss, the last evaluation, the step of
+    the checkpoint the folder keeps, and the wall clock (resumed runs add their earlier seconds)."""
+
+    def __init__(self, task, config: TrainConfig, out: Path, model: HookedLM, optimizer, dev: Batch, log):
+        self.task, self.config, self.out, self.model, self.optimizer, self.dev, self.log = (
+            task, config, out, model, optimizer, dev, log,
+        )  # fmt: skip
+        self.seconds_before, self.loss_sum, self.loss_count = 0.0, 0.0, 0
+        self.kept: int | None = None  # the step of the checkpoint in the folder (model.safetensors, resume state)
+        self.last_eval: dict[str, float] = {}
+        self.began = time.perf_counter()
+        self.bar: Any = None
+
+    def resume(self) -> int:
+        """Load the folder's resume state if there is one; return the first step to run."""
+        resume_path, start = self.out / "resume.safetensors", 0
+        if resume_path.exists():
+            extra = _load_resume(resume_path, self.model, self.optimizer, self.config.total_steps())
+            start, self.seconds_before = extra["step"], extra["seconds"]
+            self.loss_sum, self.loss_count = extra["loss_sum"], extra["loss_count"]
+            self.kept = start
+            self.log(f"{self.out}: resuming from step {start}")
+        _truncate_metrics(self.out / "metrics.jsonl", start)
+        return start
+
+    def elapsed(self) -> float:
+        """Return the run's training seconds so far, earlier sessions included."""
+        return self.seconds_before + time.perf_counter() - self.began
+
+    def optimizer_step(self, step: int, batch: Batch) -> None:
+        """Take optimizer step `step` on `batch`; raise the divergence error on a non-finite loss."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(step, self.config)
+        loss = answer_loss(self.model, batch)
+        if not torch.isfinite(loss):
+            raise self.diverged(f"loss became {loss.item()}", step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.loss_sum, self.loss_count = self.loss_sum + loss.item(), self.loss_count + 1
+
+    def check_weights(self, done: int) -> None:
+        """Raise the divergence error when a weight or AdamW moment is not finite.
+
+        A finite loss can still leave NaN weights (an inf gradient): only finite weights are
+        evaluated or written, so the folder's checkpoint is always one to resume from."""
+        bad = first_non_finite_tensor(_training_state(self.model, self.optimizer))
+        if bad is not None:
+            raise self.diverged(f"the weights became non-finite (NaN or inf in {bad[0]})", done)
+
+    def evaluate_and_log(self, step: int, on_eval) -> None:
+        """Evaluate on the dev set after step `step`, add `on_eval`'s columns and append the line
+        to metrics.jsonl; the running loss starts again."""
+        done = step + 1
+        metrics = evaluate(self.model, self.dev)
+        if (bad_metric := _first_non_finite_metric(metrics)) is not None:
+            # finite weights can still compute NaN on some dev documents (e.g. an overflow in the
+            # forward pass): such a model's later numbers would be noise, so the run stops
+            raise self.diverged(f"the dev metric {bad_metric} became {metrics[bad_metric]}", done)
+        self.last_eval = metrics
+        entry = {
+            "step": done,
+            "loss": self.loss_sum / self.loss_count,
+            "lr": learning_rate(step, self.config),
+            **metrics,
+            "seconds": round(self.elapsed(), 3),
+        }
+        if on_eval is not None:
+            entry.update(on_eval(done, self.model))
+            self.model.train()
+        metrics_path = self.out / "metrics.jsonl"
+        with disk_full_as_error(metrics_path), open(metrics_path, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+        self.loss_sum, self.loss_count = 0.0, 0
+        self.bar.evaluated(done, self.elapsed(), entry["loss"], metrics["dev_acc"])
+
+    def checkpoint(self, step: int) -> None:
+        """Write the resume state and model.safetensors of step `step`."""
+        _save_resume(
+            self.out / "resume.safetensors",
+            self.model,
+            self.optimizer,
+            {"step": step, "seconds": self.elapsed(), "loss_sum": self.loss_sum, "loss_count": self.loss_count},
+        )
+        save(
+            self.model,
+            self.out / "model.safetensors",
+            task_spec=self.task.spec,
+            summary={"steps": step, **self.last_eval},
+        )
+        self.kept = step
+
+    def diverged(self, what: str, step: int) -> HookmechError:
+        """Write the "nan" summary; return the error saying what diverged and what was kept."""
+        if self.bar is not None:
+            self.bar.close()
+        summary = {"status": "nan", "steps": step, "checkpoint_step": self.kept, "seconds": self.elapsed()}
+        _write_summary(self.out / "summary.json", {**summary, **self.last_eval})
+        if self.kept is None:
+            first = min(self.config.ckpt_every, self.config.total_steps())
+            was_kept = f"no checkpoint was kept (the first was due at step {first})"
+        else:
+            was_kept = f"kept the checkpoint of step {self.kept} in {self.out / 'model.safetensors'}"
+        return HookmechError(f"{what} at step {step}; run stopped, {was_kept}")
+
+    def finish(self) -> dict[str, Any]:
+        """Evaluate the final model, write it and summary.json; return the summary."""
+        summary = {
+            "status": "finished",
+            "steps": self.config.total_steps(),
+            "seconds": round(self.elapsed(), 3),
+            **evaluate(self.model, self.dev),
+        }
+        # no wall-clock values in the model file: identical runs write identical checkpoints
+        save(
+            self.model,
+            self.out / "model.safetensors",
+            task_spec=self.task.spec,
+            summary={key: value for key, value in summary.items() if key != "seconds"},
+        )
+        # the final model's identity, so that its weights are found where the folder does not keep
+        # them (a record committed without its checkpoint: `hookmech.run_weights`)
+        summary["model_hash"] = read_metadata(self.out / "model.safetensors")["model_hash"]
+        _write_summary(self.out / "summary.json", summary)
+        return summary
 
 
 def _first_non_finite_metric(metrics: dict[str, float]) -> str | None:

@@ -54,6 +54,20 @@ def test_hf_cosine_is_transformers_schedule_as_paper_000s_code_calls_it(total, w
         assert learning_rate(5001, config) == 1e-2 and learning_rate(5001, cosine) == pytest.approx(1e-2)
 
 
+@pytest.mark.parametrize("total, warmup_frac", [(100_032, 0.1), (40, 0.1), (37, 0.25), (10, 0.0), (3, 1.0)])
+def test_hf_linear_is_transformers_schedule_as_paper_000s_code_calls_it(total, warmup_frac):
+    # tinylang experiment.py: get_linear_schedule_with_warmup(optimizer, int(T·warmup), T) unless cosine
+    from transformers import get_linear_schedule_with_warmup
+
+    config = TrainConfig(lr=1e-3, warmup_frac=warmup_frac, epochs=None, steps=total, n_train=0, schedule="hf-linear")
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(total * warmup_frac), total)
+    assert learning_rate(0, config) == optimizer.param_groups[0]["lr"]
+    steps = range(total) if total < 100 else [0, 1, 10_002, 10_003, 10_004, 55_017, 100_000, 100_031]
+    for step in steps:
+        assert learning_rate(step, config) == 1e-3 * scheduler.lr_lambdas[0](step), step
+
+
 def test_fixed_training_set_is_replayed_each_epoch_in_a_new_order():
     task, _, _ = small_setup()
     config = TrainConfig(epochs=2, n_train=24, batch_size=8)
@@ -97,7 +111,7 @@ def test_order_and_schedule_are_recorded_only_when_not_the_default(tmp_path):
     )
 
 
-@pytest.mark.parametrize("schedule", ["cosine", "hf-cosine"])
+@pytest.mark.parametrize("schedule", ["cosine", "hf-cosine", "hf-linear"])
 def test_hf_cosine_first_step_leaves_the_weights_as_drawn(tmp_path, schedule):
     # tinylang's first optimizer step runs at lr 0: AdamW records the gradient's moments and moves
     # nothing (weight decay 0); "cosine" moves the weights at its first step
@@ -112,7 +126,7 @@ def test_hf_cosine_first_step_leaves_the_weights_as_drawn(tmp_path, schedule):
     drawn = HookedLM(model_config).state_dict()
     after_one_step = weights(tmp_path / "run" / "model.safetensors")
     unchanged = all(torch.equal(tensor, drawn[name]) for name, tensor in after_one_step.items())
-    assert unchanged == (schedule == "hf-cosine")
+    assert unchanged == schedule.startswith("hf-")
 
 
 def test_training_is_deterministic(tmp_path):

@@ -100,24 +100,13 @@ def train(
             if not 1 <= k <= data.d:
                 raise UsageError(f"--dim {k}: {site} is {data.d}-dimensional at a position, so 1 <= K <= {data.d}")
         patch = SubspacePatch(data.route.pos_axis)
-        records, bases = [], {}
         with model.hooks(fwd_hooks=[(data.route.hook, patch)]):
             full = _evaluate(model, data, patch, lambda base, source: source)
             if boundless:
                 found = [_train_boundless(model, data, patch, options, progress)]
             else:
                 found = [_train_subspace(model, data, patch, options, k, progress) for k in dimensions]
-            for basis, loss, extra in found:
-                k = basis.shape[1]
-                control = random_basis(data.d, k, derived_seed(seed, k, _CONTROL))
-                learned = _evaluate(model, data, patch, SubspaceIntervention(basis, trainable=False))
-                random = _evaluate(model, data, patch, SubspaceIntervention(control, trainable=False))
-                records.append(
-                    das_record(site, hook, pos, data, options, k, learned, random, full, loss, boundless, extra)
-                )
-                bases[f"dim{k}"], bases[f"random_dim{k}"] = basis, control
-                if "rotation" in extra:
-                    bases["rotation"] = extra.pop("rotation")
+            records, bases = _score(model, data, patch, options, found, full, (site, hook, pos), boundless)
         metadata = {
             "site": site,
             "hook": hook,
@@ -128,6 +117,24 @@ def train(
         }
         dev_rows = torch.nonzero(data.dev).flatten()
     return DasResult(records, bases, metadata, dev_rows)
+
+
+def _score(model, data: DasData, patch, options: DasOptions, found, full, where, boundless: bool):
+    """Return (records, bases): each learned basis of `found` scored on the dev rows beside a
+    random basis of the same K (its control) and the whole activation's interchange `full`;
+    `where` is (site, hook, pos)."""
+    site, hook, pos = where
+    records, bases = [], {}
+    for basis, loss, extra in found:
+        k = basis.shape[1]
+        control = random_basis(data.d, k, derived_seed(options.seed, k, _CONTROL))
+        learned = _evaluate(model, data, patch, SubspaceIntervention(basis, trainable=False))
+        random = _evaluate(model, data, patch, SubspaceIntervention(control, trainable=False))
+        records.append(das_record(site, hook, pos, data, options, k, learned, random, full, loss, boundless, extra))
+        bases[f"dim{k}"], bases[f"random_dim{k}"] = basis, control
+        if "rotation" in extra:
+            bases["rotation"] = extra.pop("rotation")
+    return records, bases
 
 
 def _dimensions(dims: int | Iterable[int] | None, boundless: bool) -> list[int]:

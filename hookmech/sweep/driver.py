@@ -32,6 +32,24 @@ def check_gpus_per_run(gpus_per_run: float, engine: str) -> None:
         raise UsageError("--gpus-per-run needs --engine ray")
 
 
+def _check_engine(engine: str, workers: int, threads: int | None, gpus_per_run: float, address: str | None) -> int:
+    """Return the torch threads per worker (default: cores // workers); raise a UsageError for an
+    unknown engine or a count out of range, and, for Ray, when it is absent or `address` does not
+    answer (before anything is checked at length or written)."""
+    if engine not in ENGINES:
+        raise unknown("engine", engine, ENGINES)
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    check_gpus_per_run(gpus_per_run, engine)
+    threads = default_threads(workers) if threads is None else threads
+    if threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {threads}")
+    if engine == "ray":
+        import_ray()
+        check_ray_address(address)
+    return threads
+
+
 def run_sweep(
     sweep: Sweep,
     runs_dir: str | Path,
@@ -59,17 +77,7 @@ def run_sweep(
     bars when stderr is a terminal and plain lines otherwise; True bars, False lines. Every
     finished run gets a line with its own training time and the sweep's.
     """
-    if engine not in ENGINES:
-        raise unknown("engine", engine, ENGINES)
-    if workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {workers}")
-    check_gpus_per_run(gpus_per_run, engine)
-    threads = default_threads(workers) if threads is None else threads
-    if threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {threads}")
-    if engine == "ray":  # before anything is checked at length or written: Ray may be absent or far
-        import_ray()
-        check_ray_address(address)
+    threads = _check_engine(engine, workers, threads, gpus_per_run, address)
     log = log or (lambda message: print(message, file=sys.stderr))
     runs = expand(sweep)
     validate(runs)
@@ -78,13 +86,8 @@ def run_sweep(
     # worker then locks only its own run folder, so workers never wait for each other
     with folder_lock(runs_dir, "runs folder"):
         as_dicts = [run.as_dict() for run in runs]
-        rows: dict[str, dict[str, Any]] = {}
-        todo = []
-        for run in as_dicts:
-            if run_is_complete(run, runs_dir):
-                rows[run["run_id"]] = collect_row(run, runs_dir)
-            else:
-                todo.append(run)
+        rows = {run["run_id"]: collect_row(run, runs_dir) for run in as_dicts if run_is_complete(run, runs_dir)}
+        todo = [run for run in as_dicts if run["run_id"] not in rows]
         # Ray starts (or fails to, in one line) before the sweep writes or says anything
         session = ray_session(workers, threads, address) if engine == "ray" and todo else contextlib.nullcontext()
         with session as ray:

@@ -51,18 +51,13 @@ def sweep_page_data(
         attribution_bars,
         attribution_site,
         grid_keys,
-        heatmap_records,
         lr_curves,
-        no_heatmap_reason,
-        read_metrics,
         read_sweep_results,
         select_runs,
-        series_of,
         summarise,
         sweep_title,
         value_query_points,
     )
-    from ..run_weights import run_weights
 
     runs_dir = Path(runs_dir)
     log = log or (lambda message: None)
@@ -74,34 +69,12 @@ def sweep_page_data(
     keys = grid_keys(runs_dir, rows)
     title = sweep_title(runs_dir)
     site = attribution_site(rows)
-    selected = []
     chosen = [by_id[run] for run in runs] if runs else select_runs(rows, keys)
     if progress is not None:
         progress(0, len(chosen))
+    selected = []
     for index, row in enumerate(chosen):
-        run_dir = runs_dir / row["run_id"]
-        entry: dict[str, Any] = {
-            "run_id": row["run_id"],
-            "series": series_of(row, keys),
-            "d_model": row.get("d_model"),
-            "lr": row.get("lr"),
-            "seed": row.get("seed"),
-            "dev_acc": row.get("dev_acc"),
-            "heatmap": None,
-            "no_heatmap": no_heatmap_reason(run_dir, row) if heatmaps else None,
-            "dynamics": None,
-        }
-        if entry["no_heatmap"] is not None:
-            log(f"no heatmap for {row['run_id']}: {entry['no_heatmap']}")
-        elif heatmaps:
-            weights = run_weights(run_dir)
-            fixture = weights.name if weights is not None and weights.parent != run_dir else None
-            if fixture is not None:
-                entry["weights"] = f"the bundled fixture {fixture} (the run's folder keeps no weights)"
-            log(f"heatmap {index + 1}/{len(chosen)}: {row['run_id']}" + (f" from {fixture}" if fixture else ""))
-            entry["heatmap"] = heatmap_records(run_dir, n, seed)
-        entry["dynamics"] = dynamics(read_metrics(run_dir / "metrics.jsonl"))
-        selected.append(entry)
+        selected.append(_selected_run(runs_dir, row, keys, f"{index + 1}/{len(chosen)}", n, seed, heatmaps, log))
         if progress is not None:
             progress(index + 1, len(chosen))
     return {
@@ -123,6 +96,38 @@ def sweep_page_data(
         "bars": attribution_bars(rows, keys, site) if site is not None else [],
         "selected": selected,
     }
+
+
+def _selected_run(runs_dir: Path, row, keys, counter: str, n: int, seed, heatmaps: bool, log) -> dict[str, Any]:
+    """Return one selected run's entry of the page: its label, its heatmap records (`n` examples
+    drawn with `seed`, when `heatmaps` and its weights are found; else ``no_heatmap`` says why, also
+    to `log`) and its dynamics; `counter` ("2/5") numbers the heatmap's log line."""
+    from ..report import heatmap_records, no_heatmap_reason, read_metrics, series_of
+    from ..run_weights import run_weights
+
+    run_dir = runs_dir / row["run_id"]
+    entry: dict[str, Any] = {
+        "run_id": row["run_id"],
+        "series": series_of(row, keys),
+        "d_model": row.get("d_model"),
+        "lr": row.get("lr"),
+        "seed": row.get("seed"),
+        "dev_acc": row.get("dev_acc"),
+        "heatmap": None,
+        "no_heatmap": no_heatmap_reason(run_dir, row) if heatmaps else None,
+        "dynamics": None,
+    }
+    if entry["no_heatmap"] is not None:
+        log(f"no heatmap for {row['run_id']}: {entry['no_heatmap']}")
+    elif heatmaps:
+        weights = run_weights(run_dir)
+        fixture = weights.name if weights is not None and weights.parent != run_dir else None
+        if fixture is not None:
+            entry["weights"] = f"the bundled fixture {fixture} (the run's folder keeps no weights)"
+        log(f"heatmap {counter}: {row['run_id']}" + (f" from {fixture}" if fixture else ""))
+        entry["heatmap"] = heatmap_records(run_dir, n, seed)
+    entry["dynamics"] = dynamics(read_metrics(run_dir / "metrics.jsonl"))
+    return entry
 
 
 def dynamics(metrics: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

@@ -108,3 +108,24 @@ def test_cli_engine_options_are_refused_in_one_line(trained_attention, capsys, e
     path, _, _ = trained_attention
     code, _, err = run_cli(["patch", "--ckpt", path, "--site", "L1.block_in", "--pos", "key", *extra], capsys)
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_seed_mech_draws_the_sweeps_mechanism_batch(trained_attention, capsys):
+    """`--seed mech:S` reproduces what a sweep's mechanistic evaluation measured for seed S: the
+    examples of `mech_batch(task, S, n)` (stream 4), not those of `--seed S` (stream 0)."""
+    from hookmech.mech import mech_batch
+
+    path, _, _ = trained_attention
+    base = ["patch", "--ckpt", str(path), "--site", "L1.block_in", "--pos", "key,value,query", "--n", "24", "--json"]
+    code, out, err = run_cli([*base, "--seed", "mech:3"], capsys)
+    assert code == 0, err
+    model = hookmech.load(path)
+    want = patch(model, mech_batch(hookmech.tasks.from_checkpoint(path), 3, 24), ["L1.block_in"], ["key", "value", "query"])
+    for got, expected in zip(json.loads(out), want, strict=True):
+        assert got["metric_patched"] == expected["metric_patched"] and got["p_clean"] == expected["p_clean"]
+    code, plain, err = run_cli([*base, "--seed", "3"], capsys)
+    assert code == 0, err
+    assert json.loads(plain)[0]["p_clean"] != json.loads(out)[0]["p_clean"]  # another stream, other examples
+    for bad in ("mech:", "mech:x", "mech:-1", "stream:3", "1.5"):
+        code, _, err = run_cli([*base, "--seed", bad], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "mech:S" in err, (bad, err)
