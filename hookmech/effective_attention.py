@@ -26,8 +26,8 @@ from torch import Tensor
 from .errors import HookmechError, UsageError
 from .hook_names import block_hook
 from .mixers.capabilities import EffectiveAttentionMap, require
-from .model import check_tokens
 from .tasks.batch import Batch
+from .validate import check_tokens
 
 SUMMARIES = ("mean", None)
 #: the largest per-channel result `attention_maps(summary=None)` returns, in elements

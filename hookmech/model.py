@@ -7,44 +7,31 @@ The backbone only reads what each mixer class declares; it never names a mixer.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
-from transformer_lens import ActivationCache, HookedRootModule
-from transformer_lens.hook_points import HookPoint
-from transformer_lens.utilities import get_act_name
 
 from .config import ModelConfig
-from .errors import HookmechError, NoComponentError, UsageError, unknown
+from .errors import HookmechError, NoComponentError, UsageError
 from .hook_names import (
     FINAL_NORM,
-    FINAL_NORM_MODULE,
     MIXER,
-    MLP_PARTS,
     TL_ATTN,
-    TL_NORMS,
-    TL_POST,
-    TL_RESULT,
-    TL_SCALE,
     block_aliases,
     block_hook,
     block_path,
     hook_attribute,
-    layer_of,
-    needs_mlp,
     parse_hook,
-    sublayer_hook,
 )
-from .hook_names import MLP as MLP_SUBLAYER
 from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
+from .initialisation import initialise
 from .mixers import build_mixer, spec_of
 from .mixers.base import Mixer, hook_in_use, take_window, window_of
-from .mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
+from .mixers.capabilities import AttentionWeights, ExactPatchEffects, MissingCapability, MixerMemo, PatchMemo
 from .path_routes import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
     Acts,
@@ -52,7 +39,6 @@ from .shapes import (
     Gradients,
     HeadResults,
     KeptWindow,
-    Logits,
     PositionEffects,
     QueryLogits,
     Resid,
@@ -63,6 +49,8 @@ from .shapes import (
     Tokens,
     Window,
 )
+from .tl_compat import ModelOutput, TransformerLensCompat
+from .validate import check_tokens
 
 
 class RMSNorm(nn.Module):
@@ -80,20 +68,6 @@ class RMSNorm(nn.Module):
 def make_norm(kind: str, d_model: int, eps: float = 1e-5) -> nn.LayerNorm | RMSNorm:
     """Return a LayerNorm or RMSNorm over the last axis, with epsilon `eps`."""
     return nn.LayerNorm(d_model, eps=eps) if kind == "layernorm" else RMSNorm(d_model, eps=eps)
-
-
-def norm_scale(norm: nn.LayerNorm | RMSNorm, x: Acts) -> Acts:
-    """Return what `norm` divides `x` ``[batch, pos, d_model]`` by, ``[batch, pos, 1]``:
-    sqrt(variance + eps) for a LayerNorm (after centring), sqrt(mean square + eps) for an
-    RMSNorm (TransformerLens's ``hook_scale``)."""
-    if isinstance(norm, nn.LayerNorm):
-        x = x - x.mean(-1, keepdim=True)
-    return (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
-
-
-def norm_kind(norm: nn.LayerNorm | RMSNorm) -> str:
-    """Return TransformerLens's name of `norm`'s kind (`ModelConfig.normalization_type`): "LN" or "RMS"."""
-    return "LN" if isinstance(norm, nn.LayerNorm) else "RMS"
 
 
 class MLP(nn.Module):
@@ -116,6 +90,16 @@ class MLP(nn.Module):
     def neurons(self, x: Acts) -> Acts:
         """Return the hidden activation ``[..., d_mlp]`` of input `x` (TransformerLens's ``mlp.hook_post``)."""
         return F.gelu(self.fc1(x), approximate=self.approximate)
+
+    @property
+    def W_in(self) -> Tensor:
+        """fc1's weight as TransformerLens lays it out, ``[d_model, d_mlp]``: neuron i reads column i."""
+        return self.fc1.weight.T
+
+    @property
+    def b_in(self) -> Tensor:
+        """fc1's bias ``[d_mlp]`` (TransformerLens's name)."""
+        return self.fc1.bias
 
     @property
     def W_out(self) -> Tensor:
@@ -159,6 +143,10 @@ class Block(nn.Module):
             # the head count its spec states, read by the ``[*]`` sites (`hookmech.hooks.axis_size`)
             declare_sizes(self.mixer, head=self.head_shape[0])
         self.contexts: list[Context] | None = None  # see HookedLM.collecting_contexts
+        if isinstance(self.mixer, AttentionWeights):
+            # TransformerLens's name of the attention module: the mixer itself, as a plain
+            # attribute (a submodule of its own would list, save and hook it twice)
+            object.__setattr__(self, "attn", self.mixer)
         if self.has_mlp:
             self.ln2 = make_norm(cfg.norms[layer], cfg.d_model, cfg.norm_eps)
             self.mlp = MLP(cfg.d_model, cfg.mlp_hidden_mult, cfg.mlp_act)
@@ -166,6 +154,31 @@ class Block(nn.Module):
                 self.hook_resid_mid = AxisHookPoint()
             self.hook_mlp_in = AxisHookPoint()
             self.hook_mlp_out = AxisHookPoint()
+
+    def __getattr__(self, name: str) -> Tensor | nn.Module:
+        """nn.Module's, except that ``attn`` of a block whose mixer has no attention weights is a
+        `MissingCapability` (an AttributeError: ``getattr(block, "attn", None)`` is None) saying so."""
+        if name == TL_ATTN:
+            raise MissingCapability(
+                f"blocks[{self.layer}].attn: block {self.layer}'s mixer ({type(self.mixer).__name__}) has no attention "
+                f"weights (only softmax attention has them); its output is {block_hook(self.layer, 'mixer_out')}"
+            )
+        return super().__getattr__(name)
+
+    @property
+    def has_attention_weights(self) -> bool:
+        """True where the mixer has TransformerLens's attention weights (``attn``, `AttentionWeights`)."""
+        return isinstance(self.mixer, AttentionWeights)
+
+    def tl_attention(self, name: str) -> AttentionWeights:
+        """Return ``attn``, the mixer, for TransformerLens's weight `name`; a NoComponentError where
+        the mixer has no such weights (only softmax attention has them)."""
+        if not isinstance(self.mixer, AttentionWeights):
+            raise NoComponentError(
+                f"{name}: block {self.layer}'s mixer ({type(self.mixer).__name__}) has no attention weights "
+                "(W_Q, W_K, W_V, W_O and their biases: only softmax attention has them), and no blocks[l].attn"
+            )
+        return self.mixer
 
     def output_projection_weights(self, by_reference_name: bool = False) -> list[str]:
         """Return the names (inside the block) of the weights its sublayers declare as output
@@ -379,94 +392,12 @@ class TiedUnembed(nn.Module):
         return resid @ self.embed.weight.T
 
 
-class AliasedActivationCache(ActivationCache):
-    """TransformerLens's `ActivationCache`, whose keys are the model's hook names, that also
-    answers to TransformerLens's names for the rest of what its methods look up (by full name or
-    TransformerLens's shorthand, ``cache["attn_out", 0]``):
-
-    - the model's hook aliases (`HookedLM.hook_aliases`): ``cache["blocks.0.hook_attn_out"]`` is
-      ``cache["blocks.0.hook_mixer_out"]``;
-    - what no hook holds, computed from the cached hooks on each read
-      (`HookedLM.derived_activation`): norm scales, head results, MLP neurons;
-    - a part the model does not have (a Mamba block's MLP, a head hook of a mixer without
-      heads): a `NoComponentError` saying so in one line.
-
-    Keys, length and iteration are the hooks' own."""
-
-    def __getitem__(self, key):
-        if isinstance(key, str) and key in self.cache_dict:
-            return self.cache_dict[key]
-        model = getattr(self, "model", None)
-        if model is None or not hasattr(model, "hook_aliases"):
-            return super().__getitem__(key)
-        name = self._full_name(key)
-        if name in self.cache_dict:
-            return self.cache_dict[name]
-        if name in model.hook_aliases:
-            return self.cache_dict[model.hook_aliases[name]]
-        derived = model.derived_activation(name, self._read)
-        if derived is not None:
-            return derived if self.has_batch_dim else derived[0]
-        missing = model.missing_component(name)
-        if missing is not None:
-            raise missing
-        return super().__getitem__(key)
-
-    def __contains__(self, key) -> bool:
-        """True for what `cache[key]` returns: a hook, an alias of one, or a value computed from
-        the cached hooks (computing it, for the last)."""
-        if key in self.cache_dict or getattr(self.model, "hook_aliases", {}).get(key) in self.cache_dict:
-            return True
-        try:
-            self[key]
-        except (KeyError, HookmechError):
-            return False
-        return True
-
-    def _full_name(self, key) -> str:
-        """Return the hook name `key` means: itself, or TransformerLens's name for its shorthand
-        (``"attn_out"``, ``("resid_pre", -1)``: a negative layer counts from the last, as TL does)."""
-        if isinstance(key, str):
-            return get_act_name(key)
-        if len(key) > 1 and key[1] is not None and key[1] < 0:
-            key = (key[0], self.model.cfg.n_layers + key[1], *key[2:])
-        return get_act_name(*key)
-
-    def _read(self, hook: str) -> Tensor:
-        """Return the cached activation of `hook` with its batch axis (added back where the
-        cache's was removed), for `HookedLM.derived_activation`."""
-        if hook not in self.cache_dict:
-            raise KeyError(
-                f"{hook} is not in this cache (a names_filter left it out), and what was asked is computed from it"
-            )
-        activation = self.cache_dict[hook]
-        return activation if self.has_batch_dim else activation[None]
-
-    def _ensure_head_results(self) -> bool:
-        # TransformerLens computes head results from attn.hook_z and blocks[l].attn.W_O, which
-        # only attention has; here they are computed on each read (`Block.head_results`)
-        return True
-
-    def compute_head_results(self) -> None:
-        """Do nothing: head results (``blocks.{l}.attn.hook_result``) are computed on each read,
-        from the cached mixer input (`Block.head_results`), and never stored in the cache."""
-
-    def apply_slice_to_batch_dim(self, batch_slice):
-        """TransformerLens's `apply_slice_to_batch_dim`, returning an `AliasedActivationCache`."""
-        sliced = super().apply_slice_to_batch_dim(batch_slice)
-        return AliasedActivationCache(sliced.cache_dict, self.model, has_batch_dim=sliced.has_batch_dim)
-
-
-class HookedLM(HookedRootModule):
+class HookedLM(TransformerLensCompat[Block]):
     """A causal language model whose every intermediate activation is a named hook.
 
-    `run_with_hooks`, `run_with_cache` and `hooks()` are TransformerLens's own, and so is
-    ``cfg`` as far as TransformerLens's generic code reads it (``transformer_lens.patching``
-    runs on any HookedLM: see `ModelConfig` for `n_heads`, `d_head` and `device`). So is what
-    its ActivationCache reads of a model: `W_E`, `W_U`, `W_pos`, `b_U`, ``unembed``,
-    `tokens_to_residual_directions`, `accumulated_bias`, and TransformerLens's names of what no
-    hook holds (`derived_activation`); docs/guide.md §6 says which of its tools run on which mixer.
-    """
+    A TransformerLens `HookedRootModule` whose ``cfg`` answers what TransformerLens's code reads
+    (`ModelConfig`); what else its code and users call on a model is `hookmech.tl_compat`'s and
+    `hookmech.tl_weights`' (docs/guide.md §6: which of its tools run on which mixer)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -494,14 +425,6 @@ class HookedLM(HookedRootModule):
             cfg = self._cfg = cfg.held_by(self)
         return cfg
 
-    if TYPE_CHECKING:  # for mypy only: `blocks` is an nn.ModuleList (its items typed Module) of Block
-
-        @property
-        def blocks(self) -> Sequence[Block]: ...
-
-        @blocks.setter
-        def blocks(self, value: nn.ModuleList) -> None: ...
-
     def setup(self) -> None:
         """TransformerLens's `setup` (`mod_dict` and `hook_dict`, the hooks in forward order),
         plus the hook aliases the mixers declare (`Mixer.block_hook_aliases`): in `mod_dict`,
@@ -522,35 +445,9 @@ class HookedLM(HookedRootModule):
                 self.hook_aliases[name] = target
                 self.mod_dict[name] = self.hook_dict[target]
 
-    # -- initialisation (ModelConfig.init) ---------------------------------------------
+    # -- initialisation (ModelConfig.init; hookmech/initialisation.py) ---------------------
     def _initialise(self) -> None:
-        if self.cfg.init == "mamba":
-            self.apply(self._init_weights_mamba)
-            self._redraw_output_projections_mamba()
-        else:  # "normal" (GPT-2) and "normal-by-name" (zoology): normal 0.02, output projections scaled
-            self.apply(self._init_weights)
-            self._rescale_output_projections(by_reference_name=self.cfg.init == "normal-by-name")
-
-    @staticmethod
-    def _init_weights_mamba(module: nn.Module) -> None:
-        # mamba-ssm's _init_weights (zoology's branch for Mamba blocks): Linear weights keep
-        # PyTorch's default (Kaiming-uniform) draw, so dt_proj keeps its own; biases are zeroed
-        # except those a mixer marks `_no_reinit` (the dt bias)
-        if isinstance(module, nn.Linear):
-            if module.bias is not None and not getattr(module.bias, "_no_reinit", False):
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=0.02)
-
-    def _redraw_output_projections_mamba(self) -> None:
-        # mamba-ssm: out_proj (and fc2) redrawn Kaiming-uniform(a=sqrt(5)), then divided by
-        # sqrt(n_residuals_per_layer * n_layers); zoology keeps n_residuals_per_layer at 1
-        declared = self._output_projection_names()
-        for name, param in self.named_parameters():
-            if name in declared:
-                nn.init.kaiming_uniform_(param, a=math.sqrt(5))
-                with torch.no_grad():
-                    param.div_(math.sqrt(self.cfg.n_layers))
+        initialise(self, self.cfg.init, self.cfg.n_layers, self._output_projection_names)
 
     def _output_projection_names(self, by_reference_name: bool = False) -> set[str]:
         return {
@@ -558,32 +455,6 @@ class HookedLM(HookedRootModule):
             for layer, block in enumerate(self.blocks)
             for name in block.output_projection_weights(by_reference_name)
         }
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        # A mixer marks parameters whose own initialisation matters (Mamba's dt bias) with
-        # `_no_reinit`, the convention of zoology and mamba-ssm.
-        def reinit(param: Tensor | None) -> bool:
-            return param is not None and not getattr(param, "_no_reinit", False)
-
-        if isinstance(module, nn.Linear):
-            if reinit(module.weight):
-                nn.init.normal_(module.weight, std=0.02)
-            if reinit(module.bias):
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding) and reinit(module.weight):
-            nn.init.normal_(module.weight, std=0.02)
-
-    def _rescale_output_projections(self, by_reference_name: bool = False) -> None:
-        # Residual branches add up over 2 sublayers per layer; scaling their output
-        # projections keeps the residual stream's variance independent of depth.
-        # Each sublayer declares its output projections; they are redrawn in parameter order
-        # (the order the generator was always consumed in, so seeded inits stay bit-identical).
-        std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
-        declared = self._output_projection_names(by_reference_name)
-        for name, param in self.named_parameters():
-            if name in declared:
-                nn.init.normal_(param, std=std)
 
     # -- forward ------------------------------------------------------------------------
     def embed_tokens(self, tokens: Tokens) -> Resid:
@@ -605,13 +476,19 @@ class HookedLM(HookedRootModule):
     def forward(
         self,
         input: Tokens | Resid,
+        return_type: str | None = "logits",
+        loss_per_token: bool = False,
         *,
         start_at_layer: int | None = None,
         stop_at_layer: int | None = None,
         positions: RowInts | None = None,
         tail_at_positions: bool = False,
-    ) -> Logits | QueryLogits | Resid:
+    ) -> ModelOutput:
         """Run the model.
+
+        `return_type`, `loss_per_token`: TransformerLens's ("logits", "loss", "both", None;
+        `TransformerLensCompat.model_output`); a loss is of the tokens' next-token predictions,
+        so it needs tokens and every position's logits (not with the three options below).
 
         `input` is tokens ``[batch, pos]``, or, with `start_at_layer=l`, the residual
         stream entering block l ``[batch, pos, d_model]`` (hooks of block l fire on it).
@@ -624,6 +501,7 @@ class HookedLM(HookedRootModule):
         is in use (then every position, as without it). The logits are the same computation on
         fewer rows (equal to float rounding); the patching engine asks for it, training does not.
         """
+        self.check_return_type(return_type, start_at_layer, stop_at_layer, positions)
         if start_at_layer is None:  # an id outside the vocabulary: an IndexError on CPU, a device assert on CUDA
             check_tokens(input, self.cfg, "HookedLM")
         resid = self.embed_tokens(input) if start_at_layer is None else input
@@ -639,8 +517,8 @@ class HookedLM(HookedRootModule):
             return resid
         normed = self.ln_final(resid)
         if positions is not None:
-            normed = normed[torch.arange(normed.shape[0], device=normed.device), positions]
-        return self.unembed_resid(normed)
+            return self.unembed_resid(normed[torch.arange(normed.shape[0], device=normed.device), positions])
+        return self.model_output(self.unembed_resid(normed), input, return_type, loss_per_token)
 
     def _tail_hooked(self) -> bool:
         """Return True when a hook after the last block's mixer (or the final norm's) is in use."""
@@ -863,239 +741,6 @@ class HookedLM(HookedRootModule):
         clean at the `senders` positions ``[N, pos]`` (its head `head` only, if given; `path_routes.path_change`)."""
         return path_change(self, ends, acts, senders, head)
 
-    def run_with_hooks(self, *model_args: Any, **kwargs: Any) -> Logits | QueryLogits | Resid:
-        """Run the model with `fwd_hooks` and `bwd_hooks` attached; return its output.
-
-        TransformerLens's own, after two checks that turn its raw errors into a UsageError: the
-        tokens (`check_tokens`, unless the input is a residual stream given with `start_at_layer`)
-        and every hook named in `fwd_hooks` and `bwd_hooks` (a hook name or alias of this model;
-        a filter function is TransformerLens's to apply).
-        """
-        self._check_model_input("run_with_hooks", model_args, kwargs)
-        hooks = [*kwargs.get("fwd_hooks", ()), *kwargs.get("bwd_hooks", ())]
-        for name, function in hooks:
-            if not callable(function):
-                shown = name if isinstance(name, str) else "a filter"
-                raise UsageError(f"run_with_hooks: the hook for {shown} is a {type(function).__name__}, not a function")
-        for name in (name for name, _ in hooks if isinstance(name, str)):
-            if name not in self.mod_dict or not isinstance(self.mod_dict[name], HookPoint):
-                raise unknown("hook", name, [*self.hook_dict, *self.hook_aliases])
-            self._check_heads_uniform(name)
-        return super().run_with_hooks(*model_args, **kwargs)
-
-    def _check_heads_uniform(self, name: str) -> None:
-        """Raise a NoComponentError for TransformerLens's per-head name `name` (``attn.hook_*``)
-        on a model whose layers differ in head count: TransformerLens sizes every layer's head
-        axis by one `cfg.n_heads` (layer 0's), so its head sweeps and labels would silently skip
-        or mislabel the other layers' heads."""
-        parsed = parse_hook(name)
-        if parsed is None or parsed.part != TL_ATTN:
-            return
-        counts = [self.cfg.head_shape(layer)[0] for layer in range(self.cfg.n_layers)]
-        if len(set(counts)) > 1:
-            raise NoComponentError(
-                f"{name}: this model's layers have {counts} heads, and TransformerLens's per-head tools "
-                f"size every layer by one n_heads ({counts[0]}); use hookmech's own names "
-                "(blocks.{l}.mixer.hook_*) and `hookmech patch` for per-head patches"
-            )
-
-    def _check_model_input(self, caller: str, model_args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """`check_tokens` on the input of `caller` unless it is a residual stream (`start_at_layer`)."""
-        if kwargs.get("start_at_layer") is not None:
-            return
-        if not model_args and "input" not in kwargs:
-            raise UsageError(f"{caller}: give the tokens [batch, pos] to run the model on")
-        check_tokens(model_args[0] if model_args else kwargs["input"], self.cfg, caller)
-
-    def run_with_cache(
-        self, *model_args: Any, return_cache_object: bool = True, **kwargs: Any
-    ) -> tuple[Logits | QueryLogits | Resid, AliasedActivationCache | dict[str, Tensor]]:
-        """Run the model, returning ``(output, cache)``.
-
-        As TransformerLens's HookedTransformer: the cache is an `ActivationCache` (an
-        `AliasedActivationCache`, which also answers to `hook_aliases`) unless
-        `return_cache_object=False` (then a plain dict of hook name -> tensor). A `names_filter`
-        given as a name or a list of names may use hook aliases; the cache keys them by the
-        hooks' own names. Tokens are checked first (`check_tokens`; a UsageError).
-        """
-        self._check_model_input("run_with_cache", model_args, kwargs)
-        names_filter = kwargs.get("names_filter")
-        if isinstance(names_filter, str):
-            kwargs["names_filter"] = self.hook_aliases.get(names_filter, names_filter)
-        elif isinstance(names_filter, (list, tuple)):
-            kwargs["names_filter"] = [self.hook_aliases.get(name, name) for name in names_filter]
-        output, cache_dict = super().run_with_cache(*model_args, **kwargs)
-        if not return_cache_object:
-            return output, cache_dict
-        return output, AliasedActivationCache(cache_dict, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
-
-    def layer_of_hook(self, hook_name: str) -> int | None:
-        """Return l for a hook inside ``blocks.{l}``, None for hooks outside the blocks."""
-        return layer_of(hook_name)
-
-    # -- what TransformerLens's ActivationCache reads of a model (docs/guide.md §6) ---------
-    @property
-    def W_E(self) -> Tensor:
-        """The token embedding ``[d_vocab, d_model]`` (the parameter itself)."""
-        return self.embed.weight
-
-    @property
-    def W_pos(self) -> Tensor:
-        """The learned position embedding ``[n_ctx, d_model]``; a `NoComponentError` for a model
-        without one (``pos_emb = "none"``)."""
-        if self.cfg.pos_emb != "learned":
-            raise NoComponentError(f"W_pos: this model has no position embedding (pos_emb {self.cfg.pos_emb!r})")
-        return self.pos_embed.weight
-
-    @property
-    def W_U(self) -> Tensor:
-        """The unembedding ``[d_model, d_vocab]``: logits = ``ln_final(resid) @ W_U + b_U`` (the
-        embedding's transpose when the head is tied, else the LM head's weight transposed)."""
-        return self.embed.weight.T if isinstance(self.unembed, TiedUnembed) else self.unembed.weight.T
-
-    @property
-    def b_U(self) -> Tensor:
-        """The unembedding's bias ``[d_vocab]``: zeros (the LM head has none)."""
-        return torch.zeros(self.cfg.d_vocab, dtype=self.W_E.dtype, device=self.W_E.device)
-
-    def tokens_to_residual_directions(self, tokens: int | str | Tensor) -> Tensor:
-        """Return the direction in the residual stream whose dot product with the final norm's
-        normalised input (centred and divided by the norm's scale, before its weight) is each
-        token's logit, less a constant per token: the final norm's weight times the token's
-        column of `W_U`, ``[..., d_model]`` for token ids of any shape, ``[d_model]`` for one
-        (TransformerLens's shapes). This is what TransformerLens's own models give once the final
-        norm is folded into W_U (its default), and what its ``logit_attrs`` needs: for components
-        summing to the residual stream, with the run's scale (``ln_final.hook_scale``),
-        Σ logit_attrs + ln_final bias · W_U[:, t] + b_U[t] is the logit of t.
-        Token ids only (a UsageError for a string: these models have no tokenizer)."""
-        if isinstance(tokens, str):
-            raise UsageError(
-                f"tokens_to_residual_directions: give token ids, not {tokens!r} (hookmech models have no tokenizer)"
-            )
-        ids = torch.as_tensor(tokens, device=self.W_E.device)
-        check_tokens(ids.reshape(1, -1), self.cfg, "tokens_to_residual_directions")
-        if ids.numel() == 1:
-            ids = ids.reshape(())
-        return self.W_U.T[ids] * self.ln_final.norm.weight
-
-    def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
-        """Return ``[d_model]``: the biases the sublayers before block `layer` add to the residual
-        stream apart from their head results and neurons (TransformerLens's `accumulated_bias`,
-        the ``bias`` row of ``get_full_resid_decomposition``): each mixer's `Block.head_result_bias`
-        and, with `include_mlp_biases`, each MLP's output bias; with `mlp_input` block `layer`'s
-        mixer's too."""
-        if not 0 <= layer <= self.cfg.n_layers or (mlp_input and layer == self.cfg.n_layers):
-            raise UsageError(f"accumulated_bias: layer must be in 0..{self.cfg.n_layers - int(mlp_input)}, got {layer}")
-        total = torch.zeros(self.cfg.d_model, dtype=self.W_E.dtype, device=self.W_E.device)
-        for block in self.blocks[:layer]:
-            total = total + block.head_result_bias()
-            if include_mlp_biases and block.has_mlp:
-                total = total + block.mlp.b_out
-        if mlp_input:
-            total = total + self.blocks[layer].head_result_bias()
-        return total
-
-    def derived_activation(self, name: str, read: Callable[[str], Tensor]) -> Tensor | None:
-        """Return TransformerLens's activation `name` that no hook holds, computed from the
-        activations of a run (``read(hook)`` -> ``[batch, pos, ...]``), or None for any other name
-        (and for a part the block lacks: `missing_component` says so):
-
-        - ``ln_final.hook_scale``, ``blocks.{l}.ln1.hook_scale``, ``ln2.hook_scale``: the norm's
-          divisor on its input ``[batch, pos, 1]`` (`norm_scale`). TransformerLens applies every norm
-          as `ModelConfig.normalization_type` (the final norm's kind) says: a block norm of the other
-          kind (Mamba's RMSNorm under a final LayerNorm) is a `NoComponentError`;
-        - ``blocks.{l}.attn.hook_result``: each head's share of the mixer output ``[batch, pos,
-          head, d_model]`` (`Block.head_results`);
-        - ``blocks.{l}.mlp.hook_post``: the MLP's hidden activation ``[batch, pos, d_mlp]``.
-        """
-        parsed = parse_hook(name)
-        if parsed is None or parsed.inside not in (TL_SCALE, TL_RESULT, TL_POST):
-            return None
-        if parsed.layer is None:
-            if (parsed.part, parsed.inside) != (FINAL_NORM_MODULE, TL_SCALE):
-                return None
-            return norm_scale(self.ln_final.norm, read(self.resid_hook(self.cfg.n_layers)))
-        layer = parsed.layer
-        if layer >= self.cfg.n_layers or (needs_mlp(parsed) and not self.blocks[layer].has_mlp):
-            return None
-        block, part = self.blocks[layer], (parsed.part, parsed.inside)
-        if part == (TL_NORMS[0], TL_SCALE):
-            return self._block_norm_scale(name, block.ln1, read(block_hook(layer, "resid_pre")))
-        if part == (TL_NORMS[1], TL_SCALE):
-            ln2_input = block_hook(layer, "resid_pre" if block.parallel else "resid_mid")
-            return self._block_norm_scale(name, block.ln2, read(ln2_input))
-        if part == (TL_ATTN, TL_RESULT):
-            self._check_heads_uniform(name)
-            return block.head_results(read(block_hook(layer, "mixer_in")), read(block_hook(layer, "mixer_out")))
-        if part == (MLP_SUBLAYER, TL_POST):
-            return block.mlp.neurons(read(block_hook(layer, "mlp_in")))
-        return None
-
-    def _block_norm_scale(self, name: str, norm: nn.LayerNorm | RMSNorm, resid: Resid) -> Tensor:
-        """`norm_scale` of a block norm, refused where TransformerLens would apply it as the other kind."""
-        if norm_kind(norm) != self.cfg.normalization_type:
-            raise NoComponentError(
-                f"{name}: this block's norm is {type(norm).__name__}, but TransformerLens's apply_ln applies "
-                f"every norm as the final one (cfg.normalization_type {self.cfg.normalization_type!r}): "
-                "apply the final norm instead (layer None or n_layers)"
-            )
-        return norm_scale(norm, resid)
-
-    def missing_component(self, name: str) -> NoComponentError | None:
-        """Return the error for TransformerLens's name `name` of a part of block l that it lacks,
-        one line saying what is missing: the MLP's hooks (`MLP_PARTS`, ``mlp.*``, ``ln2.*``) of a
-        block without one (Mamba's), an ``attn.*`` name the block's mixer does not answer to (the
-        head output ``attn.hook_z`` of a mixer without heads); None for any other name."""
-        parsed = parse_hook(name)
-        if parsed is None or parsed.layer is None or parsed.layer >= self.cfg.n_layers:
-            return None
-        layer, mixer = parsed.layer, self.cfg.mixers[parsed.layer]
-        if needs_mlp(parsed) and not self.blocks[layer].has_mlp:
-            return NoComponentError(
-                f"{name}: block {layer} ({mixer}) has no MLP, so it has no {', '.join(MLP_PARTS)} "
-                "or MLP norm; TransformerLens's MLP sweeps and names do not apply to it"
-            )
-        if parsed.part == "resid_mid" and parsed.inside is None and self.blocks[layer].parallel:
-            return NoComponentError(
-                f"{name}: block {layer} is a parallel block (parallel_residual): its MLP reads the block's input "
-                "beside the mixer, so there is no residual between them (hook_resid_mid), as in TransformerLens"
-            )
-        if parsed.part == TL_ATTN:
-            known = [alias for alias in self.hook_aliases if _in_sublayer(alias, layer, TL_ATTN)]
-            known.append(sublayer_hook(layer, TL_ATTN, TL_RESULT))
-            return NoComponentError(
-                f"{name}: block {layer}'s mixer ({mixer}) has no such hook; of TransformerLens's attn names "
-                f"it answers to {', '.join(known)}"
-            )
-        return None
-
-
-#: the token dtypes the embedding takes
-TOKEN_DTYPES = (torch.int64, torch.int32)
-
-
-def check_tokens(tokens: Any, cfg: ModelConfig, caller: str) -> None:
-    """Raise a UsageError naming `caller` unless `tokens` is an integer tensor ``[batch, pos]``
-    (`TOKEN_DTYPES`) of at least one row and one position, every id in ``0 .. d_vocab - 1``.
-    The ids cost one min/max over the tensor (the sequence length is `embed_tokens`' to check)."""
-    if not isinstance(tokens, Tensor):
-        raise UsageError(
-            f"{caller}: tokens must be a torch tensor [batch, pos] of token ids, got {type(tokens).__name__}"
-        )
-    if tokens.dtype not in TOKEN_DTYPES:
-        raise UsageError(f"{caller}: tokens must be integer ids (torch.int64 or torch.int32), got {tokens.dtype}")
-    if tokens.dim() != 2 or tokens.numel() == 0:
-        raise UsageError(
-            f"{caller}: tokens must be [batch, pos] with at least one row and one position, "
-            f"got shape {list(tokens.shape)}"
-        )
-    low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one transfer from the device
-    if low < 0 or high >= cfg.d_vocab:
-        bad = low if low < 0 else high
-        raise UsageError(
-            f"{caller}: token id {bad} is outside the vocabulary 0..{cfg.d_vocab - 1} (d_vocab {cfg.d_vocab})"
-        )
-
 
 def _mixer_attribute(layer: int, hook_name: str) -> str | None:
     """Return the attribute of block `layer`'s mixer that hook `hook_name` is (``hook_k``, as
@@ -1104,12 +749,6 @@ def _mixer_attribute(layer: int, hook_name: str) -> str | None:
     if parsed is None or parsed.layer != layer or parsed.part != MIXER or parsed.inside is None:
         return None
     return hook_attribute(parsed.inside)
-
-
-def _in_sublayer(hook_name: str, layer: int, sublayer: str) -> bool:
-    """Return True where `hook_name` is a hook of module `sublayer` of block `layer`."""
-    parsed = parse_hook(hook_name)
-    return parsed is not None and parsed.layer == layer and parsed.part == sublayer and parsed.inside is not None
 
 
 def _at_positions(base: Callable[[str], Tensor], at: RowInts) -> Callable[[str], Tensor]:

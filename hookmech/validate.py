@@ -4,12 +4,14 @@ or activation would otherwise flow through every forward and come out as null at
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from . import schema
+from .config import ModelConfig
 from .errors import HookmechError, UsageError
 from .hook_names import parse_hook
 
@@ -119,3 +121,30 @@ def first_non_finite_hook(model, tokens: Tensor) -> tuple[str, str] | None:
     with torch.no_grad():
         model.run_with_hooks(tokens.to(device), fwd_hooks=[(lambda name: True, watch)])
     return found[0] if found else None
+
+
+#: the token dtypes the embedding takes
+TOKEN_DTYPES = (torch.int64, torch.int32)
+
+
+def check_tokens(tokens: Any, cfg: ModelConfig, caller: str) -> None:
+    """Raise a UsageError naming `caller` unless `tokens` is an integer tensor ``[batch, pos]``
+    (`TOKEN_DTYPES`) of at least one row and one position, every id in ``0 .. d_vocab - 1``.
+    The ids cost one min/max over the tensor (the sequence length is `embed_tokens`' to check)."""
+    if not isinstance(tokens, Tensor):
+        raise UsageError(
+            f"{caller}: tokens must be a torch tensor [batch, pos] of token ids, got {type(tokens).__name__}"
+        )
+    if tokens.dtype not in TOKEN_DTYPES:
+        raise UsageError(f"{caller}: tokens must be integer ids (torch.int64 or torch.int32), got {tokens.dtype}")
+    if tokens.dim() != 2 or tokens.numel() == 0:
+        raise UsageError(
+            f"{caller}: tokens must be [batch, pos] with at least one row and one position, "
+            f"got shape {list(tokens.shape)}"
+        )
+    low, high = torch.stack(torch.aminmax(tokens)).tolist()  # one transfer from the device
+    if low < 0 or high >= cfg.d_vocab:
+        bad = low if low < 0 else high
+        raise UsageError(
+            f"{caller}: token id {bad} is outside the vocabulary 0..{cfg.d_vocab - 1} (d_vocab {cfg.d_vocab})"
+        )

@@ -17,7 +17,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 from transformer_lens import patching as tl_patching
 
 import hookmech
@@ -226,9 +225,9 @@ def test_full_resid_decomposition_sums_to_the_residual_and_its_logits(run):
     close(read + logit_offset(run.model, run.answers)[:, None], answer_logits(run, run.answers))
 
 
-def test_apply_ln_at_a_block_is_its_norm_or_is_refused_in_one_line(run):
-    """TransformerLens applies every norm as the final one's kind: a block norm of that kind is its
-    norm (less its weight and bias); one of the other kind (Mamba's RMSNorm under a LayerNorm) is refused."""
+def test_apply_ln_at_a_block_is_its_norm(run):
+    """TransformerLens asks the final norm's kind whether to centre; each norm answers for itself here,
+    so a block norm is its norm (less its weight and bias), also Mamba's RMSNorm under a LayerNorm."""
     for layer in range(run.n):
         block = run.model.blocks[layer]
         for mlp_input, norm, before, after in ((False, block.ln1, "resid_pre", "mixer_in"),
@@ -236,13 +235,8 @@ def test_apply_ln_at_a_block_is_its_norm_or_is_refused_in_one_line(run):
             if norm is None:
                 continue
             resid = run.cache[f"blocks.{layer}.hook_{before}"][None]
-            if isinstance(norm, nn.LayerNorm) == (run.model.cfg.normalization_type == "LN"):
-                normed = run.cache.apply_ln_to_stack(resid, layer=layer, mlp_input=mlp_input)[0]
-                close(normed * norm.weight + getattr(norm, "bias", 0), run.cache[f"blocks.{layer}.hook_{after}"])
-            else:
-                with pytest.raises(NoComponentError) as refused:
-                    run.cache.apply_ln_to_stack(resid, layer=layer, mlp_input=mlp_input)
-                assert "\n" not in str(refused.value) and "RMSNorm" in str(refused.value)
+            normed = run.cache.apply_ln_to_stack(resid, layer=layer, mlp_input=mlp_input)[0]
+            close(normed * norm.weight + getattr(norm, "bias", 0), run.cache[f"blocks.{layer}.hook_{after}"])
 
 
 def test_weights_and_cfg_are_what_transformer_lens_reads(run):

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..errors import UsageError
+from ..errors import NoComponentError, UsageError
 from ..hook_names import hook_attribute, tl_attention_aliases
 from ..hooks import AxisHookPoint
 from ..shapes import (
@@ -31,13 +31,13 @@ from ..shapes import (
     Window,
 )
 from .base import Mixer, pattern_effects_by_rows, splice, take_window, window_index
-from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
+from .capabilities import AttentionWeights, EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .mixer_spec import Heads, MixerSpec
 from .rotary import rotary_dim, rotate
 from .short_conv import ShortConv
 
 
-class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
+class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, AttentionWeights):
     """softmax(q kᵀ / √d_head + causal mask) v, per head, then an output projection.
 
     `bias`: the q/k/v projection's bias (zoology's ``MHA(bias=...)``, which leaves the output
@@ -146,6 +146,31 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         q, k = self._rotated(q, k, torch.arange(n_pos, device=x.device), hooked=False)
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
         return scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")).softmax(dim=-1).float()
+
+    # -- TransformerLens's weights (see `AttentionWeights`) --------------------------------
+    def attention_weight(self, name: str) -> Tensor:
+        """Return TransformerLens's `name` of this layer (`AttentionWeights.attention_weight`):
+        W_Q, W_K, W_V are `Wqkv`'s rows per head, transposed; W_O is `out_proj`'s columns per head,
+        transposed; a bias the layer lacks is zeros. A projection followed by a short convolution
+        (`qkv_conv`) is refused: no matrix maps the input to its hook."""
+        kind, letter = name[0], name[-1].lower()  # "W_Q" -> ("W", "q")
+        d_model = self.out_proj.in_features
+        if letter == "o":
+            if kind == "W":
+                return self.out_proj.weight.T.unflatten(0, (self.n_heads, self.d_head))
+            bias = self.out_proj.bias
+            return self.out_proj.weight.new_zeros(d_model) if bias is None else bias
+        if letter in self.convs:
+            raise NoComponentError(
+                f"{name}: this attention layer convolves its {letter} after the projection (qkv_conv "
+                f"{''.join(self.convs)!r}), so no W_{letter.upper()} maps its input to {hook_attribute(letter)}"
+            )
+        rows = slice("qkv".index(letter) * d_model, ("qkv".index(letter) + 1) * d_model)
+        if kind == "W":
+            return self.Wqkv.weight[rows].unflatten(0, (self.n_heads, self.d_head)).transpose(1, 2)
+        bias = self.Wqkv.bias
+        zeros = self.Wqkv.weight.new_zeros(self.n_heads, self.d_head)
+        return zeros if bias is None else bias[rows].view(self.n_heads, self.d_head)
 
     # -- path patching (see `PathRoutes`) -----------------------------------
     head_outputs = ("z",)

@@ -2,7 +2,7 @@
 
 The core (`hookmech.mixers.base.Mixer`: what it declares of its block, its forward with its hooks,
 the resume protocol) is all the backbone, the exact patching engine, AtP and DAS ask of a mixer.
-Three more things a mixer can say, each a class it lists after `Mixer` among its bases
+Four more things a mixer can say, each a class it lists after `Mixer` among its bases
 (``class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap)``), each asked for
 only where it is used:
 
@@ -13,6 +13,8 @@ only where it is used:
   it only ``resid`` paths end in the mixer's layer; another route is a usage error naming both.
 - `EffectiveAttentionMap` (`hookmech.attention_maps`, `hookmech view`): the mixer's sequence
   operation as a matrix. Without it a map is refused.
+- `AttentionWeights` (TransformerLens's ``blocks[l].attn``, ``W_Q`` ... ``OV``, `SVDInterpreter`):
+  the heads as TransformerLens's attention heads. Without it those names are refused.
 
 A member of a capability a mixer lacks raises `MissingCapability`, one line naming the mixer and
 the capability, wherever it is asked for (`Mixer.__getattr__`); `require` asks first and says
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from torch import Tensor
+from transformer_lens import FactoredMatrix
 
 from ..errors import HookmechError
 from ..shapes import Context, EffectiveAttention, Gradients, PositionEffects, Resid, RowInts, RunActs, RunMask, RunResid
@@ -208,8 +211,51 @@ class EffectiveAttentionMap:
         )
 
 
+class AttentionWeights:
+    """TransformerLens's attention weights (``model.blocks[l].attn.W_Q`` ..., `hookmech.tl_weights`):
+    the mixer's heads are softmax attention heads whose queries, keys and values are affine maps
+    of the mixer's input, ``hook_q[b, p, h] = x[b, p] @ W_Q[h] + b_Q[h]``, and whose output is
+    ``Σ_h hook_z[b, p, h] @ W_O[h] + b_O``. Its weights are views of the mixer's parameters.
+    """
+
+    def attention_weight(self, name: str) -> Tensor:
+        """Return TransformerLens's weight `name` (`ATTENTION_WEIGHTS`): ``W_Q``, ``W_K``,
+        ``W_V`` ``[n_heads, d_model, d_head]``, ``W_O`` ``[n_heads, d_head, d_model]``, ``b_Q``,
+        ``b_K``, ``b_V`` ``[n_heads, d_head]``, ``b_O`` ``[d_model]`` (zeros where the mixer has no
+        bias); a NoComponentError where the mixer has no such affine map (a short convolution
+        after the projection). A mixer listing this capability defines it."""
+        raise HookmechError(f"mixer {type(self).__name__} does not define attention_weight(name)")
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """``W_V @ W_O`` per head, ``[n_heads, d_model, d_model]`` (TransformerLens's `FactoredMatrix`)."""
+        return FactoredMatrix(self.attention_weight("W_V"), self.attention_weight("W_O"))
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """``W_Q @ W_Kᵀ`` per head, ``[n_heads, d_model, d_model]`` (TransformerLens's
+        `FactoredMatrix`; without biases, the 1/√d_head scale or rotary embeddings, as TransformerLens's)."""
+        return FactoredMatrix(self.attention_weight("W_Q"), self.attention_weight("W_K").transpose(-2, -1))
+
+
+#: TransformerLens's names of an attention layer's weights (`AttentionWeights.attention_weight`)
+ATTENTION_WEIGHTS = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")
+
+
+def _attention_weight_property(name: str) -> property:
+    def read(mixer: AttentionWeights) -> Tensor:
+        return mixer.attention_weight(name)
+
+    read.__doc__ = f"TransformerLens's {name} of this mixer (`AttentionWeights.attention_weight`)."
+    return property(read)
+
+
+for _name in ATTENTION_WEIGHTS:
+    setattr(AttentionWeights, _name, _attention_weight_property(_name))
+
+
 #: every capability a mixer can opt into
-CAPABILITIES: tuple[type, ...] = (ExactPatchEffects, PathRoutes, EffectiveAttentionMap)
+CAPABILITIES: tuple[type, ...] = (ExactPatchEffects, PathRoutes, EffectiveAttentionMap, AttentionWeights)
 #: each capability member's name -> its capability (what `Mixer.__getattr__` refuses by name)
 CAPABILITY_OF: dict[str, type] = {
     name: capability for capability in CAPABILITIES for name in vars(capability) if not name.startswith("_")

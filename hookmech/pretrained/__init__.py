@@ -114,6 +114,9 @@ def from_pretrained(
     state = _converted_state(module, folder)
     model = HookedLM(cfg)
     _load_strict(model, state, folder.weights_file)
+    tokenizer = tokenizer_file(folder.path)
+    if tokenizer is not None:  # to_tokens / to_string: the tokenizer beside the weights, loaded on first use
+        model.set_vocabulary(tokenizer)
     return model.to(device=device, dtype=torch_dtype).eval()
 
 
