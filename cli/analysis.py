@@ -78,7 +78,13 @@ def sites(ckpt, as_json):
 @click.option("--n", type=int, default=320, show_default=True, help="number of examples")
 @click.option("--seed", type=ExamplesSeed(), default=EXAMPLES_SEED, show_default=True, help=EXAMPLES_SEED_HELP)
 @click.option("--sites", "site_specs", multiple=True, help="sites to store (default: all block-level sites)")
-@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float16"]),
+    default="float32",
+    show_default=True,
+    help="storage dtype of the activations: float16 halves the file (reads give float32; p(answer) stays float32)",
+)
 @click.option("--compression", type=click.Choice(["none", "gzip", "lzf"]), default="none", show_default=True)
 @task_options
 @prompts_option

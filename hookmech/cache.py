@@ -16,7 +16,6 @@ Hook names contain dots, which HDF5 allows in names; they are stored verbatim.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
@@ -32,9 +31,24 @@ import torch
 from torch import Tensor
 
 from . import __version__
+from .cache_checks import (
+    ACTIVATION_DTYPES,
+    FORMAT,
+    FORMAT_VERSION,
+    ROW_COLUMNS,
+    TOKEN_COLUMNS,
+    check_format,
+    check_layout,
+    check_probabilities,
+    check_row_integers,
+    check_version,
+    json_attribute,
+    model_hook_points,
+    refuse_non_finite_acts,
+    refuse_other_position_axis,
+)
 from .errors import HookmechError, UsageError, suggest, unknown
 from .fileio import atomic_h5, sha256_of
-from .hook_names import parse_hook
 from .identity import model_hash
 from .pretrained import is_pretrained
 from .row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks
@@ -43,22 +57,11 @@ from .sites import as_specs, hook_to_site, resolve_sites, site_to_hook
 from .tasks.batch import Batch
 from .validate import allows_minus_inf, check_finite_parameters, first_non_finite, refuse_non_finite_run, value_at
 
-FORMAT = "hookmech-cache"
-FORMAT_VERSION = 1
-#: the format attribute of dataset files (`hookmech.datasets`), told apart in messages
-DATASET_FORMAT = "hookmech-dataset"
 #: the most rows, and tokens, write_cache runs per forward pass and stores per HDF5 chunk by
 #: default (smaller forwards stay in the CPU's caches and let the writes of one overlap the
 #: next: bench/cache_throughput.py)
 MAX_CHUNK_ROWS = 256
 MAX_CHUNK_TOKENS = 8192
-#: the dtypes the format allows (docs/formats.md): activations, p(answer), and the integer datasets
-ACTIVATION_DTYPES = ("float32", "float16")
-P_ANSWER_DTYPE = "float32"
-INTEGER_DTYPE = "int32"
-#: the integer datasets of the format, one value per row (``[N]``) or per token (``[N, T]``)
-TOKEN_COLUMNS = ("tokens/clean", "tokens/corrupt")
-ROW_COLUMNS = ("answers", "lengths", "doc_index")
 #: rows `CacheFile.check_model` recomputes with the model (a seeded choice) to verify a cache
 VERIFY_ROWS = 4
 VERIFY_SEED = 0
@@ -419,6 +422,130 @@ _NOT_THIS_MODEL = (
 )
 
 
+class _ModelCheck:
+    """`CacheFile.check_model`'s two steps for one open file, and what they have established for
+    which model (``checked``: (model_hash, "identity" | "p_answer" | hook) pairs)."""
+
+    def __init__(self, cache: CacheFile):
+        self.cache = cache
+        self.checked: set[tuple[str, str]] = set()
+
+    def identity(self, own: str, checkpoint: str | Path | None) -> None:
+        global _warned_unverified
+        if (own, "identity") in self.checked:
+            return
+        recorded = self.cache.model_hash
+        if recorded is not None and recorded != own:
+            than, whose = (
+                (f" than {checkpoint}", "the checkpoint's") if checkpoint is not None else ("", "this model's")
+            )
+            raise HookmechError(
+                f"{self.cache.path} was made from another model{than} (its model_hash {recorded}, {whose} {own}); "
+                "make a cache of this model"
+            )
+        if (
+            recorded is None
+            and checkpoint is not None
+            and (is_pretrained(checkpoint) or self.cache.model_sha256 != sha256_of(checkpoint))
+        ):  # a model folder has no file hash: an older cache cannot be one of its models
+            raise HookmechError(
+                f"{self.cache.path} was made from another checkpoint (an older cache without model_hash; "
+                f"its model_sha256 differs from {checkpoint}'s file hash)"
+            )
+        if recorded is None and checkpoint is None:
+            if not _warned_unverified:
+                _warned_unverified = True
+                warnings.warn(
+                    f"{self.cache.path} records no model_hash (written by an older hookmech): cannot check "
+                    "that it was made from this model",
+                    UnverifiedCacheWarning,
+                    stacklevel=4,
+                )
+            return
+        self.checked.add((own, "identity"))
+
+    @torch.no_grad()
+    def recompute(self, model, own: str, hooks: Iterable[str] | None) -> None:
+        """Recompute the checked rows (`CacheFile.verify_rows`) with `model` and compare them with the file."""
+        stored = self.cache.keys()
+        wanted = stored if hooks is None else [hook for hook in dict.fromkeys(hooks) if hook in stored]
+        todo = [hook for hook in wanted if (own, hook) not in self.checked]
+        if (own, "p_answer") in self.checked and not todo:
+            return
+        foreign = [hook for hook in todo if hook not in model.hook_dict]
+        if foreign:
+            raise HookmechError(
+                f"{self.cache.path} holds {foreign[0]}, which this model does not have: {_NOT_THIS_MODEL}"
+            )
+        rows = self.cache.verify_rows()
+        batch = self.cache._rows(rows)
+        check_batch_fits(model, batch, str(self.cache.path))
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()  # the cache's runs are the model's deterministic ones
+        try:
+            for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
+                p_answer, acts = forward_rows(model, tokens, batch.query_pos, batch.answers, todo, device)
+                try:
+                    self._compare_p_answer(which, rows, p_answer.double().cpu())
+                    for hook in todo:
+                        if self.cache.has(hook, which):
+                            self._compare_acts(hook, which, rows, acts[hook].detach().to("cpu", torch.float64))
+                except HookmechError:  # the cache's fault, unless the model disagrees with itself
+                    again, _ = forward_rows(model, tokens, batch.query_pos, batch.answers, [], device)
+                    self._refuse_nondeterministic(which, p_answer, again)
+                    raise
+        finally:
+            model.train(was_training)
+        self.checked.update((own, what) for what in ("p_answer", *todo))
+
+    def _refuse_nondeterministic(self, which: str, first: Tensor, second: Tensor) -> None:
+        """Raise a HookmechError when two runs of the same rows (`which` run) gave different
+        p(answer) `first`, `second`: the model, not the cache, is why the rows disagree."""
+        differ = float((first.double() - second.double()).abs().max())
+        if differ > 0:
+            raise HookmechError(
+                f"{self.cache.path} cannot be checked with this model: two runs of the same {which} rows give "
+                f"p(answer) {differ:.3g} apart (a mixer that draws random numbers in eval mode?), so its rows "
+                "cannot be recomputed; skip the check (--no-verify-cache; CacheFile(path, verify=False)) if you "
+                "trust the file"
+            )
+
+    def _compare_p_answer(self, which: str, rows: slice, recomputed: Tensor) -> None:
+        cached = torch.from_numpy(self.cache._p_answer_rows(which, rows)).double()
+        worst = int((cached - recomputed).abs().argmax())
+        if abs(float(cached[worst] - recomputed[worst])) > VERIFY_P_TOL:
+            raise HookmechError(
+                f"{self.cache.path}: p_answer/{which} row {rows.start + worst} is {float(cached[worst]):.6g} in the "
+                f"cache but {float(recomputed[worst]):.6g} recomputed with this model (tolerance "
+                f"{VERIFY_P_TOL:g}): {_NOT_THIS_MODEL}"
+            )
+
+    def _compare_acts(self, hook: str, which: str, rows: slice, recomputed: Tensor) -> None:
+        name = f"acts/{which}/{hook}"
+        stored = self.cache.read_rows(hook, which, rows)
+        cached = torch.from_numpy(stored).double()
+        if cached.shape != recomputed.shape:
+            raise HookmechError(
+                f"{self.cache.path}: {name} has shape {list(cached.shape[1:])} per row, this model's "
+                f"{list(recomputed.shape[1:])}: {_NOT_THIS_MODEL}"
+            )
+        finite = torch.isfinite(recomputed)
+        scale = float(recomputed[finite].abs().max()) if bool(finite.any()) else 0.0
+        rtol = VERIFY_ACTS_RTOL[stored.dtype.name]
+        # equal non-finite entries (masked attention scores) agree; inf - inf would be nan
+        difference = torch.where(cached == recomputed, 0.0, (cached - recomputed).abs().nan_to_num(math.inf))
+        worst = float(difference.max())
+        if worst > rtol * max(scale, 1e-30):
+            index = [int(i) for i in np.unravel_index(int(difference.argmax()), tuple(difference.shape))]
+            index[0] += rows.start
+            raise HookmechError(
+                f"{self.cache.path}: {name} row {index[0]} differs from this model's recomputed activation by "
+                f"{worst:.3g} at index {index} (tolerance {rtol:g} of its largest |value| {scale:.3g}): "
+                f"{_NOT_THIS_MODEL}"
+            )
+
+
 class CacheFile:
     """Lazy read access to a cache file: nothing is read until it is indexed.
 
@@ -437,8 +564,8 @@ class CacheFile:
     def __init__(self, path: str | Path, *, verify: bool = True):
         self.path = Path(path)
         self.verify = verify
-        #: what `check_model` has established, as (model_hash, "identity" | "p_answer" | hook) pairs
-        self._checked: set[tuple[str, str]] = set()
+        #: `check_model`'s steps and what they have established (a window shares its file's)
+        self._model_check = _ModelCheck(self)
         #: a window (`window`): its first row in the file, and the whole file's CacheFile
         self._start = 0
         self._parent: CacheFile | None = None
@@ -448,130 +575,16 @@ class CacheFile:
             self._h5 = h5py.File(self.path, "r")
         except OSError as error:
             raise HookmechError(f"{self.path}: not an HDF5 cache ({error})") from None
-        # read what the messages need before closing: attributes of a closed file read as None
-        kind = self._h5.attrs.get("format")
-        if kind != FORMAT:
-            self.close()
-            if kind == DATASET_FORMAT:
-                raise HookmechError(
-                    f"{self.path}: a hookmech dataset file, not an activation cache (`train --data` and "
-                    "`patch --data` read it; `hookmech cache` makes caches)"
-                )
-            raise HookmechError(f"{self.path}: not a hookmech cache (format attribute {kind!r})")
-        try:
-            self._check_version()
-            self._model_config = self._json_attribute("model_config", "the model's config")
+        try:  # every check reads before the file closes: attributes of a closed file read as None
+            check_format(self._h5, self.path)
+            check_version(self._h5, self.path)
+            self._model_config = json_attribute(self._h5, self.path, "model_config", "the model's config")
             self._hook_points: dict[str, Any] | None = None
-            self._task = self._json_attribute("task", "the task's spec")
-            self._check_layout()
+            self._task = json_attribute(self._h5, self.path, "task", "the task's spec")
+            self._shape = check_layout(self._h5, self.path)
         except HookmechError:
             self.close()
             raise
-
-    # -- metadata, checked on opening ------------------------------------------------------------
-    def _check_version(self) -> None:
-        version = self._h5.attrs.get("format_version")
-        if version is None:
-            raise HookmechError(f"{self.path}: no format_version attribute, expected the integer {FORMAT_VERSION}")
-        if isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer)):
-            raise HookmechError(f"{self.path}: format_version is {version!r}, expected the integer {FORMAT_VERSION}")
-        if int(version) != FORMAT_VERSION:
-            raise HookmechError(
-                f"{self.path}: cache format version {version} is not supported (expected {FORMAT_VERSION})"
-            )
-
-    def _json_attribute(self, name: str, what: str) -> dict[str, Any]:
-        """Return root attribute `name` parsed: a JSON object (`what` says what it holds)."""
-        raw = self._h5.attrs.get(name)
-        expected = f"expected {what} as a JSON object"
-        if raw is None:
-            raise HookmechError(f"{self.path}: no {name} attribute, {expected}")
-        if isinstance(raw, bytes):
-            raw = raw.decode("utf-8", "replace")
-        if not isinstance(raw, str):
-            raise HookmechError(f"{self.path}: the {name} attribute is {type(raw).__name__}, not text; {expected}")
-        try:
-            value = json.loads(raw)
-        except ValueError as error:
-            raise HookmechError(f"{self.path}: the {name} attribute is not JSON ({error}); {expected}") from None
-        if not isinstance(value, dict):
-            raise HookmechError(f"{self.path}: the {name} attribute is a JSON {type(value).__name__}; {expected}")
-        return value
-
-    def _dataset(self, name: str) -> h5py.Dataset:
-        """Return dataset `name`; a HookmechError if it is missing or a group."""
-        item = self._h5.get(name)
-        if item is None:
-            raise HookmechError(f"{self.path}: cache has no {name} (truncated or not written by hookmech)")
-        if not isinstance(item, h5py.Dataset):
-            raise HookmechError(f"{self.path}: {name} is a group, expected a dataset (not written by hookmech)")
-        return item
-
-    def _group(self, name: str, holds: str) -> h5py.Group | None:
-        """Return group `name` (None if absent); a HookmechError if it is a dataset or holds a group."""
-        item = self._h5.get(name)
-        if isinstance(item, h5py.Dataset):
-            raise HookmechError(f"{self.path}: {name} is a dataset, expected a group of {holds}")
-        for key in item or ():
-            if not isinstance(item[key], h5py.Dataset):
-                raise HookmechError(
-                    f"{self.path}: {name}/{key} is a group, expected a dataset (not written by hookmech)"
-                )
-        return item
-
-    def _check_dtype(self, name: str, allowed: Sequence[str], what: str) -> None:
-        dtype = self._h5[name].dtype
-        if dtype.name not in allowed:
-            raise HookmechError(f"{self.path}: {name} is {dtype}; the format stores {what} as {' or '.join(allowed)}")
-
-    def _check_layout(self) -> None:
-        """Raise a HookmechError naming the first dataset the format needs that is missing, of
-        another kind or dtype, or whose rows disagree with the tokens' (a truncated or hand-made
-        file). Reads metadata only."""
-        for name in (*TOKEN_COLUMNS, *ROW_COLUMNS, "p_answer/clean", "p_answer/corrupt"):
-            self._dataset(name)
-        roles = self._group("roles", "[N] datasets (one per role)")
-        if roles is None:
-            raise HookmechError(f"{self.path}: cache has no roles (truncated or not written by hookmech)")
-        if "query" not in roles:
-            raise HookmechError(
-                f"{self.path}: roles has no query (the position each row's answer is read at; roles: "
-                f"{', '.join(roles) or 'none'})"
-            )
-        acts = {
-            which: self._group(f"acts/{which}", "[N, ...] datasets (one per hook)") for which in ("clean", "corrupt")
-        }
-        tokens = self._h5["tokens/clean"].shape
-        if len(tokens) != 2 or self._h5["tokens/corrupt"].shape != tokens:
-            raise HookmechError(
-                f"{self.path}: cache tokens have shapes {list(tokens)} (clean) and "
-                f"{list(self._h5['tokens/corrupt'].shape)} (corrupt); expected two [N, T] arrays"
-            )
-        if 0 in tokens:
-            raise HookmechError(f"{self.path}: the cache holds no rows (tokens of shape {list(tokens)})")
-        self._shape = (int(tokens[0]), int(tokens[1]))
-        n_rows = tokens[0]
-        per_row = [*ROW_COLUMNS, "p_answer/clean", "p_answer/corrupt", *(f"roles/{r}" for r in roles)]
-        for name in per_row:
-            shape = self._h5[name].shape
-            if shape != (n_rows,):
-                raise HookmechError(
-                    f"{self.path}: {name} has {(shape or (0,))[0]} rows, the cache {n_rows} "
-                    f"(shape {list(shape)}, expected [{n_rows}]; truncated or not written by hookmech)"
-                )
-        for name in (*TOKEN_COLUMNS, *ROW_COLUMNS, *(f"roles/{r}" for r in roles)):
-            self._check_dtype(name, (INTEGER_DTYPE,), "tokens, lengths, answers, document and role indices")
-        for which in ("clean", "corrupt"):
-            self._check_dtype(f"p_answer/{which}", (P_ANSWER_DTYPE,), "p(answer)")
-            for hook in acts[which] or ():
-                name = f"acts/{which}/{hook}"
-                shape = self._h5[name].shape
-                if len(shape) < 2 or shape[0] != n_rows:
-                    raise HookmechError(
-                        f"{self.path}: {name} has shape {list(shape)}, expected "
-                        f"{n_rows} rows like the tokens (truncated or not written by hookmech)"
-                    )
-                self._check_dtype(name, ACTIVATION_DTYPES, "activations")
 
     @property
     def model_sha256(self) -> str:
@@ -638,87 +651,9 @@ class CacheFile:
             return self._parent.check_model(model, checkpoint=checkpoint, hooks=hooks)
         check_finite_parameters(model)
         own = model_hash(model)
-        self._check_identity(own, checkpoint)
+        self._model_check.identity(own, checkpoint)
         if self.verify:
-            self._verify_rows(model, own, hooks)
-
-    def _check_identity(self, own: str, checkpoint: str | Path | None) -> None:
-        global _warned_unverified
-        if (own, "identity") in self._checked:
-            return
-        recorded = self.model_hash
-        if recorded is not None and recorded != own:
-            than, whose = (
-                (f" than {checkpoint}", "the checkpoint's") if checkpoint is not None else ("", "this model's")
-            )
-            raise HookmechError(
-                f"{self.path} was made from another model{than} (its model_hash {recorded}, {whose} {own}); "
-                "make a cache of this model"
-            )
-        if (
-            recorded is None
-            and checkpoint is not None
-            and (is_pretrained(checkpoint) or self.model_sha256 != sha256_of(checkpoint))
-        ):  # a model folder has no file hash: an older cache cannot be one of its models
-            raise HookmechError(
-                f"{self.path} was made from another checkpoint (an older cache without model_hash; "
-                f"its model_sha256 differs from {checkpoint}'s file hash)"
-            )
-        if recorded is None and checkpoint is None:
-            if not _warned_unverified:
-                _warned_unverified = True
-                warnings.warn(
-                    f"{self.path} records no model_hash (written by an older hookmech): cannot check "
-                    "that it was made from this model",
-                    UnverifiedCacheWarning,
-                    stacklevel=4,
-                )
-            return
-        self._checked.add((own, "identity"))
-
-    @torch.no_grad()
-    def _verify_rows(self, model, own: str, hooks: Iterable[str] | None) -> None:
-        """Recompute the checked rows with `model` and compare them with the file (`check_model`)."""
-        stored = self.keys()
-        wanted = stored if hooks is None else [hook for hook in dict.fromkeys(hooks) if hook in stored]
-        todo = [hook for hook in wanted if (own, hook) not in self._checked]
-        if (own, "p_answer") in self._checked and not todo:
-            return
-        foreign = [hook for hook in todo if hook not in model.hook_dict]
-        if foreign:
-            raise HookmechError(f"{self.path} holds {foreign[0]}, which this model does not have: {_NOT_THIS_MODEL}")
-        rows = self.verify_rows()
-        batch = self._rows(rows)
-        check_batch_fits(model, batch, str(self.path))
-        device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()  # the cache's runs are the model's deterministic ones
-        try:
-            for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
-                p_answer, acts = forward_rows(model, tokens, batch.query_pos, batch.answers, todo, device)
-                try:
-                    self._compare_p_answer(which, rows, p_answer.double().cpu())
-                    for hook in todo:
-                        if self.has(hook, which):
-                            self._compare_acts(hook, which, rows, acts[hook].detach().to("cpu", torch.float64))
-                except HookmechError:  # the cache's fault, unless the model disagrees with itself
-                    again, _ = forward_rows(model, tokens, batch.query_pos, batch.answers, [], device)
-                    self._refuse_nondeterministic(which, p_answer, again)
-                    raise
-        finally:
-            model.train(was_training)
-        self._checked.update((own, what) for what in ("p_answer", *todo))
-
-    def _refuse_nondeterministic(self, which: str, first: Tensor, second: Tensor) -> None:
-        """Raise a HookmechError when two runs of the same rows (`which` run) gave different
-        p(answer) `first`, `second`: the model, not the cache, is why the rows disagree."""
-        differ = float((first.double() - second.double()).abs().max())
-        if differ > 0:
-            raise HookmechError(
-                f"{self.path} cannot be checked with this model: two runs of the same {which} rows give p(answer) "
-                f"{differ:.3g} apart (a mixer that draws random numbers in eval mode?), so its rows cannot be "
-                "recomputed; skip the check (--no-verify-cache; CacheFile(path, verify=False)) if you trust the file"
-            )
+            self._model_check.recompute(model, own, hooks)
 
     def verify_rows(self) -> slice:
         """Return the rows `check_model` recomputes: `VERIFY_ROWS` consecutive rows (all, in a
@@ -727,40 +662,6 @@ class CacheFile:
         count = min(VERIFY_ROWS, self.n)
         start = int(np.random.default_rng(VERIFY_SEED).integers(0, self.n - count + 1))
         return slice(start, start + count)
-
-    def _compare_p_answer(self, which: str, rows: slice, recomputed: Tensor) -> None:
-        cached = torch.from_numpy(self._p_answer_rows(which, rows)).double()
-        worst = int((cached - recomputed).abs().argmax())
-        if abs(float(cached[worst] - recomputed[worst])) > VERIFY_P_TOL:
-            raise HookmechError(
-                f"{self.path}: p_answer/{which} row {rows.start + worst} is {float(cached[worst]):.6g} in the "
-                f"cache but {float(recomputed[worst]):.6g} recomputed with this model (tolerance "
-                f"{VERIFY_P_TOL:g}): {_NOT_THIS_MODEL}"
-            )
-
-    def _compare_acts(self, hook: str, which: str, rows: slice, recomputed: Tensor) -> None:
-        name = f"acts/{which}/{hook}"
-        stored = self.read_rows(hook, which, rows)
-        cached = torch.from_numpy(stored).double()
-        if cached.shape != recomputed.shape:
-            raise HookmechError(
-                f"{self.path}: {name} has shape {list(cached.shape[1:])} per row, this model's "
-                f"{list(recomputed.shape[1:])}: {_NOT_THIS_MODEL}"
-            )
-        finite = torch.isfinite(recomputed)
-        scale = float(recomputed[finite].abs().max()) if bool(finite.any()) else 0.0
-        rtol = VERIFY_ACTS_RTOL[stored.dtype.name]
-        # equal non-finite entries (masked attention scores) agree; inf - inf would be nan
-        difference = torch.where(cached == recomputed, 0.0, (cached - recomputed).abs().nan_to_num(math.inf))
-        worst = float(difference.max())
-        if worst > rtol * max(scale, 1e-30):
-            index = [int(i) for i in np.unravel_index(int(difference.argmax()), tuple(difference.shape))]
-            index[0] += rows.start
-            raise HookmechError(
-                f"{self.path}: {name} row {index[0]} differs from this model's recomputed activation by "
-                f"{worst:.3g} at index {index} (tolerance {rtol:g} of its largest |value| {scale:.3g}): "
-                f"{_NOT_THIS_MODEL}"
-            )
 
     # -- row data, checked as it is read -------------------------------------------------------
     def batch(self) -> Batch:
@@ -773,7 +674,7 @@ class CacheFile:
         """Return the rows of the slice `rows` as a `Batch`, checked."""
         names = [*TOKEN_COLUMNS, *ROW_COLUMNS, *(f"roles/{role}" for role in self.roles)]
         columns = {name: self._h5[name][self._file_rows(rows)] for name in names}
-        self._check_row_integers(columns, self._row_numbers(rows))
+        check_row_integers(self.path, columns, self._row_numbers(rows), self._model_config, self.n_pos)
 
         def read(name: str) -> Tensor:
             return torch.from_numpy(columns[name].astype(np.int64))
@@ -809,46 +710,6 @@ class CacheFile:
         view._parent = self._parent or self
         return view
 
-    def _check_row_integers(self, columns: dict[str, np.ndarray], numbers: np.ndarray) -> None:
-        """Raise a HookmechError naming the first value of `columns` (datasets' values at the file
-        rows `numbers`) outside its range; roles are checked against the `lengths` column."""
-        d_vocab = self._model_config.get("d_vocab")
-        if isinstance(d_vocab, int) and not isinstance(d_vocab, bool):
-            vocab, high = f"a token id 0..{d_vocab - 1} (d_vocab {d_vocab} in the cache's model_config)", d_vocab
-        else:
-            vocab, high = "a token id >= 0", None
-        ranges = {
-            **{name: (0, high, vocab) for name in (*TOKEN_COLUMNS, "answers")},
-            "lengths": (1, self.n_pos + 1, f"1..{self.n_pos} (the tokens' width)"),
-            "doc_index": (0, None, "a document number >= 0"),
-        }
-        for name, (low, top, expected) in ranges.items():
-            if name in columns:
-                self._refuse_outside(name, columns[name], numbers, low, top, expected)
-        for name, positions in columns.items():
-            if name.startswith("roles/"):
-                lengths = columns["lengths"]
-                outside = (positions < 0) | (positions >= lengths)
-                if outside.any():
-                    row = int(np.argmax(outside))
-                    raise HookmechError(
-                        f"{self.path}: {name} row {numbers[row]} holds {positions[row]}, outside the row "
-                        f"(length {lengths[row]}: positions 0..{lengths[row] - 1})"
-                    )
-
-    def _refuse_outside(
-        self, name: str, values: np.ndarray, numbers: np.ndarray, low: int, high: int | None, expected: str
-    ) -> None:
-        outside = values < low
-        if high is not None:
-            outside |= values >= high
-        if outside.any():
-            index = np.unravel_index(int(np.argmax(outside)), values.shape)
-            where = f", position {index[1]}," if values.ndim == 2 else ""
-            raise HookmechError(
-                f"{self.path}: {name} row {numbers[index[0]]}{where} holds {values[index]}, expected {expected}"
-            )
-
     def p_answer(self, which: str) -> RowFloats:
         """Return the cached p(answer) ``[N]`` of the clean or corrupt run; a value that is not a
         probability (NaN, inf, outside [0, 1]) is a HookmechError naming its row."""
@@ -857,13 +718,7 @@ class CacheFile:
     def _p_answer_rows(self, which: str, rows: slice) -> np.ndarray:
         name = f"p_answer/{which}"
         values = self._h5[name][self._file_rows(rows)]
-        outside = ~((values >= 0) & (values <= 1))  # NaN compares False
-        if outside.any():
-            row = int(np.argmax(outside))
-            raise HookmechError(
-                f"{self.path}: {name} row {self._row_numbers(rows)[row]} holds {values[row]}, "
-                "expected a probability in [0, 1]"
-            )
+        check_probabilities(self.path, name, values, self._row_numbers(rows))
         return values
 
     def has(self, hook: str, which: str = "clean") -> bool:
@@ -984,23 +839,12 @@ class CacheFile:
         hook = self.hook_of(hook, which)
         values = self._h5[f"acts/{which}/{hook}"][self._file_rows(rows)]
         numbers = self._row_numbers(rows)
-        self._refuse_non_finite(hook, which, values, lambda index: [int(numbers[index[0]]), *index[1:]])
+        refuse_non_finite_acts(self.path, hook, which, values, lambda index: [int(numbers[index[0]]), *index[1:]])
         return values
 
     def read(self, hook: str, which: str, rows: slice) -> Acts:
         """Return the activations of `hook` for `rows` as a float32 tensor (checked as `read_rows`)."""
         return torch.from_numpy(self.read_rows(hook, which, rows)).float()
-
-    def _refuse_non_finite(self, hook: str, which: str, values: np.ndarray, file_index) -> None:
-        """Raise a HookmechError if `values` (read from acts/`which`/`hook`) hold a NaN or an
-        infinity; `file_index` maps an index of `values` to the dataset's."""
-        index = first_non_finite(values, allow_minus_inf=allows_minus_inf(hook))
-        if index is not None:
-            where = file_index(index)
-            raise HookmechError(
-                f"{self.path}: acts/{which}/{hook} holds {value_at(values, index)} at row {where[0]}, index {where} "
-                "(the first non-finite value): the cache is damaged or its model's activations were not finite"
-            )
 
     def at(self, site: str, role: str, which: str = "clean") -> ActsAt:
         """Return ``[N, ...]``: each row's activation of `site` at its `role` position."""
@@ -1008,14 +852,14 @@ class CacheFile:
             raise unknown("role", role, self.roles)
         whole = self._file_rows(slice(None))
         columns = {name: self._h5[name][whole] for name in ("lengths", f"roles/{role}")}
-        self._check_row_integers(columns, self._row_numbers(slice(None)))
+        check_row_integers(self.path, columns, self._row_numbers(slice(None)), self._model_config, self.n_pos)
         return self.gather(site, columns[f"roles/{role}"], which)
 
     def gather(self, site: str, positions: np.ndarray | Tensor | Sequence[int], which: str = "clean") -> ActsAt:
         """Return ``[N, ...]``: row i's activation of `site` at ``positions[i]`` (``[N]`` ints in
         0..T-1; another shape or a position outside is a UsageError), checked as `read_rows`."""
         data = self[site, which]
-        self._refuse_other_position_axis(data.name.rsplit("/", 1)[-1])
+        refuse_other_position_axis(data.name.rsplit("/", 1)[-1], self._model_hook_points)
         positions = np.asarray(positions)
         if positions.shape != (self.n,):
             raise UsageError(f"need one position per row ({self.n}), got shape {positions.shape}")
@@ -1027,34 +871,16 @@ class CacheFile:
             rows = np.nonzero(positions == position)[0]
             out[rows] = data[(rows + self._start).tolist(), int(position)]
         hook = data.name.rsplit("/", 1)[-1]
-        self._refuse_non_finite(hook, which, out, lambda index: [index[0], int(positions[index[0]]), *index[1:]])
+        refuse_non_finite_acts(
+            self.path, hook, which, out, lambda index: [index[0], int(positions[index[0]]), *index[1:]]
+        )
         return torch.from_numpy(out)
 
-    def _refuse_other_position_axis(self, hook: str) -> None:
-        """Raise a UsageError when `hook` stores positions elsewhere than axis 1 (attention's
-        ``[N, head, q, k]`` scores and patterns): `gather` would read heads as positions."""
-        parsed = parse_hook(hook)
-        if parsed is not None and parsed.inside is None:
-            return  # a block's own hooks and the embeddings are [N, pos, ...] by the grammar: no model to build
-        from .config import ModelConfig
-        from .hooks import axes_of, pos_axis_of  # TransformerLens: only for hooks inside a sublayer
-        from .mixers.allow_list import plug_ins
-        from .model import HookedLM
-
-        if self._hook_points is None:  # the model's hooks, shapes only (meta device), once
-            # layout unknown for a config no model builds from, and for one naming a plug-in
-            # mixer: reading a cache never imports code its config names
-            self._hook_points = {}
-            mixers = self._model_config.get("mixers")
-            if isinstance(mixers, list) and not plug_ins(map(str, mixers)):
-                with contextlib.suppress(HookmechError, TypeError, ValueError, KeyError), torch.device("meta"):
-                    self._hook_points = HookedLM(ModelConfig.from_json(json.dumps(self._model_config))).hook_dict
-        point = self._hook_points.get(hook)
-        if point is not None and pos_axis_of(point) != 1:
-            raise UsageError(
-                f"{hook} is stored as [{axes_of(point).replace(' ', ', ')}]: one position per row reads axis 1, "
-                "which is not its position axis there; read the dataset itself (cache[site]) and index its axes"
-            )
+    def _model_hook_points(self) -> dict[str, Any]:
+        """The hook points of the cache's model (`model_hook_points`), built once."""
+        if self._hook_points is None:
+            self._hook_points = model_hook_points(self._model_config)
+        return self._hook_points
 
     def close(self) -> None:
         """Close the file (a window leaves it open: its file's owner closes it)."""

@@ -298,18 +298,24 @@ def position_patches(
     return patches
 
 
+#: the two sequence lengths `list_sites` measures shapes at (fewer where `n_ctx` is shorter): a
+#: forward of n_ctx positions would cache every hook at its full length (GBs at Pythia's 2048)
+SHAPE_PROBE_LENGTHS = (3, 4)
+
+
 def list_sites(model) -> list[dict]:
     """Return one dict per hook of `model` (forward order): ``site, hook, shape, axes, pos_axis``.
 
-    Shapes are measured with one forward pass of a single all-zeros sequence of `n_ctx`
-    tokens (so the batch axis is 1 and the position axis n_ctx).
+    ``shape`` is the activation's shape for one sequence of `n_ctx` tokens (batch axis 1),
+    measured with forwards of `SHAPE_PROBE_LENGTHS` all-zeros tokens, not of n_ctx: an axis
+    whose size changes with the length (positions; an attention pattern's two; a long
+    convolution's filter lags) is extrapolated linearly to n_ctx (exact for every built-in
+    mixer, whose such axes are as long as the sequence); the others are as measured.
     """
     from .hooks import axes_of, pos_axis_of  # here: hooks imports TransformerLens, which the grammar needs not
 
     hooks = resolve_sites([*_all_site_names(model)], model.hook_dict)
-    tokens = torch.zeros(1, model.cfg.n_ctx, dtype=torch.long, device=next(model.parameters()).device)
-    with torch.no_grad():
-        _, cache = model.run_with_cache(tokens, return_cache_object=False)
+    shapes = _shapes_at_n_ctx(model)
     rows = []
     for hook in hooks:
         point = model.hook_dict[hook]
@@ -317,12 +323,35 @@ def list_sites(model) -> list[dict]:
             {
                 "site": hook_to_site(hook),
                 "hook": hook,
-                "shape": list(cache[hook].shape) if hook in cache else None,
+                "shape": shapes.get(hook),
                 "axes": axes_of(point),
                 "pos_axis": pos_axis_of(point),
             }
         )
     return rows
+
+
+def _shapes_at_n_ctx(model) -> dict[str, list[int]]:
+    """Every cached hook's shape for one sequence of `n_ctx` tokens, from forwards of at most two
+    short lengths (`SHAPE_PROBE_LENGTHS`): sizes that differ between them grow linearly to n_ctx."""
+    n_ctx = model.cfg.n_ctx
+    lengths = sorted({min(n_ctx, length) for length in SHAPE_PROBE_LENGTHS})
+    device = next(model.parameters()).device
+    measured = []
+    for length in lengths:
+        tokens = torch.zeros(1, length, dtype=torch.long, device=device)
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens, return_cache_object=False)
+        measured.append({hook: list(value.shape) for hook, value in cache.items()})
+    if len(lengths) == 1:  # n_ctx itself is short enough to measure
+        return measured[0]
+    (short, long), (at_short, at_long) = lengths, measured
+    step = long - short
+    return {
+        hook: [size + (at_long[hook][axis] - size) * (n_ctx - short) // step for axis, size in enumerate(shape)]
+        for hook, shape in at_short.items()
+        if hook in at_long
+    }
 
 
 def _all_site_names(model) -> list[str]:

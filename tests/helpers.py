@@ -21,6 +21,14 @@ ATTENTION_FIXTURE = REPO / "fixtures" / "attention_ar_cpu.safetensors"
 ENGINE_TOL = 1e-5
 #: patching from an fp32 activation cache vs patching from scratch, in every p
 CACHE_TOL = 1e-6
+#: patching from a float16 cache vs from a float32 cache of the same rows, in every p_patched and
+#: attribution. float16 rounds each stored activation to 2**-11 ≈ 4.9e-4 of itself (the patched
+#: clean values and the corrupt residual the engine resumes from), and a patch's p moves by that
+#: relative change times its sensitivity to the activation; measured on the bundled CPU fixtures
+#: (64 rows, every block-level site, key/value/query): 3.9e-5 in p and 4.0e-5 in attribution for
+#: attention, 1.6e-5 and 2.2e-5 for Mamba (p_clean - p_corrupt 0.96 and 0.73). 1e-3 is 25x that,
+#: while a value read from the wrong row, position or dtype moves a patch by ~0.1.
+FP16_CACHE_TOL = 1e-3
 #: one set of float64 terms summed in two orders (a joint AtP estimate against the sum of its
 #: per-position terms, a mean against the mean of its rows): the round-off is ~1e-15 per term on
 #: any CPU, while a term lost or computed in float32 (~1e-7) fails

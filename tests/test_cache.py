@@ -14,7 +14,7 @@ from hookmech.errors import HookmechError
 from hookmech.patching import patch
 from hookmech.sites import resolve_sites
 
-from helpers import CACHE_TOL
+from helpers import ATTENTION_FIXTURE, CACHE_TOL, FP16_CACHE_TOL, REPO
 
 
 @pytest.fixture
@@ -168,3 +168,57 @@ def test_default_chunk_splits_rows_evenly_under_the_row_and_token_limits():
     assert default_chunk(3200, 11) == 247    # 13 chunks
     assert default_chunk(10, 5000) == 1      # one row is the least, however long
     assert default_chunk(7, 11) == 7
+
+
+@pytest.fixture(scope="module", params=["attention", "mamba"])
+def fp32_and_fp16_caches(request, tmp_path_factory):
+    """(model, float32 cache path, float16 cache path): the same 64 rows of a bundled trained CPU
+    fixture, every block-level site, written once in each storage dtype."""
+    checkpoint = ATTENTION_FIXTURE if request.param == "attention" else REPO / "fixtures" / "mamba_ar_cpu.safetensors"
+    model, task = hookmech.load(checkpoint), hookmech.tasks.from_checkpoint(checkpoint)
+    batch = task.sample(64, seed=1)
+    hooks = resolve_sites(["all"], model.hook_dict)
+    folder = tmp_path_factory.mktemp(request.param)
+    paths = [write_cache(model, batch, folder / f"{dtype}.h5", hooks, dtype=dtype) for dtype in ("float32", "float16")]
+    return model, *paths
+
+
+def test_a_float16_cache_stores_the_float32_values_rounded_and_reads_them_as_float32(fp32_and_fp16_caches):
+    """The storage dtype round-trips: each float16 activation is its float32 twin rounded to
+    nearest (numpy's rounding, an independent one), `read` returns float32, and the file's
+    metadata (the datasets' dtype, `summary`) says float16; p(answer) stays float32."""
+    _, path32, path16 = fp32_and_fp16_caches
+    with CacheFile(path32) as cache32, CacheFile(path16) as cache16:
+        assert cache16.keys() == cache32.keys()
+        for hook in cache32.keys():
+            for which in ("clean", "corrupt"):
+                exact = cache32.read_rows(hook, which, slice(None))
+                assert exact.dtype == np.float32
+                stored = cache16.read_rows(hook, which, slice(None))
+                assert stored.dtype == np.float16
+                np.testing.assert_array_equal(stored, exact.astype(np.float16))
+                read = cache16.read(hook, which, slice(0, 5))
+                assert read.dtype == torch.float32
+                assert torch.equal(read, torch.from_numpy(exact[:5].astype(np.float16).astype(np.float32)))
+        assert {site["dtype"] for site in cache16.summary()["sites"]} == {"float16"}
+        assert {site["dtype"] for site in cache32.summary()["sites"]} == {"float32"}
+        for which in ("clean", "corrupt"):
+            assert torch.equal(cache16.p_answer(which), cache32.p_answer(which))
+
+
+def test_attributions_from_a_float16_cache_equal_float32_within_fp16_cache_tol(fp32_and_fp16_caches):
+    """Patching from a float16 cache gives the float32 cache's records within FP16_CACHE_TOL (the
+    rounding's measured effect, tests/helpers.py), with p_clean and p_corrupt identical (p(answer)
+    is stored as float32 in both), and not exactly: the rounding does reach the patches."""
+    model, path32, path16 = fp32_and_fp16_caches
+    records32 = patch(model, path32, ["all"], ["key", "value", "query"])
+    records16 = patch(model, path16, ["all"], ["key", "value", "query"])
+    assert max(r["p_clean"] - r["p_corrupt"] for r in records32) > 0.5  # trained: the attributions mean something
+    moved = 0.0
+    for exact, rounded in zip(records32, records16, strict=True):
+        assert (exact["hook"], exact["pos"]) == (rounded["hook"], rounded["pos"])
+        assert (exact["p_clean"], exact["p_corrupt"]) == (rounded["p_clean"], rounded["p_corrupt"])
+        assert rounded["p_patched"] == pytest.approx(exact["p_patched"], abs=FP16_CACHE_TOL)
+        assert rounded["attribution"] == pytest.approx(exact["attribution"], abs=FP16_CACHE_TOL)
+        moved = max(moved, abs(rounded["p_patched"] - exact["p_patched"]))
+    assert moved > 0

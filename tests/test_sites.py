@@ -75,3 +75,40 @@ def test_list_sites_reports_every_hook_with_shape(ar_model):
     assert by_site["L1.block_in"]["shape"] == [1, ar_model.cfg.n_ctx, 32]
     assert by_site["L0.mixer.pattern"]["pos_axis"] == 2
     assert by_site["L0.mixer.pattern"]["axes"] == "batch head query_pos key_pos"
+
+
+def _full_length_shapes(model) -> dict[str, list[int]]:
+    """The reference: every hook's shape from one forward of n_ctx tokens (what `list_sites` ran before)."""
+    tokens = torch.zeros(1, model.cfg.n_ctx, dtype=torch.long)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, return_cache_object=False)
+    return {hook: list(value.shape) for hook, value in cache.items()}
+
+
+@pytest.mark.parametrize("mixer", ["attention", "hyena", "h3", "mamba", "mamba2", "based", "rwkv"])
+def test_list_sites_shapes_equal_a_full_length_forward(mixer):
+    """Shapes measured on short sequences and extrapolated to n_ctx equal a forward of n_ctx tokens,
+    position axes (an attention pattern's two) and long-convolution filter lags included."""
+    import hookmech
+    from hookmech.config import build_config
+
+    torch.manual_seed(0)
+    model = hookmech.HookedLM(build_config(d_vocab=20, n_ctx=37, d_model=16, n_layers=1, mixers=[mixer])).eval()
+    reference = _full_length_shapes(model)
+    assert {row["hook"]: row["shape"] for row in list_sites(model)} == {hook: reference.get(hook) for hook in model.hook_dict}
+
+
+def test_list_sites_never_runs_the_full_context():
+    """A pretrained-size context (Pythia's 2048) is not run: every forward `list_sites` makes is
+    a few tokens long, and the shapes still say n_ctx."""
+    import hookmech
+    from hookmech.config import build_config
+
+    model = hookmech.HookedLM(build_config(d_vocab=20, n_ctx=2048, d_model=16, n_layers=1)).eval()
+    lengths = []
+    model.hook_dict["hook_embed"].add_hook(lambda value, hook: lengths.append(value.shape[1]))
+    rows = {row["site"]: row for row in list_sites(model)}
+    model.reset_hooks()
+    assert lengths and max(lengths) <= 4
+    assert rows["L0.block_in"]["shape"] == [1, 2048, 16]
+    assert rows["L0.mixer.pattern"]["shape"] == [1, 1, 2048, 2048]
