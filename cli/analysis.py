@@ -406,7 +406,10 @@ def _run_patches(engine: _Engine, model, source, request, rows_file) -> list[dic
         total = path_count(model, batch, *ends[:2])
         with notes_of(PathSkippedWarning), progress(total, "patching", unit="patch") as advance:
             return engine.path_patch(model, source, *ends, progress=engine.progress(advance, total), **shared)
-    nodes = (split_flag(r.site_specs), split_flag(r.pos_specs))
+    from hookmech.patching import parse_sites
+
+    # the sites are parsed here once; the bar's total, the engine and its workers take them parsed
+    nodes = (parse_sites(split_flag(r.site_specs), model), split_flag(r.pos_specs))
     total = patch_count(model, batch, *nodes)
     with progress(total, "patching", unit="patch") as advance:
         records = engine.patch(

@@ -385,8 +385,9 @@ class progress:
 
 
 def patch_count(model, batch, site_specs, pos_specs) -> int:
-    """Return the number of records `hookmech.patching.patch` makes of `site_specs` ×
-    `pos_specs` on `batch` (the total of its progress); bad specs raise its own UsageErrors."""
+    """Return the number of records `hookmech.patching.patch` makes of `site_specs` (specs, or
+    sites parsed already) × `pos_specs` on `batch` (the total of its progress); bad specs raise
+    its own UsageErrors."""
     from hookmech.patching import parse_sites
     from hookmech.sites import position_patches
 

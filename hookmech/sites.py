@@ -67,6 +67,7 @@ __all__ = [
     "mixer_hook",
     "parse_hook",
     "position_patches",
+    "forward_order",
     "resolve_sites",
     "row_positions",
     "site_to_hook",
@@ -200,8 +201,16 @@ def resolve_sites(patterns: str | Iterable[str], hook_names: Iterable[str]) -> l
         if site not in sites:
             raise UsageError(f"unknown site {pattern!r}{suggest(pattern, sites)}")
         chosen.add(site)
+    return forward_order([site_to_hook(site) for site in chosen], ordered)
+
+
+def forward_order(hooks: Iterable[str], hook_names: Iterable[str]) -> list[str]:
+    """Return `hooks` once each, in forward order (`resolve_sites`'s order: embeddings, then per
+    layer the inside-mixer hooks after mixer_in and the block sites, then the final norm);
+    `hook_names` is the model's hook list in forward order."""
+    sites = [hook_to_site(hook) for hook in hook_names]
     order = {site: index for index, site in enumerate(sorted(sites, key=_forward_key(sites)))}
-    return [site_to_hook(site) for site in sorted(chosen, key=order.__getitem__)]
+    return [site_to_hook(site) for site in sorted({hook_to_site(hook) for hook in hooks}, key=order.__getitem__)]
 
 
 def _forward_key(sites: Sequence[str]):

@@ -29,7 +29,7 @@ from ..cache import CacheFile, answer_probs, run_chunks
 from ..errors import HookmechError, UsageError
 from ..hook_names import block_hook
 from ..hooks import pos_axis_of
-from ..sites import as_specs, hook_to_site, position_patches, resolve_sites
+from ..sites import as_specs, forward_order, hook_to_site, position_patches, resolve_sites
 from ..tasks.batch import Batch
 from ..validate import refuse_non_finite_run
 from .metrics import Metric
@@ -37,6 +37,7 @@ from .options import PatchOptions
 from .protocol import PatchableModel, check_patchable
 from .records import estimate_record
 from .runs import CleanCorruptRuns, evaluating, open_source
+from .targets import PatchSite, SiteSpecs
 
 
 def first_order_effects(
@@ -124,11 +125,16 @@ def _first_order(
     return values.detach(), effects, logits.detach()
 
 
-def positional_hooks(model: PatchableModel, sites: str | Iterable[str]) -> tuple[list[str], int | None]:
-    """Return the hooks of site specs `sites` and the first block the estimates must run from (None
-    when a hook is outside the blocks: the embeddings need the tokens); a UsageError for a site
-    without a position axis (attribution patching estimates patches at positions)."""
-    hooks = resolve_sites(as_specs(sites, "site"), model.hook_dict)
+def positional_hooks(model: PatchableModel, sites: SiteSpecs) -> tuple[list[str], int | None]:
+    """Return the hooks of site specs `sites` (or of plain sites parsed already, `PatchSite`s) and
+    the first block the estimates must run from (None when a hook is outside the blocks: the
+    embeddings need the tokens); a UsageError for a site without a position axis (attribution
+    patching estimates patches at positions)."""
+    given = [sites] if isinstance(sites, str) else list(sites)
+    if given and all(isinstance(site, PatchSite) for site in given):
+        hooks = forward_order((site.targets[0].hook for site in given), model.hook_dict)  # type: ignore[attr-defined]
+    else:
+        hooks = resolve_sites(as_specs(given, "site"), model.hook_dict)  # type: ignore[arg-type]
     flat = [hook for hook in hooks if pos_axis_of(model.hook_dict[hook]) is None]
     if flat:
         raise UsageError(
@@ -142,7 +148,7 @@ def positional_hooks(model: PatchableModel, sites: str | Iterable[str]) -> tuple
 def attribution_patch(
     model: PatchableModel,
     source: Batch | CacheFile | str | Path,
-    sites: str | Iterable[str],
+    sites: SiteSpecs,
     positions: str | Iterable[str],
     threshold: float = 0.01,
     max_batch: int = 256,

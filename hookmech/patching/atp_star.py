@@ -70,6 +70,7 @@ from .options import CONTEXT_MEMORY, PatchOptions
 from .protocol import AtpStarModel, PatchableModel, check_patchable
 from .records import estimate_record
 from .runs import CleanCorruptRuns, evaluating, open_source
+from .targets import SiteSpecs
 
 
 def answer_log_odds(logits: Tensor, answers: RowInts) -> RowFloats:
@@ -85,7 +86,7 @@ def answer_log_odds(logits: Tensor, answers: RowInts) -> RowFloats:
 def atp_star_patch(
     model: PatchableModel,
     source: Batch | CacheFile | str | Path,
-    sites: str | Iterable[str],
+    sites: SiteSpecs,
     positions: str | Iterable[str],
     threshold: float = 0.01,
     max_batch: int = 256,

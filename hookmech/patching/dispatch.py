@@ -21,14 +21,14 @@ from .chunked import clean_means as chunk_means
 from .exact import run_exact
 from .forwards import hooks_to_start
 from .options import CONTEXT_MEMORY, PatchOptions
-from .protocol import PatchableModel
-from .targets import equivalent_site, parse_sites
+from .protocol import PatchableModel, check_patchable
+from .targets import PatchSite, SiteSpecs, equivalent_site, is_plain, parse_sites
 
 
 def patch(
     model: PatchableModel,
     source: Batch | CacheFile | str | Path,
-    sites: str | Iterable[str],
+    sites: SiteSpecs,
     positions: str | Iterable[str],
     method: str = "exact",
     threshold: float = 0.01,
@@ -98,11 +98,17 @@ def patch(
         ablate=ablate,
         ablate_seed=ablate_seed,
     )
-    sites, positions = as_specs(sites, "site"), as_specs(positions, "position")
+    positions = as_specs(positions, "position")
     if graddrop is not None and options.method != "atp-star":
         raise UsageError(f"graddrop={graddrop} is an option of method 'atp-star' (AtP*), not of {options.method!r}")
     if options.method in ("atp", "atp-star"):
-        _check_atp_options(options, sites)
+        _check_atp_options(options)
+    check_patchable(model)
+    patch_sites = parse_sites(sites, model)  # once: every step below takes the parsed sites
+    if options.method in ("atp", "atp-star") and not all(is_plain(site) for site in patch_sites):
+        raise UsageError(
+            f"method {options.method!r} takes plain sites (no joint 'a+b' or per-head '[h]' sites); use method 'exact'"
+        )
 
     def run_rows(
         rows_source: Batch | CacheFile | str | Path,
@@ -111,19 +117,19 @@ def patch(
         chunk: bool,
     ) -> list[dict[str, Any]]:
         return _patch_rows(
-            model, rows_source, sites, positions, options, bool(graddrop), rows_progress, means, partial or chunk
+            model, rows_source, patch_sites, positions, options, bool(graddrop), rows_progress, means, partial or chunk
         )
 
     if memory is None or isinstance(source, Batch):
         n_rows = len(source) if isinstance(source, Batch) else None
         return take_rows(run_rows(source, progress, clean_means, False), slice(0, n_rows), rows_sink)
     with opened(source) as cache:
-        slices = patch_chunks(model, cache, sites, positions, options, memory)
+        slices = patch_chunks(model, cache, patch_sites, positions, options, memory)
         if len(slices) == 1:
             return take_rows(run_rows(cache, progress, clean_means, False), slice(0, cache.n), rows_sink)
         means = clean_means
         if options.ablate == "mean" and means is None:
-            means = chunk_means(model, cache, ablated_hooks(model, sites), slices, max_batch)
+            means = chunk_means(model, cache, ablated_hooks(model, patch_sites), slices, max_batch)
         return in_chunks(
             cache,
             slices,
@@ -151,7 +157,7 @@ def _check_source_and_memory(source: object, memory: object) -> None:
 def _patch_rows(
     model: PatchableModel,
     source: Batch | CacheFile | str | Path,
-    sites: list[str],
+    sites: list[PatchSite],
     positions: list[str],
     options: PatchOptions,
     graddrop: bool,
@@ -194,7 +200,7 @@ def _patch_rows(
 def patch_chunks(
     model: PatchableModel,
     cache: CacheFile,
-    sites: list[str],
+    sites: list[PatchSite],
     positions: list[str],
     options: PatchOptions,
     memory: int,
@@ -206,7 +212,7 @@ def patch_chunks(
 
 
 def _row_bytes(
-    model: PatchableModel, cache: CacheFile, options: PatchOptions, sites: list[str], positions: list[str]
+    model: PatchableModel, cache: CacheFile, options: PatchOptions, sites: list[PatchSite], positions: list[str]
 ) -> int:
     """Return what one row of `cache` costs the patch (`chunked.row_bytes`): the hooks it reads
     of both runs, with the masks of its position patches."""
@@ -224,23 +230,19 @@ def _row_bytes(
     return row_bytes(model, cache, hooks, n_patches, contexts=options.method != "atp" and options.context_memory > 0)
 
 
-def ablated_hooks(model: PatchableModel, sites: list[str]) -> list[str]:
+def ablated_hooks(model: PatchableModel, sites: list[PatchSite]) -> list[str]:
     """Return the hooks a mean ablation of `sites` replaces (theirs and their equivalent sites')."""
     patch_sites = parse_sites(sites, model)
     computed = [equivalent_site(model, site) for site in patch_sites]
     return list(dict.fromkeys(target.hook for site in patch_sites + computed for target in site.targets))
 
 
-def _check_atp_options(options: PatchOptions, sites: list[str]) -> None:
-    """Raise a UsageError unless AtP covers `options` and `sites` (interchange denoising of
-    p(answer) at plain sites; other options need the exact engine); return None."""
+def _check_atp_options(options: PatchOptions) -> None:
+    """Raise a UsageError unless AtP covers `options` (interchange denoising of p(answer); other
+    options need the exact engine; `patch` checks that its sites are plain); return None."""
     method = options.method
     if options.metric != "p_answer" or options.direction != "denoise" or options.ablate is not None:
         raise UsageError(
             f"method {method!r} estimates interchange denoising of p_answer only; "
             "use method 'exact' for other metrics, directions and ablations"
-        )
-    if any("+" in spec or "[" in spec for spec in sites):
-        raise UsageError(
-            f"method {method!r} takes plain sites (no joint 'a+b' or per-head '[h]' sites); use method 'exact'"
         )

@@ -36,6 +36,7 @@ from .dispatch import ablated_hooks, patch, patch_chunks
 from .options import PatchOptions
 from .paths import path_chunks, path_patch
 from .protocol import PatchableModel
+from .targets import SiteSpecs, parse_sites
 
 
 def run_shard(
@@ -138,7 +139,7 @@ class RayPatchEngine:
         self,
         model: PatchableModel,
         cache: CacheFile,
-        sites: list[str],
+        sites: SiteSpecs,
         positions: list[str],
         *,
         memory: int,
@@ -153,15 +154,16 @@ class RayPatchEngine:
         checked = PatchOptions(
             **{k: v for k, v in options.items() if k in PatchOptions.__dataclass_fields__ and k != "graddrop"}
         )
-        slices = self._slices(patch_chunks(model, cache, sites, positions, checked, memory), cache.n)
+        patch_sites = parse_sites(sites, model)  # once here; the workers take the parsed sites
+        slices = self._slices(patch_chunks(model, cache, patch_sites, positions, checked, memory), cache.n)
         means = None
         if checked.ablate == "mean":
-            request = {"hooks": ablated_hooks(model, sites), "max_batch": checked.max_batch}
+            request = {"hooks": ablated_hooks(model, patch_sites), "max_batch": checked.max_batch}
             sums: dict[str, tuple[Tensor, Tensor]] = {}
             for _, chunk_sums in self._chunks("sums", slices, request):
                 sums = add_sums(sums, chunk_sums)
             means = means_of(sums)
-        request = {"sites": sites, "positions": positions, **options}
+        request = {"sites": patch_sites, "positions": positions, **options}
         return self._sum(self._chunks("patch", slices, request, means, progress), checked, rows_sink)
 
     def path_patch(

@@ -29,13 +29,13 @@ from .protocol import PatchableModel, check_patchable
 from .reachability import reaches_query
 from .records import Means, patch_record
 from .runs import RUNS, CleanCorruptRuns, evaluating, open_source
-from .targets import PatchSite, equivalent_site, parse_sites
+from .targets import PatchSite, SiteSpecs, equivalent_site, parse_sites
 
 
 def run_exact(
     model: PatchableModel,
     source: Batch | CacheFile | str | Path,
-    sites: str | Iterable[str],
+    sites: SiteSpecs,
     positions: str | Iterable[str],
     options: PatchOptions,
     progress: Callable[[int], None] | None = None,

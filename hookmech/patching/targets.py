@@ -77,15 +77,23 @@ def n_heads_of(model: PatchableModel, hook: str) -> int:
     return n_heads
 
 
-def parse_sites(specs: str | Iterable[str], model: PatchableModel) -> list[PatchSite]:
+#: what the engine's entry points take as sites: specs (`parse_sites`), or sites parsed already
+SiteSpecs = str | Iterable[str] | Iterable[PatchSite]
+
+
+def parse_sites(specs: SiteSpecs, model: PatchableModel) -> list[PatchSite]:
     """Resolve site specs to `PatchSite`s, in forward order of their first target.
 
     A spec is a site or pattern, optionally with a head suffix (``[h]`` or ``[*]``), or
     several of those joined by ``+`` (one joint patch); a bare string is one spec. Returns one
-    `PatchSite` per record.
+    `PatchSite` per record. Sites parsed already (a list of `PatchSite`) are returned as they
+    are: a command parses its sites once and passes them down to every step that needs them.
     """
+    given = [specs] if isinstance(specs, str) else list(specs)
+    if given and all(isinstance(spec, PatchSite) for spec in given):
+        return given  # type: ignore[return-value]
     result: list[PatchSite] = []
-    for spec in as_specs(specs, "site"):
+    for spec in as_specs(given, "site"):  # type: ignore[arg-type]
         parts = joint_parts(spec, "site")
         per_part = [_parse_part(part, model) for part in parts]
         if len(parts) == 1:
@@ -96,6 +104,11 @@ def parse_sites(specs: str | Iterable[str], model: PatchableModel) -> list[Patch
     if not result:
         raise UsageError("no site given")
     return list(dict.fromkeys(result))
+
+
+def is_plain(site: PatchSite) -> bool:
+    """Return whether `site` patches one whole hook (no joint ``a+b``, no head ``[h]``)."""
+    return len(site.targets) == 1 and site.targets[0].head is None
 
 
 def _parse_part(part: str, model: PatchableModel) -> list[Target]:
