@@ -21,7 +21,7 @@ stream and which belong to a sublayer (its input, its output, inside it), is `RE
 (`hook_attribute`, `inside_name`); anything else inside a block, a weight's name for instance,
 is `block_path`.
 
-Why a module of its own rather than `hookmech.sites` (which re-exports its API): the model, the
+Why a module of its own rather than `hookmech.sites`: the model, the
 mixers' declarations and the patching engine need hook names, not the grammar people type
 (``L1.block_in``, wildcards, positions, joints) nor its imports; this module imports nothing of
 hookmech nor torch, so any module can ask it without an import cycle, and the site grammar is

@@ -1,7 +1,7 @@
 """The plain reference path patching is tested against, written the way a TransformerLens user
 would: full forwards with `run_with_hooks`, loops over rows and positions, recurrences one
 position at a time. No module of the library imports it (tests/test_patching_package.py checks
-it). (Until 0.x it was `hookmech.reference`, which re-exports it.)
+it).
 
 * `path_patch_reference`: path patching (`hookmech.patching.path_patch`) in two passes —
   **record** the receiver's value along the path in a corrupt run with everything off the path
