@@ -22,8 +22,9 @@ from ..fileio import read_json, write_text_atomic
 from ..locking import FolderLocked, folder_lock
 from ..option_pairs import parse_layer_options
 from ..progress import duration_text
+from ..ray_session import check_ray_address, import_ray
 from ..sweep.driver import check_gpus_per_run
-from ..sweep.engines import check_ray_address, default_threads, import_ray
+from ..sweep.engines import default_threads
 from .budget import Planned, check_budget, next_run, plan, run_seconds, step_seconds
 from .card import build_card, write_card
 from .suites import Suite, SuiteTask, suite, with_rates, with_steps, with_tasks

@@ -30,6 +30,7 @@ from torch import Tensor
 from ..cache import CacheFile
 from ..errors import HookmechError
 from ..mixers.allow_list import allowed_specs
+from ..ray_session import check_ray_address, ray_session
 from ..row_chunks import shard_rows
 from .chunked import RecordSums, RowsSink, add_sums, clean_sums, means_of
 from .dispatch import ablated_hooks, patch, patch_chunks
@@ -121,8 +122,6 @@ class RayPatchEngine:
         self._ray: Any = None
 
     def __enter__(self) -> RayPatchEngine:
-        from ..sweep.engines import check_ray_address, ray_session
-
         check_ray_address(self.address)
         local_workers = self.workers or max(1, (os.cpu_count() or 1) // self.threads)
         self._ray = self._stack.enter_context(ray_session(local_workers, self.threads, self.address))
