@@ -34,7 +34,6 @@ from .hook_names import (
     block_aliases,
     block_hook,
     block_path,
-    hook_attribute,
     layer_of,
     needs_mlp,
     parse_hook,
@@ -787,7 +786,7 @@ class HookedLM(HookedRootModule):
         mixer = self.blocks[layer].mixer
         if not isinstance(mixer, ExactPatchEffects) or not self.mixer_patches_exactly(layer, hook_name):
             return None
-        local = None if hook_name is None else _mixer_attribute(layer, hook_name)
+        local = None if hook_name is None else _inside_of(layer, hook_name)
         mixer_in = base(block_hook(layer, "mixer_in"))
         kept = None if memo is None else memo.of_layer(layer)
         return mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local, kept)
@@ -801,7 +800,7 @@ class HookedLM(HookedRootModule):
             return False
         local = None
         if hook_name is not None:
-            local = _mixer_attribute(layer, hook_name)
+            local = _inside_of(layer, hook_name)
             if local is None:
                 return False
         return mixer.patches_exactly(local)
@@ -1097,13 +1096,13 @@ def check_tokens(tokens: Any, cfg: ModelConfig, caller: str) -> None:
         )
 
 
-def _mixer_attribute(layer: int, hook_name: str) -> str | None:
-    """Return the attribute of block `layer`'s mixer that hook `hook_name` is (``hook_k``, as
-    `ExactPatchEffects.patches_exactly` names it), None where the hook is not inside that mixer."""
+def _inside_of(layer: int, hook_name: str) -> str | None:
+    """Return the short name of the hook inside block `layer`'s mixer that `hook_name` is (``k``,
+    as `ExactPatchEffects.patches_exactly` names it), None where the hook is not inside that mixer."""
     parsed = parse_hook(hook_name)
-    if parsed is None or parsed.layer != layer or parsed.part != MIXER or parsed.inside is None:
+    if parsed is None or parsed.layer != layer or parsed.part != MIXER:
         return None
-    return hook_attribute(parsed.inside)
+    return parsed.inside
 
 
 def _in_sublayer(hook_name: str, layer: int, sublayer: str) -> bool:

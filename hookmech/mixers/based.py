@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hook_names import hook_attribute, inside_name, tl_attention_aliases
+from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -209,7 +209,7 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     # -- one position patched, through the normalised kernel exactly (AtP*, see `ExactPatchEffects`)
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input, q, k and the features phi_q, phi_k, v (`position_patch_effects`)."""
-        return hook in (None, "hook_q", "hook_k", *(hook_attribute(name) for name in PATCH_FEATURES))
+        return hook in (None, "q", "k", *PATCH_FEATURES)
 
     def exact_patch_effects(
         self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
@@ -217,8 +217,8 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         """Return ``[..., N, T]`` (float64): Σ_t (y'_t − y_t)·grad_out_t when position s alone is
         patched, the normalisation recomputed, not linearised: with a_tj = phi(q_t)·phi(k_j),
         y_t = Σ_j a_tj v_j / (Σ_j a_tj + eps). `patched` is the new input (`hook` None: new q, k
-        and v at s) or the new ``hook_q`` / ``hook_k`` / ``hook_phi_q`` / ``hook_phi_k`` /
-        ``hook_v`` there. Each query t > s sees key s's score and value change (one column of
+        and v at s) or the new ``q`` / ``k`` / ``phi_q`` / ``phi_k`` / ``v`` (inside hooks'
+        short names) there. Each query t > s sees key s's score and value change (one column of
         the kernel moved: its numerator and normaliser updated in closed form); query s gets a
         new row. Not for ``hook_y`` nor the state hooks (the linear estimate is exact after the
         kernel; a state patch is carried by the recurrence): `patches_exactly`."""
@@ -237,10 +237,10 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         new = dict(base)
         if hook is None:
             new = dict(zip(features, (t.double() for t in self._features(patched)), strict=True))
-        elif hook in ("hook_q", "hook_k"):  # before the feature map
-            new[f"phi_{inside_name(hook)}"] = self.feature_map(patched.double())
+        elif hook in ("q", "k"):  # before the feature map
+            new[f"phi_{hook}"] = self.feature_map(patched.double())
         else:
-            new[inside_name(hook)] = patched.double()
+            new[hook] = patched.double()
         phi_q, phi_k, v = base["phi_q"], base["phi_k"], base["v"]
         # y_out = y Wᵀ (bias-free), so ∂m/∂y = ∂m/∂y_out · W, per head
         grad_y = (grad_out.double() @ self.out_proj.weight.double()).unflatten(-1, (self.num_heads, self.d_head))

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
+from ..hook_names import mixer_output_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -101,7 +102,7 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     block_mlp = False
     output_projections = ("out_proj",)
     #: TransformerLens's names (`Mixer.block_hook_aliases`): its Mamba bridge's ``mixer.hook_ssm_out``
-    block_hook_aliases = {**Mixer.block_hook_aliases, "mixer.hook_ssm_out": "hook_mixer_out"}
+    block_hook_aliases = {**Mixer.block_hook_aliases, **mixer_output_aliases("ssm_out")}
     reference_init = "mamba"  # mamba-ssm's _init_weights, which zoology applies to Mamba blocks
 
     def __init__(
@@ -399,13 +400,13 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     # -- one position patched, through the mixer exactly (AtP*, see `ExactPatchEffects`)
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input and the SSM branch's in_x (`position_patch_effects`)."""
-        return hook in (None, "hook_in_x")
+        return hook in (None, "in_x")
 
     def exact_patch_effects(
         self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
     ) -> PositionEffects:
         """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
-        alone is patched (`hook` None: the input; ``"hook_in_x"``: the SSM branch of in_proj).
+        alone is patched (`hook` None: the input; ``"in_x"``: the SSM branch of in_proj).
         A patch at s reaches the d_conv positions s .. s + d_conv − 1 through the convolution,
         where Δ, B, C and the state are recomputed exactly (the selection is what makes Mamba
         nonlinear); after them the state's change moves on through fixed decays, so its effect is

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hook_names import tl_attention_aliases
+from ..hook_names import mixer_output_aliases, tl_attention_aliases
 from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
 from ..shapes import (
     Context,
@@ -267,7 +267,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
     block_hook_aliases = {
         **Mixer.block_hook_aliases,
         **tl_attention_aliases(z="y"),
-        "mixer.hook_ssm_out": "hook_mixer_out",
+        **mixer_output_aliases("ssm_out"),
     }
     output_head_axes = "head d_head"
 
