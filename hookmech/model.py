@@ -646,13 +646,13 @@ class HookedLM(HookedRootModule):
         return self.blocks[-1].after_mixer_hooked() or hook_in_use(self.ln_final.hook_normalized)
 
     # -- resuming a run from a position (the patching engine's fast path) -----------------
-    def prefix_context(self, layer: int, mixer_in: RunResid) -> Context:
+    def layer_context(self, layer: int, mixer_in: RunResid) -> Context:
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in`
         ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`."""
         return self.blocks[layer].mixer_context(mixer_in)
 
-    def patch_context(self, layer: int, mixer_in: RunResid, memo: PatchMemo) -> Context:
-        """Return `prefix_context(layer, mixer_in)` for AtP*, made from what its exact computations on
+    def layer_patch_context(self, layer: int, mixer_in: RunResid, memo: PatchMemo) -> Context:
+        """Return `layer_context(layer, mixer_in)` for AtP*, made from what its exact computations on
         that run keep in `memo` where the mixer can (`ExactPatchEffects.patch_context`)."""
         return self.blocks[layer].mixer_context(mixer_in, memo.of_layer(layer))
 
@@ -683,7 +683,7 @@ class HookedLM(HookedRootModule):
 
         `resid` ``[B, W, d_model]`` is the residual entering block `start_at_layer`
         (`n_layers` = the final norm's input) at positions ``start[i] .. start[i] + W - 1`` of
-        row ``rows[i]`` of a base run; `contexts[l]` is block l's `prefix_context` of that
+        row ``rows[i]`` of a base run; `contexts[l]` is block l's `layer_context` of that
         run, for every l >= start_at_layer. Valid for causal mixers when the positions before
         ``start[i]`` are the base run's in every layer (e.g. after a patch at start[i] or
         later) and ``start[i] <= query[i] < start[i] + W``. Block hooks and the final norm's
@@ -701,7 +701,7 @@ class HookedLM(HookedRootModule):
             resid = take_window(resid, keep, 1)
         return self.unembed_resid(self.ln_final(resid)[:, 0])
 
-    def state_from_context(self, hook_name: str) -> Callable[[Context, RowInts, RowInts], Tensor] | None:
+    def state_reader(self, hook_name: str) -> Callable[[Context, RowInts, RowInts], Tensor] | None:
         """Return a reader of state hook `hook_name` (``blocks.{l}.mixer.hook_<state>``, one of the
         mixer's `state_hooks`) from block l's recorded context: ``read(context, rows, positions)`` ->
         ``[B, ...]``, what the hook fired with at ``positions[i]`` of row ``rows[i]`` of the run the
@@ -782,7 +782,7 @@ class HookedLM(HookedRootModule):
         (``blocks.{layer}.mixer.hook_k``), does. None where the mixer has none (no
         `ExactPatchEffects`, or not for that patch), or `hook_name` is not inside that mixer.
         `memo`: kept by the caller for its calls on one base run (this method's,
-        `mixer_patch_outputs`' and `patch_context`'), where each mixer keeps what they share."""
+        `mixer_patch_outputs`' and `layer_patch_context`'), where each mixer keeps what they share."""
         mixer = self.blocks[layer].mixer
         if not isinstance(mixer, ExactPatchEffects) or not self.mixer_patches_exactly(layer, hook_name):
             return None

@@ -201,7 +201,7 @@ def row_bytes(
 @torch.no_grad()
 def context_bytes(model: PatchableModel, cache: CacheFile) -> int:
     """Return the bytes of one row's mixer contexts, every block, of the corrupt run
-    (`PatchableModel.prefix_context` of the cache's first row; blocks whose mixer input the cache
+    (`PatchableModel.layer_context` of the cache's first row; blocks whose mixer input the cache
     lacks count as the largest of the others): what a resumed patch keeps per row (a recurrent
     state per position can outweigh the row's activations many times over)."""
     sizes = []
@@ -212,7 +212,7 @@ def context_bytes(model: PatchableModel, cache: CacheFile) -> int:
     for layer, hook in enumerate(hooks):
         if cache.has(hook, "corrupt"):
             mixer_in = cache.read(hook, "corrupt", slice(0, 1)).to(next(model.parameters()).device, dtype)
-            context = model.prefix_context(layer, mixer_in)
+            context = model.layer_context(layer, mixer_in)
             sizes.append(sum(t.numel() * t.element_size() for t in context.values()))
     return max(sizes, default=0) * model.cfg.n_layers
 

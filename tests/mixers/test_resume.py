@@ -181,7 +181,7 @@ def test_a_model_records_every_blocks_context_in_its_forward():
             assert len(recorded[layer]) == 1
             # and the mixer's output, which a resumed run patched after the mixer reads
             torch.testing.assert_close(recorded[layer][0]["mixer_out"], cache[f"blocks.{layer}.hook_mixer_out"])
-            expected = model.prefix_context(layer, cache[f"blocks.{layer}.hook_mixer_in"])
+            expected = model.layer_context(layer, cache[f"blocks.{layer}.hook_mixer_in"])
             for key, value in expected.items():
                 torch.testing.assert_close(recorded[layer][0][key], value)
         model(tokens)
