@@ -346,14 +346,6 @@ SPEC = MixerSpec(
         "pattern": "softmax of the scores: where each query attends",
         "z": "attention-weighted values, per head",
     },
-    examples=(
-        {},
-        {"n_heads": 2, "window": 3},
-        {"n_heads": 2, "qkv_conv": "qk", "conv_size": 3},
-        {"bias": False, "out_bias": False},
-        {"n_heads": 2, "rotary_pct": 0.5, "rotary_base": 100.0},
-    ),
-    bench_hooks=("q", "k", "v"),
     head_results=_head_results,
     notes=(
         "With rotary position embeddings (`rotary_pct` > 0, as pretrained GPT-NeoX / Pythia models load), "

@@ -41,7 +41,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, pattern_effects_by_rows, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
-from .mixer_spec import Heads, MixerSpec, StateLoop
+from .mixer_spec import Heads, MixerSpec
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
 
@@ -438,27 +438,6 @@ def propagate_additive(updates: Tensor, hook: AxisHookPoint, initial: Tensor | N
     return hook_state_with_propagation(hook, states, rescan, carry, initial)
 
 
-def _state_loop(mixer: Based, acts, senders: Tensor) -> Tensor:
-    """`StateLoop.loop` of Based: S_t = S_{t-1} + φ(k_t) v_tᵀ and z_t = z_{t-1} + φ(k_t), read out
-    as φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps) (hook_y), one position at a time."""
-    phi_q, phi_k, v = (acts(name, "corrupt") for name in ("phi_q", "phi_k", "v"))
-    phi_k_l, v_l = acts("phi_k", "clean"), acts("v", "clean")
-    S = v.new_zeros(v.shape[0], v.shape[2], phi_k.shape[3], v.shape[3])  # [N, head, feature, d_head]
-    z = v.new_zeros(v.shape[0], v.shape[2], phi_k.shape[3])
-    out = []
-    for t in range(v.shape[1]):
-        sender = senders[:, t, None, None]
-        S = S + torch.where(
-            sender[..., None],
-            phi_k_l[:, t, :, :, None] * v_l[:, t, :, None, :],
-            phi_k[:, t, :, :, None] * v[:, t, :, None, :],
-        )
-        z = z + torch.where(sender, phi_k_l[:, t], phi_k[:, t])
-        numerator = (phi_q[:, t, :, :, None] * S).sum(-2)
-        out.append(numerator / ((phi_q[:, t] * z).sum(-1)[..., None] + mixer.eps))
-    return torch.stack(out, dim=1)
-
-
 def _head_results(mixer: Based, hook) -> tuple[Tensor, Tensor]:
     """y per head, and out_proj's weight per head (`MixerSpec.head_results`)."""
     return hook("y"), mixer.out_proj.weight.unflatten(1, (mixer.num_heads, mixer.d_head))
@@ -478,15 +457,7 @@ SPEC = MixerSpec(
         "k_state": "normaliser state Σ φ(k)",
         "y": "linear-attention output per head",
     },
-    examples=(
-        {},
-        {"num_heads": 2, "num_key_value_heads": 2, "feature_dim": 4},
-        {"train_view": "linear", "chunk_size": 4},
-        {"train_view": "linear", "chunk_size": 1},
-    ),
     # Based model: BaseConv with a short kernel, then Based linear attention, alternating
     presets={"based": (("baseconv", {"kernel_size": 3}), ("based", {}))},
-    bench_hooks=("q", "k", "v", "kv_state"),
-    state_loop=StateLoop("y", _state_loop),
     head_results=_head_results,
 )
