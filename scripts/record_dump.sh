@@ -96,7 +96,7 @@ run att_atp_verify patch --ckpt "$ATT" --site all --pos key,value,query --method
 run att_atpstar patch --ckpt "$ATT" --site all --pos key,value,query --method atp-star $P
 run att_atpstar_gd patch --ckpt "$ATT" --site all --pos key,value,query --method atp-star --graddrop --verify-top 3 $P
 run att_atpstar_inside patch --ckpt "$ATT" --site 'L*.mixer.q,L*.mixer.k,L*.mixer.v,L*.mixer.attn_scores,L*.mixer.pattern,L*.mixer.z' --pos all --method atp-star $P
-run att_atp_heads patch --ckpt "$ATT" --site 'L*.mixer.q[*],L*.mixer.z[*]' --pos key,value,query --method atp $P
+run att_atp_inside patch --ckpt "$ATT" --site 'L*.mixer.*' --pos key,value,query --method atp $P
 run mamba_atpstar_inside patch --ckpt "$MAMBA" --site 'L*.mixer.*' --pos key,value,query --method atp-star $P
 run mamba_atp patch --ckpt "$MAMBA" --site all --pos key,value,query --method atp $P
 run mamba_atpstar patch --ckpt "$MAMBA" --site all --pos key,value,query --method atp-star $P
@@ -122,8 +122,8 @@ run cache_mamba cache --ckpt "$MAMBA" --n 48 --seed 1 --threads 1 --sites all --
 run cache_gla cache --ckpt "$GLA" --n 48 --seed 1 --threads 1 -o "$OUT/gla.h5"
 run att_from_cache patch --ckpt "$ATT" --cache "$OUT/att.h5" --site 'L*.block_in,L*.block_out' --pos key,value,query --threads 1 --json --memory 1
 run mamba_from_cache patch --ckpt "$MAMBA" --cache "$OUT/mamba.h5" --site all --pos key,value --method atp --threads 1 --json
-run das_att das --ckpt "$ATT" --cache "$OUT/att.h5" --site L1.block_in --pos key --dim 1 --dim 2 --steps 5 --batch-size 16 --threads 1 --json
-run das_mamba das --ckpt "$MAMBA" --cache "$OUT/mamba.h5" --site L1.block_in --pos key --dim 1 --steps 5 --batch-size 16 --threads 1 --json
+run das_att das --ckpt "$ATT" --cache "$OUT/att.h5" --site L1.block_in --pos key --dim 1 --dim 2 --steps 5 --batch-size 16 --threads 1 --json -o "$OUT/das_att"
+run das_mamba das --ckpt "$MAMBA" --cache "$OUT/mamba.h5" --site L1.block_in --pos key --dim 1 --steps 5 --batch-size 16 --threads 1 --json -o "$OUT/das_mamba"
 
 # --- view of a checkpoint
 run view_att view --ckpt "$ATT" --n 16 --site L0.block_out,L1.block_in --pos key,value,query --maps 2 --threads 1 -o "$OUT/view_att.html"
