@@ -27,6 +27,7 @@ from torch import Tensor
 from ..cache import CacheFile, check_cache_fits
 from ..errors import HookmechError, UsageError
 from ..hook_names import block_hook
+from ..hooks import pos_axis_of
 from ..row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks, rows_per_chunk
 from .metrics import attribution_score
 from .plans import patch_mask
@@ -279,8 +280,6 @@ def clean_means(
 
 
 def _pos_axis(model: PatchableModel, hook: str) -> int:
-    from ..hooks import pos_axis_of
-
     axis = pos_axis_of(model.hook_dict[hook])
     assert axis is not None  # patched hooks have a position axis (parse_sites)
     return axis
