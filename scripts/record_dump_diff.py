@@ -1,7 +1,8 @@
 """Compare two folders written by scripts/record_dump.sh: every file byte for byte, except the
 wall-clock times that `train` records by design (its summary line's "seconds", the times on its
 progress lines, and the "seconds" of resume.safetensors' metadata: the resumed run's clock), which
-are masked, and the checkout's path in commands.txt; resume.safetensors is then compared tensor by
+are masked, and paths (the dump's folder and the checkout's in stdout, commands.txt and a view
+page's "source"); resume.safetensors is then compared tensor by
 tensor and key by key.
 
     python scripts/record_dump_diff.py OLD NEW     # exit 1 and name each differing file
@@ -50,13 +51,19 @@ def _resume_equal(old: Path, new: Path) -> bool:
     return all(torch.equal(a.get_tensor(key), b.get_tensor(key)) for key in a.keys())
 
 
-def same(old: Path, new: Path, relative: str) -> tuple[bool, bool]:
+def _paths_masked(text: str, root: Path) -> str:
+    """`text` with the dump's folder written OUT and a checkout's fixtures folder REPO/fixtures/."""
+    return FIXTURES.sub("REPO/fixtures/", text.replace(str(root), "OUT"))
+
+
+def same(old: Path, new: Path, relative: str, roots: tuple[Path, Path]) -> tuple[bool, bool]:
     """Return (equal, masked): whether the two files are equal, and whether a mask was needed."""
     if old.read_bytes() == new.read_bytes():
         return True, False
     name = Path(relative)
-    if relative == "commands.txt":  # the commands name the fixtures of the checkout that ran them
-        return FIXTURES.sub("REPO/fixtures/", old.read_text()) == FIXTURES.sub("REPO/fixtures/", new.read_text()), True
+    if name.suffix in (".out", ".html", ".txt") and not name.name.startswith("train_"):
+        # what names a path: the output folder (stdout's "wrote OUT/..."), the checkpoint's (a page's source)
+        return _paths_masked(old.read_text(), roots[0]) == _paths_masked(new.read_text(), roots[1]), True
     if name.parts[0].startswith("train_") and name.name == "resume.safetensors":
         return _resume_equal(old, new), True
     if name.name.startswith("train_") and name.suffix == ".out":
@@ -74,13 +81,13 @@ def main() -> None:
     problems += [f"only in {new_root}: {f}" for f in sorted(new_files - old_files)]
     masked = []
     for relative in sorted(old_files & new_files):
-        equal, was_masked = same(old_root / relative, new_root / relative, relative)
+        equal, was_masked = same(old_root / relative, new_root / relative, relative, (old_root, new_root))
         if not equal:
             problems.append(f"differs: {relative}")
         elif was_masked:
             masked.append(relative)
     print(f"{len(old_files & new_files)} files compared: {len(old_files & new_files) - len(masked)} byte-identical, "
-          f"{len(masked)} equal but for train's wall-clock times ({', '.join(masked) or 'none'})")
+          f"{len(masked)} equal but for paths or train's wall-clock times ({', '.join(masked) or 'none'})")
     for problem in problems:
         print(problem)
     sys.exit(1 if problems else 0)
