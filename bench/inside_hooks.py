@@ -37,13 +37,14 @@ ROLES = ["key", "value", "query", "divider"]
 
 
 def bench_hooks() -> dict[str, list[str]]:
-    """Per benched mixer, the inside hooks its spec names for the benches (`MixerSpec.bench_hooks`:
+    """Per benched mixer, the inside hooks its spec names for the benches (`hookmech.oracles.mixer_cases.BENCH_HOOKS`:
     its state and q/k/v hooks; Mamba: B ~ key, C ~ query; Hyena: x1, x2, v; BaseConv: its
     projection and conv). Read in the parent process only: a `--baseline-src` child may import a
     hookmech from before the specs, so it is given its hooks (`--hooks`)."""
     from hookmech.mixers import SPECS
+    from hookmech.oracles.mixer_cases import BENCH_HOOKS
 
-    return {name: list(spec.bench_hooks) for name, spec in sorted(SPECS.items()) if spec.bench}
+    return {name: list(BENCH_HOOKS.get(name, ())) for name, spec in sorted(SPECS.items()) if spec.bench}
 
 
 def timed(run) -> tuple[float, list[dict]]:

@@ -32,6 +32,7 @@ from . import __version__
 from .errors import HookmechError
 from .fileio import atomic_h5
 from .tasks import Task, from_spec
+from .tasks.atr import AssociativeTreecall, atr_statistics
 from .tasks.batch import Batch
 
 FORMAT = "hookmech-dataset"
@@ -316,8 +317,6 @@ def task_statistics(task: Task, n: int = 10_000, seed: int = 0) -> dict[str, Any
     """Return statistics of `n` rows of `task` drawn with `seed`: the grammar statistics of
     `hookmech.tasks.atr.atr_statistics` for ATR, `batch_statistics` for the others, with the
     task spec under ``"task"``."""
-    from .tasks.atr import AssociativeTreecall, atr_statistics
-
     if n < 1:
         raise HookmechError(f"statistics need n >= 1 rows, got {n}")
     if isinstance(task, AssociativeTreecall):

@@ -21,7 +21,7 @@ stream and which belong to a sublayer (its input, its output, inside it), is `RE
 (`hook_attribute`, `inside_name`); anything else inside a block, a weight's name for instance,
 is `block_path`.
 
-Why a module of its own rather than `hookmech.sites` (which re-exports its API): the model, the
+Why a module of its own rather than `hookmech.sites`: the model, the
 mixers' declarations and the patching engine need hook names, not the grammar people type
 (``L1.block_in``, wildcards, positions, joints) nor its imports; this module imports nothing of
 hookmech nor torch, so any module can ask it without an import cycle, and the site grammar is
@@ -129,6 +129,20 @@ def tl_attention_aliases(**inside_hooks: str) -> dict[str, str]:
     ``{"attn.hook_q": "mixer.hook_q", "attn.hook_z": "mixer.hook_y"}`` (keyword: TransformerLens's
     name; value: the mixer's own inside hook)."""
     return {f"{TL_ATTN}.{hook_attribute(tl)}": f"{MIXER}.{hook_attribute(ours)}" for tl, ours in inside_hooks.items()}
+
+
+def block_part_aliases(**parts: str) -> dict[str, str]:
+    """Return other names of a block's own hooks, as paths inside the block (`Mixer.block_hook_aliases`
+    takes them): ``block_part_aliases(attn_out="mixer_out")`` is ``{"hook_attn_out": "hook_mixer_out"}``
+    (keyword: the other name; value: the `BLOCK_PARTS` entry it names)."""
+    return {hook_attribute(alias): hook_attribute(part) for alias, part in parts.items()}
+
+
+def mixer_output_aliases(*inside: str) -> dict[str, str]:
+    """Return names inside the mixer that mean the block's ``hook_mixer_out``, as paths inside the
+    block: ``mixer_output_aliases("ssm_out")`` is ``{"mixer.hook_ssm_out": "hook_mixer_out"}``
+    (TransformerLens's Mamba names the mixer's output so)."""
+    return {f"{MIXER}.{hook_attribute(name)}": hook_attribute("mixer_out") for name in inside}
 
 
 def hook_attribute(name: str) -> str:

@@ -24,7 +24,6 @@ from .hook_names import (
     block_aliases,
     block_hook,
     block_path,
-    hook_attribute,
     parse_hook,
 )
 from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
@@ -525,13 +524,13 @@ class HookedLM(TransformerLensCompat[Block]):
         return self.blocks[-1].after_mixer_hooked() or hook_in_use(self.ln_final.hook_normalized)
 
     # -- resuming a run from a position (the patching engine's fast path) -----------------
-    def prefix_context(self, layer: int, mixer_in: RunResid) -> Context:
+    def layer_context(self, layer: int, mixer_in: RunResid) -> Context:
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in`
         ``[N, T, d_model]`` (`Mixer.prefix_context`), for `resume`."""
         return self.blocks[layer].mixer_context(mixer_in)
 
-    def patch_context(self, layer: int, mixer_in: RunResid, memo: PatchMemo) -> Context:
-        """Return `prefix_context(layer, mixer_in)` for AtP*, made from what its exact computations on
+    def layer_patch_context(self, layer: int, mixer_in: RunResid, memo: PatchMemo) -> Context:
+        """Return `layer_context(layer, mixer_in)` for AtP*, made from what its exact computations on
         that run keep in `memo` where the mixer can (`ExactPatchEffects.patch_context`)."""
         return self.blocks[layer].mixer_context(mixer_in, memo.of_layer(layer))
 
@@ -562,7 +561,7 @@ class HookedLM(TransformerLensCompat[Block]):
 
         `resid` ``[B, W, d_model]`` is the residual entering block `start_at_layer`
         (`n_layers` = the final norm's input) at positions ``start[i] .. start[i] + W - 1`` of
-        row ``rows[i]`` of a base run; `contexts[l]` is block l's `prefix_context` of that
+        row ``rows[i]`` of a base run; `contexts[l]` is block l's `layer_context` of that
         run, for every l >= start_at_layer. Valid for causal mixers when the positions before
         ``start[i]`` are the base run's in every layer (e.g. after a patch at start[i] or
         later) and ``start[i] <= query[i] < start[i] + W``. Block hooks and the final norm's
@@ -580,7 +579,7 @@ class HookedLM(TransformerLensCompat[Block]):
             resid = take_window(resid, keep, 1)
         return self.unembed_resid(self.ln_final(resid)[:, 0])
 
-    def state_from_context(self, hook_name: str) -> Callable[[Context, RowInts, RowInts], Tensor] | None:
+    def state_reader(self, hook_name: str) -> Callable[[Context, RowInts, RowInts], Tensor] | None:
         """Return a reader of state hook `hook_name` (``blocks.{l}.mixer.hook_<state>``, one of the
         mixer's `state_hooks`) from block l's recorded context: ``read(context, rows, positions)`` ->
         ``[B, ...]``, what the hook fired with at ``positions[i]`` of row ``rows[i]`` of the run the
@@ -661,11 +660,11 @@ class HookedLM(TransformerLensCompat[Block]):
         (``blocks.{layer}.mixer.hook_k``), does. None where the mixer has none (no
         `ExactPatchEffects`, or not for that patch), or `hook_name` is not inside that mixer.
         `memo`: kept by the caller for its calls on one base run (this method's,
-        `mixer_patch_outputs`' and `patch_context`'), where each mixer keeps what they share."""
+        `mixer_patch_outputs`' and `layer_patch_context`'), where each mixer keeps what they share."""
         mixer = self.blocks[layer].mixer
         if not isinstance(mixer, ExactPatchEffects) or not self.mixer_patches_exactly(layer, hook_name):
             return None
-        local = None if hook_name is None else _mixer_attribute(layer, hook_name)
+        local = None if hook_name is None else _inside_of(layer, hook_name)
         mixer_in = base(block_hook(layer, "mixer_in"))
         kept = None if memo is None else memo.of_layer(layer)
         return mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local, kept)
@@ -679,7 +678,7 @@ class HookedLM(TransformerLensCompat[Block]):
             return False
         local = None
         if hook_name is not None:
-            local = _mixer_attribute(layer, hook_name)
+            local = _inside_of(layer, hook_name)
             if local is None:
                 return False
         return mixer.patches_exactly(local)
@@ -742,13 +741,13 @@ class HookedLM(TransformerLensCompat[Block]):
         return path_change(self, ends, acts, senders, head)
 
 
-def _mixer_attribute(layer: int, hook_name: str) -> str | None:
-    """Return the attribute of block `layer`'s mixer that hook `hook_name` is (``hook_k``, as
-    `ExactPatchEffects.patches_exactly` names it), None where the hook is not inside that mixer."""
+def _inside_of(layer: int, hook_name: str) -> str | None:
+    """Return the short name of the hook inside block `layer`'s mixer that `hook_name` is (``k``,
+    as `ExactPatchEffects.patches_exactly` names it), None where the hook is not inside that mixer."""
     parsed = parse_hook(hook_name)
-    if parsed is None or parsed.layer != layer or parsed.part != MIXER or parsed.inside is None:
+    if parsed is None or parsed.layer != layer or parsed.part != MIXER:
         return None
-    return hook_attribute(parsed.inside)
+    return parsed.inside
 
 
 def _at_positions(base: Callable[[str], Tensor], at: RowInts) -> Callable[[str], Tensor]:

@@ -11,6 +11,7 @@ read, never tensors.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,6 @@ def _same_run(metadata: dict[str, Any], record: dict[str, Any], summary: dict[st
 
 
 def _json(value: Any) -> str:
-    import json
-
     return json.dumps(value)
 
 

@@ -4,7 +4,7 @@ Sites:  ``L1.block_in`` <-> ``blocks.1.hook_resid_pre``; ``L1.mixer.q`` <-> ``bl
 ``embed``, ``pos_embed``, ``final_norm``. Wildcards: ``L*.block_in``, ``L1.*``, ``all`` (block-level
 sites), ``L1.mixer.*`` / ``L*.mixer.state`` (inside hooks, named explicitly). Hook names are
 accepted as they are. The hook names themselves are `hookmech.hook_names`' (the one module that
-builds and reads them); this module re-exports its API (`block_hook`, `mixer_hook`, `parse_hook`, ...).
+builds and reads them); import them from there.
 
 Positions (per row of a batch): a role (``key``, ``value``, ``query``, ``divider``), an integer
 (``5``; negative counts back from each row's last token, ``-1`` = the query in AR), ``all``
@@ -24,54 +24,30 @@ from torch import Tensor
 
 from .errors import UsageError, suggest
 from .hook_names import (
-    BLOCK_PARTS,
     EMBED,
     FINAL_NORM,
     MIXER,
     POS_EMBED,
-    RESIDUAL_PARTS,
-    HookName,
-    block_aliases,
     block_hook,
-    block_path,
     hook_attribute,
-    inside_name,
     is_hook_name,
-    layer_of,
     mixer_hook,
     parse_hook,
-    sublayer_of,
 )
 
 __all__ = [
-    "BLOCK_PARTS",
     "BLOCK_SITES",
-    "EMBED",
-    "FINAL_NORM",
     "GLOBAL_SITES",
-    "POS_EMBED",
-    "RESIDUAL_PARTS",
-    "HookName",
     "PositionPatch",
     "as_specs",
-    "block_aliases",
-    "block_hook",
-    "block_path",
-    "hook_attribute",
     "hook_to_site",
-    "inside_name",
-    "is_hook_name",
     "joint_parts",
-    "layer_of",
     "list_sites",
-    "mixer_hook",
-    "parse_hook",
     "position_patches",
     "forward_order",
     "resolve_sites",
     "row_positions",
     "site_to_hook",
-    "sublayer_of",
 ]
 
 #: block-level site -> the block part it names (`hookmech.hook_names.BLOCK_PARTS`), in forward order

@@ -91,10 +91,11 @@ def state_hooks_of() -> list[tuple[str, str]]:
 
 
 def example_configs() -> list[tuple[str, dict]]:
-    """(mixer, options) of every spec's examples (`MixerSpec.examples`), by mixer name."""
+    """(mixer, options) of every mixer's option sets (`hookmech.oracles.mixer_cases.EXAMPLES`), by mixer name."""
     from hookmech.mixers import SPECS
+    from hookmech.oracles.mixer_cases import examples_of
 
-    return [(name, dict(options)) for name, spec in sorted(SPECS.items()) for options in spec.examples]
+    return [(name, dict(options)) for name, spec in sorted(SPECS.items()) for options in examples_of(name)]
 
 
 # -- the command line and files ------------------------------------------------------------

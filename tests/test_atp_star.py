@@ -15,6 +15,7 @@ import hookmech
 from hookmech.cache import write_cache
 from hookmech.config import build_config
 from hookmech.errors import HookmechError, UsageError
+from hookmech.hook_names import hook_attribute, inside_name
 from hookmech.hooks import gradients_follow_edits
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import base as mixer_base
@@ -57,7 +58,7 @@ def _patched_forward_effects(mixer, x, grads, hook):
     gradient in `grads` ``[V, N, T, d_model]`` with position s alone patched, by one forward of
     the mixer per position."""
     n, t, d_model = x.shape
-    point = None if hook is None else getattr(mixer, hook)
+    point = None if hook is None else getattr(mixer, hook_attribute(hook))
     if point is None:
         patched = 3 * torch.randn(n, t, d_model, dtype=torch.float64)
     else:
@@ -88,16 +89,16 @@ def _patched_forward_effects(mixer, x, grads, hook):
             y_patched = mixer(x)
             point.remove_hooks()
         reference[:, :, s] = torch.einsum("vntd,ntd->vn", grads, y_patched - y)
-    if hook == "hook_attn_scores":  # masked scores stay -inf, as a run's own scores do
+    if hook == "attn_scores":  # masked scores stay -inf, as a run's own scores do
         patched = torch.where(torch.isinf(seen["base"]), seen["base"], patched)
     return patched, reference
 
 
-ATTENTION_HOOKS = [None, "hook_q", "hook_k", "hook_v", "hook_attn_scores"]
+ATTENTION_HOOKS = [None, "q", "k", "v", "attn_scores"]
 #: (options, patched hook): every hook of plain, windowed, and rotary attention (Pythia's: q and k
-#: rotated for their positions, hook_rot_q / hook_rot_k after the rotation)
+#: rotated for their positions, rot_q / rot_k after the rotation)
 ATTENTION_CASES = [({"window": window}, hook) for window in (None, 2) for hook in ATTENTION_HOOKS] + [
-    ({"rotary_pct": 0.5}, hook) for hook in [*ATTENTION_HOOKS, "hook_rot_q", "hook_rot_k"]
+    ({"rotary_pct": 0.5}, hook) for hook in [*ATTENTION_HOOKS, "rot_q", "rot_k"]
 ]
 
 
@@ -119,7 +120,7 @@ def test_attention_position_effects_equal_patched_forwards(options, hook, rows_a
 
 # -- Based: the normalised kernel recomputed for one patched position -----------------------------
 @pytest.mark.parametrize("train_view", ["quadratic", "linear"])
-@pytest.mark.parametrize("hook", [None, "hook_q", "hook_k", "hook_phi_q", "hook_phi_k", "hook_v"])
+@pytest.mark.parametrize("hook", [None, "q", "k", "phi_q", "phi_k", "v"])
 def test_based_position_effects_equal_patched_forwards(train_view, hook, rows_at_once):
     """Based's Σ_t (y'_t − y_t)·g_t for each patched position s, against a forward of the mixer
     with position s patched (float64; both views compute the same y); all rows at once, or a row
@@ -141,7 +142,7 @@ def test_based_position_effects_equal_patched_forwards(train_view, hook, rows_at
 # the last options are those a pretrained folder may have (hookmech.pretrained.mamba): biases, no conv bias
 @pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False},
                                      {"bias": True, "conv_bias": False, "d_conv": 3}])
-@pytest.mark.parametrize("hook", [None, "hook_in_x"])
+@pytest.mark.parametrize("hook", [None, "in_x"])
 def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_once):
     """Mamba: Δ, B, C and the state recomputed over the convolution's reach, the adjoint state
     after it, against a forward of the mixer with position s patched (float64); all rows at once,
@@ -230,7 +231,7 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
         alone = (
             mixer.position_patch_effects(x, grads, patched),
             mixer.position_patch_outputs(x, patched, at),
-            mixer.position_patch_effects(x, grads, in_x_patch, "hook_in_x"),
+            mixer.position_patch_effects(x, grads, in_x_patch, "in_x"),
         )
         calls = []
         compute = mixer._compute_base_branch
@@ -239,7 +240,7 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
         made = mixer.patch_context(x, memo)
         together = (
             mixer.position_patch_effects(x, grads, patched, memo=memo),
-            mixer.position_patch_effects(x, grads, in_x_patch, "hook_in_x", memo=memo),
+            mixer.position_patch_effects(x, grads, in_x_patch, "in_x", memo=memo),
             mixer.position_patch_outputs(x, patched, at, memo=memo),
         )
     assert len(calls) == 1
@@ -253,13 +254,13 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
 def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
     x, grads = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     assert Attention(32, qkv_conv="k").position_patch_effects(x, grads, x) is None  # a conv spreads the patch
-    assert Attention(32).position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_z") is None
+    assert Attention(32).position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "z") is None
     model = make_model(ar_task, mixers="rwkv")
     assert not isinstance(model.blocks[0].mixer, ExactPatchEffects)  # a mixer without the capability
     assert model.mixer_patch_effects(0, grads, x, lambda hook: x) is None
     assert model.mixer_patch_outputs(0, x, lambda hook: x, torch.zeros(2, dtype=torch.long)) is None
     based = make_model(ar_task, mixers="based").blocks[0].mixer
-    assert based.position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "hook_y") is None  # after the kernel
+    assert based.position_patch_effects(x, grads, torch.randn(2, 5, 1, 32), "y") is None  # after the kernel
     assert Attention(32).position_patch_outputs(x, x, torch.zeros(2, dtype=torch.long)) is None
 
 
@@ -632,7 +633,7 @@ def test_what_patches_exactly_claims_position_patch_effects_computes(ar_task, na
         mixer(x)
     for point in points.values():
         point.remove_hooks()
-    asked = {None: x + 1, **{local: act + 1 for local, act in activations.items()}}
+    asked = {None: x + 1, **{inside_name(local): act + 1 for local, act in activations.items()}}
     assert len(asked) > 1
     exact = isinstance(mixer, ExactPatchEffects)  # without the capability: no exact patch anywhere
     for hook, patched in asked.items():

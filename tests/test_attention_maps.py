@@ -14,6 +14,7 @@ from hookmech import effective_attention
 from hookmech.errors import HookmechError, UsageError
 from hookmech.mixers import REGISTRY, SPECS, EffectiveAttentionMap
 from hookmech.mixers.base import Mixer
+from hookmech.oracles.mixer_cases import examples_of
 
 from helpers import head_options, make_model
 
@@ -90,7 +91,7 @@ for _name, _spec in sorted(SPECS.items()):
     if _name not in RECONSTRUCTIONS and _spec.attention_values is not None:
         _per = per_head if _spec.mixer.attention_axis == "head" else per_channel
         RECONSTRUCTIONS[_name] = spec_reconstruction(*_spec.attention_values, _per)
-        CASES += [(_name, {**options, **head_options(_name)}) for options in _spec.examples]
+        CASES += [(_name, {**options, **head_options(_name)}) for options in examples_of(_name)]
 
 
 def test_every_mixer_with_a_map_is_checked():

@@ -27,6 +27,14 @@ def test_mixer_table_is_current():
         assert f"| `{name}` |" in page.read_text()
 
 
+def test_readme_lists_the_registry():
+    """README.md's list of mixers is the registry's, written by scripts/make_site_reference.py."""
+    script = runpy.run_path(str(REPO / "scripts" / "make_site_reference.py"))
+    readme = (REPO / "README.md").read_text()
+    assert readme == script["render_readme"](readme), "README.md's mixers are stale: run python scripts/make_site_reference.py"
+    assert ("`" + ", ".join(REGISTRY) + "`") in readme
+
+
 def test_site_reference_lists_every_mixer():
     text = (REPO / "docs" / "sites.md").read_text()
     for name in REGISTRY:

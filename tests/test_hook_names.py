@@ -109,6 +109,12 @@ CONCATENATED = re.compile(r"(?:^|\.)blocks\.$|(?:^|\.)hook_$|^\.?(?:mixer\.)?hoo
 TEMPLATE = re.compile(r"blocks\.(?:%|\{)|hook_(?:%|\{)")
 #: a full hook name written out (a block's, the final norm's, an embedding's)
 LITERAL_NAME = re.compile(r"blocks\.\d+\.\w[\w.]*|ln_final\.hook_\w+|hook_(?:pos_)?embed")
+#: a hook point's attribute or a path to one inside a block, written out (``"hook_q"``,
+#: ``"mixer.hook_ssm_out"``, ``"attn.hook_z"``): the mixer API names inside hooks by their short
+#: name (``"q"``) and hookmech.hook_names builds the rest
+ATTRIBUTE_LITERAL = re.compile(r"(?:\w+\.)?hook_(?!aliases$|to_site$)\w+")
+#: a variable holding one hook name (a letter of it read by index is a hook name taken apart)
+ONE_HOOK = re.compile(r"(?:\w+_)?hook(?:_name)?")
 #: what a prefix, suffix or split literal of a hook name contains
 NAME_PIECE = re.compile(r"blocks|hook_|mixer\.")
 #: receivers whose name says they hold hook names (a "." split of anything else, a file name, is left alone)
@@ -148,6 +154,11 @@ def hand_built_hook_names(source: str) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings | in_fstrings:
             if LITERAL_NAME.fullmatch(node.value):
                 found.append((line, f"hook name {node.value!r} written out"))
+            elif ATTRIBUTE_LITERAL.fullmatch(node.value):
+                found.append((line, f"hook attribute or path {node.value!r} written out"))
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and ONE_HOOK.fullmatch(node.value.id):
+            if isinstance(node.slice, (ast.Constant, ast.UnaryOp, ast.Slice)):
+                found.append((line, f"{node.value.id}[...] reads letters of a hook name"))
         elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             texts = [text for side in (node.left, node.right) if (text := _text(side)) is not None]
             if len(texts) < 2 and any(CONCATENATED.search(text) for text in texts):
@@ -205,6 +216,11 @@ def test_no_module_but_the_owner_builds_or_parses_hook_names():
     'scores = hook.endswith("hook_attn_scores")',
     'known = site.startswith(("blocks.", "hook_", "ln_final."))',
     'inside = hook[len("hook_"):]',
+    'exact = hook in (None, "hook_q", "hook_k")',
+    'aliases = {"hook_attn_out": "hook_mixer_out"}',
+    'aliases = {"mixer.hook_ssm_out": "hook_mixer_out"}',
+    'new[hook[-1]] = patched',
+    'letter = hook_name[5:]',
 ])
 def test_the_scan_flags_each_way_of_building_or_parsing_a_hook_name(snippet):
     assert hand_built_hook_names(snippet), snippet
@@ -221,15 +237,17 @@ def test_the_scan_flags_each_way_of_building_or_parsing_a_hook_name(snippet):
     'plain = address.removeprefix("ray://")',
     'dtype = str(tensor.dtype).removeprefix("torch.")',
     'path = f"acts/{which}/{hook}"',
-    'exact = hook in (None, "hook_q", "hook_k")',
-    'aliases = {"hook_attn_out": "hook_mixer_out"}',
+    'exact = hook in (None, "q", "k")',
+    'aliases = tl_attention_aliases(q="q", z="y")',
     'name = block_hook(layer, "resid_pre")',
+    'last = hooks[-1]',
     'roles = key.startswith("roles/")',
 ])
 def test_the_scan_leaves_unrelated_strings_alone(snippet):
     assert hand_built_hook_names(snippet) == [], snippet
 
 
-def test_the_site_grammar_re_exports_the_scheme():
+def test_the_site_grammar_does_not_re_export_the_scheme():
+    """The hook-name API is imported from hookmech.hook_names only (sites.py re-exported it until 0.x)."""
     for name in ("block_hook", "mixer_hook", "parse_hook", "HookName", "block_aliases", "BLOCK_PARTS"):
-        assert getattr(sites, name) is getattr(hook_names, name)
+        assert name in hook_names.__dict__ and name not in sites.__all__

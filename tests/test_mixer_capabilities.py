@@ -164,7 +164,7 @@ def test_effective_attention_is_refused_in_one_line(core_only):
 
 # -- the model contract: exact patching asks nothing of AtP* ----------------------------------
 ATP_STAR_MEMBERS = ("patch_to_next_mixer", "mixer_patches_exactly", "mixer_patch_effects", "mixer_patch_outputs",
-                    "patch_context")
+                    "layer_patch_context")
 
 
 class WithoutAtpStar(nn.Module):

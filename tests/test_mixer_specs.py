@@ -16,6 +16,8 @@ from hookmech.errors import HookmechError, UsageError
 from hookmech.hooks import AxisHookPoint
 from hookmech.mixers import REGISTRY, SPECS, Heads, Mixer, MixerSpec, PathRoutes, spec_of
 from hookmech.model import HookedLM
+from hookmech.oracles.mixer_cases import BENCH_HOOKS, examples_of
+from hookmech.oracles.state_loops import STATE_LOOPS
 
 from helpers import head_options
 
@@ -50,8 +52,6 @@ def test_heads_state_a_count_or_a_width():
         Heads()
     with pytest.raises(HookmechError, match="exactly one"):
         Heads(count="n_heads", width="head_size")
-    with pytest.raises(HookmechError, match="at least one"):
-        MixerSpec(name="x", mixer=Mixer, heads=None, meanings={}, examples=())
 
 
 def inside_hooks(name: str, options: dict) -> dict[str, AxisHookPoint]:
@@ -66,12 +66,12 @@ def inside_hooks(name: str, options: dict) -> dict[str, AxisHookPoint]:
 def test_the_spec_gives_every_inside_hook_its_meaning(name):
     spec = SPECS[name]
     seen = set()
-    for options in spec.examples:
+    for options in examples_of(name):
         hooks = set(inside_hooks(name, options))
         assert hooks <= set(spec.meanings), (options, hooks - set(spec.meanings))
         seen |= hooks
     assert seen == set(spec.meanings), set(spec.meanings) - seen
-    assert set(spec.bench_hooks) <= seen and spec.bench_hooks, "the benches' hooks are inside hooks"
+    assert set(BENCH_HOOKS[name]) <= seen and BENCH_HOOKS[name], "the benches' hooks are inside hooks"
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -110,14 +110,13 @@ def test_n_heads_reaches_the_head_count_option_only(name):
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_the_references_the_tests_need_are_in_the_spec(name):
-    """A `state` route's reference loop (path patching) and the per-head output projection input
-    (TransformerLens's head results) are written beside the mixer, where it has them."""
+def test_the_references_the_tests_need_exist(name):
+    """A `state` route's reference loop (path patching: hookmech.oracles.state_loops) exists exactly
+    for the mixers with a `state` route, and the per-head output projection input (TransformerLens's
+    head results) is in the spec exactly where the mixer's output splits into heads."""
     spec, cls = SPECS[name], SPECS[name].mixer
     has_state_route = issubclass(cls, PathRoutes) and bool(cls.state_readout)
-    assert (spec.state_loop is not None) == has_state_route
-    if spec.state_loop is not None:
-        assert spec.state_loop.readout == cls.state_readout
+    assert (name in STATE_LOOPS) == has_state_route
     assert (spec.head_results is not None) == bool(cls.output_head_axes)
 
 

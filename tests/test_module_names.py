@@ -1,7 +1,6 @@
 """Rooms and names: a module's name says what it is. The oracles live in `hookmech.oracles`, no
 two modules of hookmech share a name (but for the package conventions listed), the old names of
-renamed modules that the API reference listed still import, with a DeprecationWarning, and no
-module imports another's private name."""
+renamed modules are gone (no shim re-exports them), and no module imports another's private name."""
 from __future__ import annotations
 
 import ast
@@ -17,15 +16,9 @@ import hookmech
 REPO = Path(hookmech.__file__).resolve().parent.parent
 PACKAGE = REPO / "hookmech"
 
-#: old module name -> (its new module, names it re-exports): thin re-exports of renamed modules
-#: that docs/api.md listed, kept for old imports until a release that breaks them
-DEPRECATED = {
-    "hookmech.paths": ("hookmech.path_routes", ["PathEnds", "path_ends", "path_change", "VIA"]),
-    "hookmech.presets": ("hookmech.model_presets", ["MODEL_PRESETS", "expand_preset"]),
-    "hookmech.das.options": ("hookmech.das.training_options", ["DasOptions"]),
-    "hookmech.reference": ("hookmech.oracles", ["path_patch_reference", "plain_loop_patch"]),
-    "hookmech.patching.plain_loop": ("hookmech.oracles", ["plain_loop_patch"]),
-}
+#: old names of renamed modules, once thin re-exports with a DeprecationWarning: removed in 0.x
+REMOVED = ["hookmech.paths", "hookmech.presets", "hookmech.das.options", "hookmech.reference",
+           "hookmech.patching.plain_loop"]
 #: file names that several packages use by convention, each in its own package: a package's base
 #: classes (mixers, tasks), the records a package writes (patching, das), a checkpoint (the file
 #: format, hookmech.checkpoint) vs the page of one (hookmech.view.checkpoint), and a pretrained
@@ -38,21 +31,17 @@ def _file_of(module: str) -> Path:
 
 
 def test_no_two_modules_share_a_name():
-    exempt = {_file_of(module) for module in DEPRECATED}
-    names = Counter(path.name for path in PACKAGE.rglob("*.py") if path.name != "__init__.py" and path not in exempt)
+    names = Counter(path.name for path in PACKAGE.rglob("*.py") if path.name != "__init__.py")
     shared = {name for name, count in names.items() if count > 1}
     assert shared <= SHARED_BY_CONVENTION, sorted(shared - SHARED_BY_CONVENTION)
 
 
-@pytest.mark.parametrize("old", sorted(DEPRECATED))
-def test_a_renamed_module_still_imports_under_its_old_name_with_a_warning(old):
-    new, names = DEPRECATED[old]
+@pytest.mark.parametrize("old", REMOVED)
+def test_a_renamed_modules_old_name_is_gone(old):
+    assert not _file_of(old).exists()
     sys.modules.pop(old, None)
-    with pytest.deprecated_call(match=new):
-        shim = importlib.import_module(old)
-    renamed = importlib.import_module(new)
-    for name in names:
-        assert getattr(shim, name) is getattr(renamed, name)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
     assert f"::: {old}\n" not in (REPO / "docs" / "api.md").read_text()  # the API page lists the new name
 
 

@@ -75,16 +75,11 @@ def test_the_cycle_finder_finds_a_lazy_import_cycle():
     assert find_cycle({"patching": {"atp"}, "atp": {"patching"}}) == ["atp", "patching", "atp"]
 
 
-#: the deprecated names of the oracles' modules, thin re-exports (tests/test_module_names.py)
-ORACLE_ALIASES = {"hookmech.patching.plain_loop", "hookmech.reference"}
-
-
 def test_no_library_module_imports_the_oracles():
     graph = hookmech_import_graph()
     oracles = {name for name in graph if name == "hookmech.oracles" or name.startswith("hookmech.oracles.")}
     assert {"hookmech.oracles.plain_loop", "hookmech.oracles.path_patching"} <= oracles
-    references = oracles | ORACLE_ALIASES
-    users = [name for name, imported in graph.items() if imported & references and name not in references]
+    users = [name for name, imported in graph.items() if imported & oracles and name not in oracles]
     assert users == []
 
 

@@ -3,7 +3,7 @@
 Per row: the clean run's activation at (site, position), flattened (the source), the position,
 the query and the clean answer; per chunk of rows, what the patched forwards start from — the
 corrupt run's residual entering the first block they run and, for resumed runs, the corrupt
-run's mixer contexts of that block and the later ones (`PatchableModel.prefix_context`), as the
+run's mixer contexts of that block and the later ones (`PatchableModel.layer_context`), as the
 patching engine resumes a patch (hookmech/patching/forwards.py). Everything is read from the
 cache where it holds it (the corrupt hooks are computed from the chunk's corrupt tokens where it
 does not), one chunk of at most `chunk_rows` rows at a time (`das_chunk_rows`: 512, or fewer where
@@ -217,7 +217,7 @@ class DasData:
         base = self._corrupt_hooks(numbers, corrupt_tokens, read)
         contexts = None
         if self.route.resume_at is not None:
-            prefix = self.model.prefix_context
+            prefix = self.model.layer_context
             contexts = {block: prefix(block, base[name]) for block, name in self.context_hooks.items()}
         if self.start_hook is None:
             assert corrupt_tokens is not None  # `_corrupt_tokens` reads them for runs from the tokens

@@ -13,19 +13,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import HookmechError, UsageError
+from ..errors import HookmechError, UsageError, unknown
 from ..fileio import read_json, write_text_atomic
 from ..locking import FolderLocked, folder_lock
 from ..option_pairs import parse_layer_options
 from ..progress import duration_text
+from ..ray_session import check_ray_address, import_ray
 from ..sweep.driver import check_gpus_per_run
-from ..sweep.engines import check_ray_address, default_threads, import_ray
-from .budget import Planned, check_budget, next_run, plan, run_seconds, step_seconds
-from .card import build_card, write_card
+from ..sweep.engines import default_threads
+from ..sweep.grid import canonical_mixers
+from .budget import Planned, check_budget, next_run, plan, run_seconds, step_seconds, wall_seconds
+from .card import best_row, build_card, task_rows, write_card
 from .suites import Suite, SuiteTask, suite, with_rates, with_steps, with_tasks
 
 #: the examples the attributions are measured on (every run), as the sweep presets' [mech]
@@ -136,13 +139,11 @@ def _model_key(mixer: str | None, arch: str | None) -> dict[str, Any]:
     """Return the [model] key naming what is evaluated: the mixer by its canonical name (two
     spellings of one file are one evaluation) or the preset."""
     if arch is not None:
-        from ..errors import unknown
         from ..model_presets import MODEL_PRESETS
 
         if arch not in MODEL_PRESETS:
             raise unknown("model preset", arch, MODEL_PRESETS)
         return {"arch": arch}
-    from ..sweep.grid import canonical_mixers
 
     name = canonical_mixers(str(mixer).strip())
     from ..mixers import spec_of
@@ -298,8 +299,6 @@ def _plan(
 def _log_plan(planned: list[Planned], budget_hours: float, workers: int, log) -> None:
     """Log the budget's plan: the runs kept and their estimated time, the runs left out, and
     the budget the next of them would need."""
-    from .budget import wall_seconds
-
     todo = [p for p in planned if p.kept and not p.done]
     estimate = wall_seconds([(p.task, p.seconds) for p in todo], workers)
     log(
@@ -322,8 +321,6 @@ def _log_plan(planned: list[Planned], budget_hours: float, workers: int, log) ->
 
 def _round_up(hours: float) -> float:
     """`hours` rounded up to two significant digits (a budget to type)."""
-    import math
-
     if hours <= 0:
         return hours
     scale = 10 ** (math.floor(math.log10(hours)) - 1)
@@ -364,8 +361,6 @@ def _write_views(chosen: Suite, out: Path, device: str, log, mixers: list[str]) 
     """Write the `hookmech view` page of each task's best run, unless it is there already;
     return ``{task: error}`` of pages that could not be made (the card still is). The runs'
     checkpoints are loaded allowing the evaluated `mixers` (the user named them)."""
-    from .card import best_row, task_rows
-
     errors: dict[str, str] = {}
     for task in chosen.tasks:
         best = best_row(task_rows(out / task.name))

@@ -20,7 +20,7 @@ from ..errors import HookmechError, UsageError, unknown
 from . import external
 from .base import Mixer, check_mixer_options, mixer_options
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MissingCapability, PathRoutes
-from .mixer_spec import Heads, MixerSpec, StateLoop
+from .mixer_spec import Heads, MixerSpec
 from .plug_in_check import build_plug_in
 
 
@@ -103,7 +103,6 @@ __all__ = [
     "Mixer",
     "MixerSpec",
     "PathRoutes",
-    "StateLoop",
     "build_mixer",
     "canonical_name",
     "check_mixer_options",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -105,8 +106,6 @@ def require_allowed(names: Iterable[str], allow_mixers: Iterable[str] = (), sour
 
 def _quoted(name: str) -> str:
     """`name` as a shell word (quoted when it holds a space or a shell character)."""
-    import shlex
-
     return shlex.quote(name)
 
 

@@ -36,6 +36,9 @@ from .mixer_spec import Heads, MixerSpec
 from .rotary import rotary_dim, rotate
 from .short_conv import ShortConv
 
+#: the inside hooks of q and k after rotary embeddings -> the one each rotates
+_ROTATED = {"rot_q": "q", "rot_k": "k"}
+
 
 class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, AttentionWeights):
     """softmax(q kᵀ / √d_head + causal mask) v, per head, then an output projection.
@@ -196,8 +199,8 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input and q / k / v (rotated or not) / scores without short
         convolutions (`position_patch_effects`)."""
-        rotated = ("hook_rot_q", "hook_rot_k") if self.rotary_dim else ()
-        return not self.convs and hook in (None, "hook_q", "hook_k", "hook_v", "hook_attn_scores", *rotated)
+        rotated = tuple(_ROTATED) if self.rotary_dim else ()
+        return not self.convs and hook in (None, "q", "k", "v", "attn_scores", *rotated)
 
     def exact_patch_effects(
         self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
@@ -205,8 +208,8 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
         """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
         alone is patched, with the softmax recomputed, not linearised (Kramár et al. 2024,
         "AtP*", §3.1.1: a saturated pattern has no gradient to move along). `patched` is the new
-        input (`hook` None: new q, k and v at s), or the new ``hook_q`` / ``hook_k`` / ``hook_v`` /
-        ``hook_attn_scores`` there. Each query t > s sees key s's score and value change
+        input (`hook` None: new q, k and v at s), or the new ``q`` / ``k`` / ``v`` (rotated or not:
+        ``rot_q``, ``rot_k``) / ``attn_scores`` there. Each query t > s sees key s's score and value change
         (softmax with one column moved, in closed form); query s gets a new row. Computed in
         float64. Not with a short convolution on q/k/v (it spreads one position's change over the
         next ones) nor for the other hooks (downstream of the softmax, where the linear estimate
@@ -231,13 +234,13 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
         new = {"q": q, "k": k, "v": v}
         if hook is None:
             new = dict(zip("qkv", (heads(t) for t in self.Wqkv(patched).chunk(3, dim=-1)), strict=True))
-        elif hook in ("hook_q", "hook_k", "hook_v"):
-            new[hook[-1]] = patched.double()
+        elif hook in ("q", "k", "v"):
+            new[hook] = patched.double()
         # every position's new q / k is at that position: rotated as the run rotates it
         q, k = self._rotated(q, k, positions, hooked=False)
         new["q"], new["k"] = self._rotated(new["q"], new["k"], positions, hooked=False)
-        if hook in ("hook_rot_q", "hook_rot_k"):
-            new[hook[-1]] = patched.double()
+        if hook in _ROTATED:
+            new[_ROTATED[hook]] = patched.double()
         grad_z = heads(grad_out @ self.out_proj.weight)  # y = z Wᵀ + b, so ∂m/∂z = ∂m/∂y · W
         allowed = self._mask(n_pos, x.device)  # [t, j]
         eye = torch.eye(n_pos, dtype=torch.bool, device=x.device)
@@ -250,7 +253,7 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
         # Query t != s: key s's score and value change, the other keys keep theirs. In log space
         # the new normaliser is log(Σ_{j≠s} e^{S_tj} + e^{S'_ts}) = logaddexp(L_t + log(1 − P_ts), S'_ts)
         # (a saturated P_ts = 1 leaves only the new term).
-        if hook == "hook_attn_scores":  # row s's scores only: no key or value moves
+        if hook == "attn_scores":  # row s's scores only: no key or value moves
             column = torch.zeros_like(read)
         else:
             new_score = torch.einsum("bthd,bshd->bhts", q, new["k"]) * scale
@@ -265,7 +268,7 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
             )
             column = column.masked_fill(~(allowed & ~eye), 0.0).sum(dim=-2)  # over queries t: [..., b, h, s]
         # Query s: a new row, from its new query against the keys (its own key new too).
-        if hook == "hook_attn_scores":
+        if hook == "attn_scores":
             row_scores = patched.double().masked_fill(~allowed, float("-inf"))
         else:
             row_scores = torch.einsum("bshd,bjhd->bhsj", new["q"], k) * scale
@@ -368,14 +371,6 @@ SPEC = MixerSpec(
         "pattern": "softmax of the scores: where each query attends",
         "z": "attention-weighted values, per head",
     },
-    examples=(
-        {},
-        {"n_heads": 2, "window": 3},
-        {"n_heads": 2, "qkv_conv": "qk", "conv_size": 3},
-        {"bias": False, "out_bias": False},
-        {"n_heads": 2, "rotary_pct": 0.5, "rotary_base": 100.0},
-    ),
-    bench_hooks=("q", "k", "v"),
     head_results=_head_results,
     notes=(
         "With rotary position embeddings (`rotary_pct` > 0, as pretrained GPT-NeoX / Pythia models load), "

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import HookmechError, UsageError, suggest
-from ..hook_names import hook_attribute
+from ..hook_names import block_part_aliases, hook_attribute
 from ..hooks import AxisHookPoint
 from ..hooks import hook_in_use as hook_in_use  # the one "is this hook in use"; also importable here
 from ..shapes import Context, KeptWindow, Resid, RowInts, RunResid, Window
@@ -58,7 +58,7 @@ class Mixer(nn.Module):
     #: v, and ``z``, the per-head output before its output projection) and TransformerLens's SSM
     #: names. `HookedLM` resolves them in `run_with_hooks`/`hooks` and in its caches, and never
     #: lists them as hooks of its own
-    block_hook_aliases: ClassVar[dict[str, str]] = {"hook_attn_out": "hook_mixer_out"}
+    block_hook_aliases: ClassVar[dict[str, str]] = block_part_aliases(attn_out="mixer_out")
     #: how the input of the mixer's output projection (its one `output_projections` entry) splits
     #: into its heads (`MixerSpec.heads`): "head d_head" (head by head, attention's z flattened), "d_head
     #: head" (channel-major), or "" (no heads: the mixer's output is one head). TransformerLens's head

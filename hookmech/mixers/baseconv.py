@@ -223,13 +223,6 @@ SPEC = MixerSpec(
         "conv": "convolution branch (short kernel, or implicit long filter)",
         "filter": "implicit long-convolution filter (no batch or position axis)",
     },
-    examples=(
-        {"l_max": 16},
-        {"l_max": 16, "kernel_size": 4, "use_act": True},
-        {"kernel_size": -1, "l_max": 16},
-        {"kernel_size": -1, "l_max": 16, "implicit_long_conv": False, "use_act": True},
-    ),
     # BaseConv model: a short (k=3) and an implicit long convolution, alternating
     presets={"baseconv": (("baseconv", {"kernel_size": 3}), ("baseconv", {"kernel_size": -1}))},
-    bench_hooks=("proj", "conv"),
 )

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hook_names import hook_attribute, inside_name, tl_attention_aliases
+from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -41,7 +41,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, pattern_effects_by_rows, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
-from .mixer_spec import Heads, MixerSpec, StateLoop
+from .mixer_spec import Heads, MixerSpec
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
 
@@ -209,7 +209,7 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     # -- one position patched, through the normalised kernel exactly (AtP*, see `ExactPatchEffects`)
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input, q, k and the features phi_q, phi_k, v (`position_patch_effects`)."""
-        return hook in (None, "hook_q", "hook_k", *(hook_attribute(name) for name in PATCH_FEATURES))
+        return hook in (None, "q", "k", *PATCH_FEATURES)
 
     def exact_patch_effects(
         self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
@@ -217,8 +217,8 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         """Return ``[..., N, T]`` (float64): Σ_t (y'_t − y_t)·grad_out_t when position s alone is
         patched, the normalisation recomputed, not linearised: with a_tj = phi(q_t)·phi(k_j),
         y_t = Σ_j a_tj v_j / (Σ_j a_tj + eps). `patched` is the new input (`hook` None: new q, k
-        and v at s) or the new ``hook_q`` / ``hook_k`` / ``hook_phi_q`` / ``hook_phi_k`` /
-        ``hook_v`` there. Each query t > s sees key s's score and value change (one column of
+        and v at s) or the new ``q`` / ``k`` / ``phi_q`` / ``phi_k`` / ``v`` (inside hooks'
+        short names) there. Each query t > s sees key s's score and value change (one column of
         the kernel moved: its numerator and normaliser updated in closed form); query s gets a
         new row. Not for ``hook_y`` nor the state hooks (the linear estimate is exact after the
         kernel; a state patch is carried by the recurrence): `patches_exactly`."""
@@ -237,10 +237,10 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         new = dict(base)
         if hook is None:
             new = dict(zip(features, (t.double() for t in self._features(patched)), strict=True))
-        elif hook in ("hook_q", "hook_k"):  # before the feature map
-            new[f"phi_{inside_name(hook)}"] = self.feature_map(patched.double())
+        elif hook in ("q", "k"):  # before the feature map
+            new[f"phi_{hook}"] = self.feature_map(patched.double())
         else:
-            new[inside_name(hook)] = patched.double()
+            new[hook] = patched.double()
         phi_q, phi_k, v = base["phi_q"], base["phi_k"], base["v"]
         # y_out = y Wᵀ (bias-free), so ∂m/∂y = ∂m/∂y_out · W, per head
         grad_y = (grad_out.double() @ self.out_proj.weight.double()).unflatten(-1, (self.num_heads, self.d_head))
@@ -438,27 +438,6 @@ def propagate_additive(updates: Tensor, hook: AxisHookPoint, initial: Tensor | N
     return hook_state_with_propagation(hook, states, rescan, carry, initial)
 
 
-def _state_loop(mixer: Based, acts, senders: Tensor) -> Tensor:
-    """`StateLoop.loop` of Based: S_t = S_{t-1} + φ(k_t) v_tᵀ and z_t = z_{t-1} + φ(k_t), read out
-    as φ(q_t)ᵀ S_t / (φ(q_t)ᵀ z_t + eps) (hook_y), one position at a time."""
-    phi_q, phi_k, v = (acts(name, "corrupt") for name in ("phi_q", "phi_k", "v"))
-    phi_k_l, v_l = acts("phi_k", "clean"), acts("v", "clean")
-    S = v.new_zeros(v.shape[0], v.shape[2], phi_k.shape[3], v.shape[3])  # [N, head, feature, d_head]
-    z = v.new_zeros(v.shape[0], v.shape[2], phi_k.shape[3])
-    out = []
-    for t in range(v.shape[1]):
-        sender = senders[:, t, None, None]
-        S = S + torch.where(
-            sender[..., None],
-            phi_k_l[:, t, :, :, None] * v_l[:, t, :, None, :],
-            phi_k[:, t, :, :, None] * v[:, t, :, None, :],
-        )
-        z = z + torch.where(sender, phi_k_l[:, t], phi_k[:, t])
-        numerator = (phi_q[:, t, :, :, None] * S).sum(-2)
-        out.append(numerator / ((phi_q[:, t] * z).sum(-1)[..., None] + mixer.eps))
-    return torch.stack(out, dim=1)
-
-
 def _head_results(mixer: Based, hook) -> tuple[Tensor, Tensor]:
     """y per head, and out_proj's weight per head (`MixerSpec.head_results`)."""
     return hook("y"), mixer.out_proj.weight.unflatten(1, (mixer.num_heads, mixer.d_head))
@@ -478,15 +457,7 @@ SPEC = MixerSpec(
         "k_state": "normaliser state Σ φ(k)",
         "y": "linear-attention output per head",
     },
-    examples=(
-        {},
-        {"num_heads": 2, "num_key_value_heads": 2, "feature_dim": 4},
-        {"train_view": "linear", "chunk_size": 4},
-        {"train_view": "linear", "chunk_size": 1},
-    ),
     # Based model: BaseConv with a short kernel, then Based linear attention, alternating
     presets={"based": (("baseconv", {"kernel_size": 3}), ("based", {}))},
-    bench_hooks=("q", "k", "v", "kv_state"),
-    state_loop=StateLoop("y", _state_loop),
     head_results=_head_results,
 )

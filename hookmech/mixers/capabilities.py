@@ -87,9 +87,9 @@ class ExactPatchEffects:
 
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True where `exact_patch_effects` computes the patch of the mixer's inside hook
-        `hook` (its attribute name, ``"hook_k"``; None: of its input), False where AtP* keeps the
-        first-order estimate. AtP* asks before its backward passes, to skip the gradients these
-        patches do not need. Default: nowhere."""
+        `hook` (its short name, ``"k"``, as `MixerSpec.meanings` lists it; None: of its input),
+        False where AtP* keeps the first-order estimate. AtP* asks before its backward passes, to
+        skip the gradients these patches do not need. Default: nowhere."""
         return False
 
     def exact_patch_effects(

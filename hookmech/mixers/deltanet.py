@@ -44,7 +44,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, needs_grad, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
-from .mixer_spec import Heads, MixerSpec, StateLoop
+from .mixer_spec import Heads, MixerSpec
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
 
@@ -465,23 +465,6 @@ def delta_rule_chunked(
     return o, (torch.cat(all_states, dim=1) if return_states else state)
 
 
-def _state_loop(mixer: DeltaNet, acts, senders: Tensor) -> Tensor:
-    """`StateLoop.loop` of DeltaNet: S_t = S_{t-1} (I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, read out as
-    S_t q_t (hook_y), one position at a time."""
-    q, k, v, beta = (acts(name, "corrupt") for name in ("q", "k", "v", "beta"))
-    k_l, v_l, beta_l = (acts(name, "clean") for name in ("k", "v", "beta"))
-    S = v.new_zeros(v.shape[0], v.shape[2], v.shape[3], k.shape[3])  # [N, head, d_v, d_k]
-    out = []
-    for t in range(v.shape[1]):
-        corrupt_write = beta[:, t, :, None, None] * v[:, t, :, :, None] * k[:, t, :, None, :]
-        clean_write = beta_l[:, t, :, None, None] * v_l[:, t, :, :, None] * k_l[:, t, :, None, :]
-        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
-        kept = S - beta[:, t, :, None, None] * (S @ k[:, t, :, :, None]) * k[:, t, :, None, :]  # S (I - β k kᵀ)
-        S = kept + write
-        out.append((S @ q[:, t, :, :, None])[..., 0])
-    return torch.stack(out, dim=1)
-
-
 def _head_results(mixer: DeltaNet, hook) -> tuple[Tensor, Tensor]:
     """The output norm of y per head, and out_proj's weight per head (`MixerSpec.head_results`)."""
     return mixer.o_norm(hook("y")), mixer.out_proj.weight.unflatten(1, (mixer.num_heads, mixer.d_head))
@@ -504,13 +487,5 @@ SPEC = MixerSpec(
         "on a gated variant at `blocks.{l}.linear_attn`, whose `hook_ssm_state` is [batch, pos, head, d_head_k, "
         "d_head_v] (this mixer's `state` transposed): not aliased."
     ),
-    examples=(
-        {},
-        {"chunk_size": 4, "num_heads": 2},
-        {"mode": "recurrent", "conv_size": 0, "use_beta": False, "output_norm": False},
-        {"bias": True, "chunk_size": 4},
-    ),
-    bench_hooks=("q", "k", "v", "state"),
-    state_loop=StateLoop("y", _state_loop),
     head_results=_head_results,
 )

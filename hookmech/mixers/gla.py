@@ -41,7 +41,7 @@ from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import Context, EffectiveAttention, KeptWindow, Resid, RowInts, RunActs, RunMask, RunResid, Window
 from .base import Mixer, kept, needs_grad, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
-from .mixer_spec import Heads, MixerSpec, StateLoop
+from .mixer_spec import Heads, MixerSpec
 from .selective_scan import linear_scan
 from .short_conv import ShortConv
 from .state_patch import hook_state_with_propagation
@@ -395,22 +395,6 @@ def gla_carry(log_decay: Tensor, edit: Tensor, keep: Tensor | None = None) -> Te
     return linear_scan(decay[..., None].expand_as(edit), edit)
 
 
-def _state_loop(mixer: GatedLinearAttention, acts, senders: Tensor) -> Tensor:
-    """`StateLoop.loop` of GLA: S_t = diag(exp(log α_t)) S_{t-1} + k_tᵀ v_t, read out as
-    q_t S_t / √d_k (hook_y), one position at a time."""
-    q, k, v, log_decay = (acts(name, "corrupt") for name in ("q", "k", "v", "gate"))
-    k_l, v_l = acts("k", "clean"), acts("v", "clean")
-    S = v.new_zeros(v.shape[0], v.shape[2], k.shape[3], v.shape[3])  # [N, head, d_k, d_v]
-    out = []
-    for t in range(v.shape[1]):
-        corrupt_write = k[:, t, :, :, None] * v[:, t, :, None, :]
-        clean_write = k_l[:, t, :, :, None] * v_l[:, t, :, None, :]
-        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
-        S = torch.exp(log_decay[:, t])[..., None] * S + write
-        out.append((q[:, t, :, :, None] * S).sum(-2) * k.shape[3] ** -0.5)
-    return torch.stack(out, dim=1)
-
-
 def _head_results(mixer: GatedLinearAttention, hook) -> tuple[Tensor, Tensor]:
     """RMSNorm(y) ⊙ swish gate per head, and out_proj's weight per head (`MixerSpec.head_results`)."""
     inputs = mixer.g_norm(hook("y"))
@@ -432,16 +416,6 @@ SPEC = MixerSpec(
         "y": "output q_t S_t / √d_k per head, before the norm",
         "out_gate": "output gate swish(W_g x) per head",
     },
-    examples=(
-        {},
-        {"num_heads": 2, "chunk_size": 4},
-        {"mode": "recurrent", "use_output_gate": False, "expand_k": 1.0, "num_heads": 1},
-        {"bias": True, "chunk_size": 5, "clamp_min": -0.05, "gate_logit_normalizer": 1},
-        {"use_short_conv": True, "chunk_size": 4},
-        {"use_short_conv": True, "conv_size": 2, "conv_bias": True, "mode": "recurrent"},
-    ),
-    bench_hooks=("q", "k", "v", "state"),
-    state_loop=StateLoop("y", _state_loop),
     head_results=_head_results,
     attention_values=("v", "y"),
 )

@@ -342,7 +342,5 @@ SPEC = MixerSpec(
         "ssm": "diagonal-SSM output of the kv products",
         "ssm_filter": "diagonal-SSM kernel (no batch or position axis)",
     },
-    examples=({"l_max": 16}, {"l_max": 5, "head_dim": 1}, {"l_max": 16, "d_state": 4, "head_dim": 4}),
-    bench_hooks=("q", "k", "v", "kv"),
     head_results=_head_results,
 )

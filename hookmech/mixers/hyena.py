@@ -222,10 +222,4 @@ SPEC = MixerSpec(
         "long_conv": "long convolution of x2·v",
         "y": "gated output x1·long_conv",
     },
-    examples=(
-        {"l_max": 16},
-        {"l_max": 16, "filter_bias": True, "short_filter_order": 5},
-        {"l_max": 64, "bias": True, "train_filter_z": True, "conv_bias_init": "torch"},
-    ),
-    bench_hooks=("x1", "x2", "v"),
 )

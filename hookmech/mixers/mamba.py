@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
+from ..hook_names import mixer_output_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -48,7 +49,7 @@ from ..shapes import (
 from .base import Mixer, kept, row_blocks, state_before
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .decay_exp import decay_exp_
-from .mixer_spec import MixerSpec, StateLoop
+from .mixer_spec import MixerSpec
 from .operators import causal_decay
 from .selective_scan import linear_scan, selective_scan, strided_selective_scan
 from .short_conv import causal_taps
@@ -101,7 +102,7 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     block_mlp = False
     output_projections = ("out_proj",)
     #: TransformerLens's names (`Mixer.block_hook_aliases`): its Mamba bridge's ``mixer.hook_ssm_out``
-    block_hook_aliases = {**Mixer.block_hook_aliases, "mixer.hook_ssm_out": "hook_mixer_out"}
+    block_hook_aliases = {**Mixer.block_hook_aliases, **mixer_output_aliases("ssm_out")}
     reference_init = "mamba"  # mamba-ssm's _init_weights, which zoology applies to Mamba blocks
 
     def __init__(
@@ -405,13 +406,13 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     # -- one position patched, through the mixer exactly (AtP*, see `ExactPatchEffects`)
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input and the SSM branch's in_x (`position_patch_effects`)."""
-        return hook in (None, "hook_in_x")
+        return hook in (None, "in_x")
 
     def exact_patch_effects(
         self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
     ) -> PositionEffects:
         """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
-        alone is patched (`hook` None: the input; ``"hook_in_x"``: the SSM branch of in_proj).
+        alone is patched (`hook` None: the input; ``"in_x"``: the SSM branch of in_proj).
         A patch at s reaches the d_conv positions s .. s + d_conv − 1 through the convolution,
         where Δ, B, C and the state are recomputed exactly (the selection is what makes Mamba
         nonlinear); after them the state's change moves on through fixed decays, so its effect is
@@ -665,23 +666,6 @@ def _check_options(d_state, d_conv, expand, dt_rank, dt_min, dt_max, dt_init) ->
         raise UsageError(f"mamba: dt_init must be 'random' or 'constant', got {dt_init!r}")
 
 
-def _state_loop(mixer: Mamba, acts, senders: Tensor) -> Tensor:
-    """`StateLoop.loop` of Mamba: h_t = exp(Δ_t A) h_{t-1} + Δ_t B_t u_t, read out as C_t h_t + D u_t
-    (hook_y), one position at a time."""
-    A = -torch.exp(mixer.A_log)
-    delta, u, B, C = (acts(name, "corrupt") for name in ("delta", "conv_act", "B", "C"))
-    delta_l, u_l, B_l = (acts(name, "clean") for name in ("delta", "conv_act", "B"))
-    h = u.new_zeros(u.shape[0], u.shape[2], A.shape[1])
-    out = []
-    for t in range(u.shape[1]):
-        corrupt_write = (delta[:, t] * u[:, t])[:, :, None] * B[:, t, None, :]
-        clean_write = (delta_l[:, t] * u_l[:, t])[:, :, None] * B_l[:, t, None, :]
-        write = torch.where(senders[:, t, None, None], clean_write, corrupt_write)
-        h = torch.exp(delta[:, t, :, None] * A) * h + write
-        out.append((h * C[:, t, None, :]).sum(-1) + mixer.D * u[:, t])
-    return torch.stack(out, dim=1)
-
-
 SPEC = MixerSpec(
     name="mamba",
     mixer=Mamba,
@@ -705,7 +689,4 @@ SPEC = MixerSpec(
         "(dt_proj's output, before the softplus of `delta`), `hook_in_proj`, `hook_conv` (channel-first, "
         "untruncated), `hook_x_proj` and `hook_ssm_write` (Δ·B·x) mean nothing a hookmech hook holds: no alias."
     ),
-    examples=({}, {"d_conv": 0}, {"d_conv": 2, "gate": False}),
-    bench_hooks=("B", "C", "ssm_state"),
-    state_loop=StateLoop("y", _state_loop),
 )

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hook_names import tl_attention_aliases
+from ..hook_names import mixer_output_aliases, tl_attention_aliases
 from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
 from ..shapes import (
     Context,
@@ -44,7 +44,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, needs_grad, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
-from .mixer_spec import Heads, MixerSpec, StateLoop
+from .mixer_spec import Heads, MixerSpec
 from .operators import causal_decay
 from .selective_scan import linear_scan
 from .short_conv import ShortConv, causal_taps
@@ -267,7 +267,7 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
     block_hook_aliases = {
         **Mixer.block_hook_aliases,
         **tl_attention_aliases(z="y"),
-        "mixer.hook_ssm_out": "hook_mixer_out",
+        **mixer_output_aliases("ssm_out"),
     }
     output_head_axes = "head d_head"
 
@@ -586,25 +586,6 @@ def _check_dt_limit(dt_limit: Sequence[float | None] | None) -> tuple[float | No
     return low, high
 
 
-def _state_loop(mixer: Mamba2, acts, senders: Tensor) -> Tensor:
-    """`StateLoop.loop` of Mamba-2: h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_tᵀ per head, read out as
-    h_t C_t + D x_t (hook_y), one position at a time."""
-    A = -torch.exp(mixer.A_log)
-    delta, x, B, C = (acts(name, "corrupt") for name in ("delta", "conv_act", "B", "C"))
-    delta_l, x_l, B_l = (acts(name, "clean") for name in ("delta", "conv_act", "B"))
-    per_head = x.shape[2] // B.shape[2]
-    B, C, B_l = (t.repeat_interleave(per_head, dim=2) for t in (B, C, B_l))
-    h = x.new_zeros(*x.shape[:1], *x.shape[2:], B.shape[-1])  # [N, head, headdim, d_state]
-    out = []
-    for t in range(x.shape[1]):
-        corrupt_write = (delta[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
-        clean_write = (delta_l[:, t, :, None] * x_l[:, t])[..., None] * B_l[:, t, :, None, :]
-        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
-        h = torch.exp(delta[:, t] * A)[:, :, None, None] * h + write
-        out.append((h * C[:, t, :, None, :]).sum(-1) + mixer.D[:, None] * x[:, t])
-    return torch.stack(out, dim=1)
-
-
 def _head_results(mixer: Mamba2, hook) -> tuple[Tensor, Tensor]:
     """The gated RMSNorm of y, per head, and out_proj's weight per head (`MixerSpec.head_results`)."""
     normed = mixer.norm(hook("y").flatten(2), hook("gate"))
@@ -634,14 +615,5 @@ SPEC = MixerSpec(
         "read-out only; hookmech's propagates). Its `hook_in_proj`, `hook_conv` (over x, B, C, channel-first), "
         "`hook_inner_norm` (the gated norm's output) and `hook_ssm_write` have no hookmech hook: no alias."
     ),
-    examples=(
-        {},
-        {"d_conv": 0, "chunk_size": 3},
-        {"ngroups": 2, "headdim": 8, "chunk_size": 5, "bias": True, "conv_bias": False},
-        # transformers' time_step_limit (pretrained Mamba-2 folders): Δ clamped on both sides
-        {"ngroups": 4, "headdim": 4, "dt_limit": [0.02, 0.06]},
-    ),
-    bench_hooks=("B", "C", "ssm_state"),
-    state_loop=StateLoop("y", _state_loop),
     head_results=_head_results,
 )

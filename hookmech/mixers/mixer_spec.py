@@ -4,8 +4,7 @@
 Each mixer's module ends with ``SPEC = MixerSpec(...)``; `hookmech.mixers` collects every module's
 ``SPEC`` into `SPECS` (and `REGISTRY`, name -> class). From the specs come: the registry, the
 head axis of every model (`ModelConfig.head_shape`, ``--n-heads``, the ``[*]`` sites' head count),
-the model presets (`hookmech.model_presets`), the state routes of the path-patching reference
-(`hookmech.oracles.path_patching`), the site reference and the mixer table of the docs
+the model presets (`hookmech.model_presets`), the site reference and the mixer table of the docs
 (``scripts/make_site_reference.py``), the benches' mixer lists and the tests' parametrisation.
 Options and their types are the class's constructor signature; a spec does not repeat them.
 """
@@ -26,11 +25,6 @@ if TYPE_CHECKING:
 
 #: a model preset's repeating pattern of layers: (mixer name, options) per layer (`hookmech.model_presets`)
 PresetPattern = tuple[tuple[str, dict[str, Any]], ...]
-#: a state route's reference loop (`StateLoop.loop`): (mixer, acts, senders) -> the read-out at
-#: every position ``[N, T, ...]``; ``acts(hook, "clean" | "corrupt")`` is that run's inside hook
-#: (its name without "hook_") and `senders` ``[N, T]`` the positions whose writes are the clean run's
-#: (typed loosely: each loop takes its own mixer class)
-StateLoopFn = Callable[..., Tensor]
 #: (mixer, hook) -> (the input of the output projection per head ``[batch, pos, head, d_head]``,
 #: the projection's weight per head ``[d_model, head, d_head]``), from the run's cached inside
 #: hooks (``hook(name)``, without "hook_"): TransformerLens's head results, written out plainly
@@ -77,21 +71,6 @@ class Heads:
 
 
 @dataclass(frozen=True)
-class StateLoop:
-    """The recurrence of a mixer's `state` route, one position at a time: the reference that path
-    patching's `state` routes are tested against (`hookmech.oracles.path_patch_reference`).
-
-    `readout`: the inside hook the route changes (`PathRoutes.state_readout`); `loop`: (mixer, acts,
-    senders) -> that hook at every position when the writes of the `senders` positions ``[N, T]``
-    are the clean run's and everything else (transitions, other writes, read-outs) the corrupt
-    run's; ``acts(hook, which)`` reads inside hook `hook` of run `which` ("clean" or "corrupt").
-    """
-
-    readout: str
-    loop: StateLoopFn
-
-
-@dataclass(frozen=True)
 class MixerSpec:
     """Everything the package needs to know of one mixer besides its class, in one place.
 
@@ -103,13 +82,11 @@ class MixerSpec:
     - `meanings`: each inside hook (its name without "hook_") -> what it holds (docs/sites.md);
       every inside hook has one (a test checks). `notes`: a paragraph the site reference adds
       after the mixer's table (TransformerLens's names that mean something else).
-    - `examples`: option sets the tests build it with (the first is its defaults' stand-in: ``{}``,
-      or what a 16-wide model of 12 positions needs); every option that changes a code path.
     - `presets`: the model presets (``--preset NAME``) this spec defines, name -> pattern of layers;
       None: one, the mixer's name, with every layer this mixer and its defaults.
-    - `bench`: whether the benches include it; `bench_hooks`: the inside hooks they patch
-      (its state and its q/k/v-like hooks).
-    - `state_loop`: the reference of its `state` path route (`StateLoop`), where it has one.
+    - `bench`: whether the benches include it (the hooks they patch, the option sets the tests
+      build it with and the reference loop of its `state` route are test data:
+      `hookmech.oracles.mixer_cases`, `hookmech.oracles.state_loops`).
     - `head_results`: where its output projection's input splits into heads
       (`Mixer.output_head_axes`), that input per head written out from the cached hooks.
     - `attention_values`: for a mixer with an `EffectiveAttentionMap` whose map gives one inside
@@ -123,11 +100,8 @@ class MixerSpec:
     heads: Heads | None
     meanings: Mapping[str, str]
     notes: str = ""
-    examples: tuple[dict[str, Any], ...] = ({},)
     presets: Mapping[str, PresetPattern] | None = None
     bench: bool = True
-    bench_hooks: tuple[str, ...] = ()
-    state_loop: StateLoop | None = None
     head_results: HeadResultsFn | None = None
     attention_values: tuple[str, str] | None = None
     #: filled in from `presets` (None: the mixer's own single-mixer preset)
@@ -136,8 +110,6 @@ class MixerSpec:
     def __post_init__(self) -> None:
         own: Mapping[str, PresetPattern] = {self.name: ((self.name, {}),)}
         object.__setattr__(self, "model_presets", own if self.presets is None else dict(self.presets))
-        if not self.examples:
-            raise HookmechError(f"mixer spec {self.name!r}: examples must hold at least one option set")
 
     @property
     def options(self) -> dict[str, Any]:

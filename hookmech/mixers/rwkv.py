@@ -43,7 +43,7 @@ from ..shapes import (
 )
 from .base import Mixer, kept, needs_grad, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
-from .mixer_spec import Heads, MixerSpec, StateLoop
+from .mixer_spec import Heads, MixerSpec
 from .operators import causal_decay
 from .selective_scan import linear_scan
 from .state_patch import hook_state_with_propagation
@@ -454,23 +454,6 @@ class RWKV6(Mixer, PathRoutes, EffectiveAttentionMap):
         return torch.einsum("blhk,blhkv->blhv", r, before) + bonus
 
 
-def _state_loop(mixer: RWKV6, acts, senders: Tensor) -> Tensor:
-    """`StateLoop.loop` of RWKV-6: position t reads r_t (S_{t-1} + diag(u) k_tᵀ v_t) (hook_output),
-    then S_t = diag(exp(−exp(w_t))) S_{t-1} + k_tᵀ v_t, one position at a time."""
-    r, k, v, w = (acts(name, "corrupt") for name in ("r", "k", "v", "decay"))
-    k_l, v_l = acts("k", "clean"), acts("v", "clean")
-    bonus = mixer.time_faaaa
-    S = v.new_zeros(v.shape[0], v.shape[2], k.shape[3], v.shape[3])  # [N, head, d_k, d_v]
-    out = []
-    for t in range(v.shape[1]):
-        corrupt_write = k[:, t, :, :, None] * v[:, t, :, None, :]
-        clean_write = k_l[:, t, :, :, None] * v_l[:, t, :, None, :]
-        out.append(((S + bonus[..., None] * corrupt_write) * r[:, t, :, :, None]).sum(-2))
-        write = torch.where(senders[:, t, None, None, None], clean_write, corrupt_write)
-        S = torch.exp(-torch.exp(w[:, t]))[..., None] * S + write
-    return torch.stack(out, dim=1)
-
-
 def _head_results(mixer: RWKV6, hook) -> tuple[Tensor, Tensor]:
     """The group norm of the output times the gate (after its SiLU), per head, and out_proj's weight
     per head (`MixerSpec.head_results`)."""
@@ -493,8 +476,5 @@ SPEC = MixerSpec(
         "state": "wkv state S_t = diag(decay) S_{t-1} + k_tᵀ v_t; patching propagates",
         "output": "r·(S_{t-1} + diag(u) kᵀv) per head, before group norm",
     },
-    examples=({}, {"chunk_size": 3}, {"bias": True}),
-    bench_hooks=("r", "k", "v", "state"),
-    state_loop=StateLoop("output", _state_loop),
     head_results=_head_results,
 )

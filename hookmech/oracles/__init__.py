@@ -6,6 +6,9 @@ can check the engines on their own models; no module of the library imports them
 
     plain_loop.py      `plain_loop_patch`: node patching, one full forward per (site, position)
     path_patching.py   `path_patch_reference`: path patching in two passes (record, then patch)
+    state_loops.py     `STATE_LOOPS`: each mixer's `state` route, one position at a time
+    mixer_cases.py     `EXAMPLES`, `BENCH_HOOKS`: the option sets tests build each mixer with,
+                       the inside hooks the benches patch
 """
 
 from __future__ import annotations

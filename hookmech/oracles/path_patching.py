@@ -1,7 +1,7 @@
 """The plain reference path patching is tested against, written the way a TransformerLens user
 would: full forwards with `run_with_hooks`, loops over rows and positions, recurrences one
 position at a time. No module of the library imports it (tests/test_patching_package.py checks
-it). (Until 0.x it was `hookmech.reference`, which re-exports it.)
+it).
 
 * `path_patch_reference`: path patching (`hookmech.patching.path_patch`) in two passes —
   **record** the receiver's value along the path in a corrupt run with everything off the path
@@ -20,8 +20,8 @@ How each route is recorded (docs/guide.md §10 defines them):
             convolution only, so at position j exactly the taps from the sender positions differ;
     state   the recurrence written out position by position from the two runs' hooked
             activations: the corrupt run's transitions, its writes except at the sender
-            positions (the clean run's there), its read-out (each mixer's `MixerSpec.state_loop`,
-            written beside the mixer's class).
+            positions (the clean run's there), its read-out (each mixer's loop:
+            `hookmech.oracles.state_loops`).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from torch import Tensor
 from ..cache import answer_probs
 from ..errors import HookmechError
 from ..hook_names import MIXER, block_hook, mixer_hook, parse_hook
-from ..mixers import spec_of
 from ..patching.metrics import corrupt_answers
 from ..patching.targets import Target, parse_sites
 from ..sites import PositionPatch, position_patches
 from ..tasks.batch import Batch
 from .plain_loop import plain_metric
+from .state_loops import STATE_LOOPS
 
 __all__ = ["path_patch_reference"]
 
@@ -182,13 +182,12 @@ def _record_conv(model, batch, clean, corrupt, target: Target, senders: Tensor, 
 def _record_state(model, batch, clean, corrupt, target: Target, senders: Tensor, receiver: str):
     layer = _layer(receiver)
     mixer = model.blocks[layer].mixer
-    state_loop = spec_of(model.cfg.mixers[layer]).state_loop
-    if state_loop is None:
+    loop = STATE_LOOPS.get(model.cfg.mixers[layer])
+    if loop is None:
         raise HookmechError(
-            f"mixer {model.cfg.mixers[layer]!r} declares no state loop in its spec (MixerSpec.state_loop)"
+            f"mixer {model.cfg.mixers[layer]!r} has no state loop in hookmech.oracles.state_loops (STATE_LOOPS)"
         )
-    readout, loop = state_loop.readout, state_loop.loop
-    return mixer_hook(layer, readout), loop(
+    return mixer_hook(layer, mixer.state_readout), loop(
         mixer, lambda name, which: (clean if which == "clean" else corrupt)[mixer_hook(layer, name)], senders
     )
 

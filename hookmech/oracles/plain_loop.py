@@ -3,7 +3,6 @@ way a TransformerLens user would. It is the independent reference the engine is 
 benchmarked against, not a code path of the engine (no module of the library imports it). It
 shares only the definitions of the options with the engine (site grammar, which row a resample
 takes, the corrupted answer). Frozen: bench/patch_engine.py times the engine against it.
-(Until 0.x it was `hookmech.patching.plain_loop`, which re-exports it.)
 """
 
 from __future__ import annotations

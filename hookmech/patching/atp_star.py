@@ -535,7 +535,7 @@ class _Estimator:
         for index in range(layer, self.model.cfg.n_layers):
             if index not in self.chunk_contexts:
                 mixer_in = base(block_hook(index, "mixer_in"))
-                self.chunk_contexts[index] = self.model.patch_context(index, mixer_in, self.memo)
+                self.chunk_contexts[index] = self.model.layer_patch_context(index, mixer_in, self.memo)
         contexts = {index: self.chunk_contexts[index] for index in range(layer, self.model.cfg.n_layers)}
         size = sum(t.numel() * t.element_size() for context in contexts.values() for t in context.values())
         # the budget is the whole run's, as `CleanCorruptRuns.resume_contexts` keeps it (a cache

@@ -27,6 +27,7 @@ from torch import Tensor
 from ..cache import CacheFile, check_cache_fits
 from ..errors import HookmechError, UsageError
 from ..hook_names import block_hook
+from ..hooks import pos_axis_of
 from ..row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks, rows_per_chunk
 from .metrics import attribution_score
 from .plans import patch_mask
@@ -201,7 +202,7 @@ def row_bytes(
 @torch.no_grad()
 def context_bytes(model: PatchableModel, cache: CacheFile) -> int:
     """Return the bytes of one row's mixer contexts, every block, of the corrupt run
-    (`PatchableModel.prefix_context` of the cache's first row; blocks whose mixer input the cache
+    (`PatchableModel.layer_context` of the cache's first row; blocks whose mixer input the cache
     lacks count as the largest of the others): what a resumed patch keeps per row (a recurrent
     state per position can outweigh the row's activations many times over)."""
     sizes = []
@@ -212,7 +213,7 @@ def context_bytes(model: PatchableModel, cache: CacheFile) -> int:
     for layer, hook in enumerate(hooks):
         if cache.has(hook, "corrupt"):
             mixer_in = cache.read(hook, "corrupt", slice(0, 1)).to(next(model.parameters()).device, dtype)
-            context = model.prefix_context(layer, mixer_in)
+            context = model.layer_context(layer, mixer_in)
             sizes.append(sum(t.numel() * t.element_size() for t in context.values()))
     return max(sizes, default=0) * model.cfg.n_layers
 
@@ -279,8 +280,6 @@ def clean_means(
 
 
 def _pos_axis(model: PatchableModel, hook: str) -> int:
-    from ..hooks import pos_axis_of
-
     axis = pos_axis_of(model.hook_dict[hook])
     assert axis is not None  # patched hooks have a position axis (parse_sites)
     return axis

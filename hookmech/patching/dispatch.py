@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -144,8 +145,6 @@ def patch(
 def _check_source_and_memory(source: object, memory: object) -> None:
     """Raise a UsageError unless `source` is a patch source (a `Batch`, a `CacheFile` or a cache
     path) and `memory` a number of bytes > 0 or None; return None."""
-    import math
-
     if not isinstance(source, (Batch, CacheFile, str, Path)):
         raise UsageError(f"patch source must be a Batch, a CacheFile or a cache path, got {type(source).__name__}")
     if memory is not None and (

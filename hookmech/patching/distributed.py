@@ -25,11 +25,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..cache import CacheFile
-from ..errors import HookmechError
+from ..errors import HookmechError, UsageError
 from ..mixers.allow_list import allowed_specs
+from ..ray_session import check_ray_address, ray_session
 from ..row_chunks import shard_rows
 from .chunked import RecordSums, RowsSink, add_sums, clean_sums, means_of
 from .dispatch import ablated_hooks, patch, patch_chunks
@@ -57,8 +59,6 @@ def run_shard(
     `chunked.clean_sums` of ``request["hooks"]``). Returns ``{"chunks": [...], "rows": n,
     "load_s": s, "patch_s": s}``: "chunks" holds one sums dict per chunk, or one list of records
     for all of them (added up, partial); then the seconds loading the model, and patching."""
-    import torch
-
     from ..checkpoint import load
 
     started = time.perf_counter()
@@ -110,8 +110,6 @@ class RayPatchEngine:
         device: str = "cpu",
     ):
         if workers is not None and workers < 1:
-            from ..errors import UsageError
-
             raise UsageError(f"--workers must be >= 1, got {workers}")
         self.ckpt, self.cache_path = str(Path(ckpt).resolve()), str(Path(cache_path).resolve())
         self.workers, self.address, self.threads, self.device = workers, address, max(1, threads), device
@@ -122,8 +120,6 @@ class RayPatchEngine:
         self._ray: Any = None
 
     def __enter__(self) -> RayPatchEngine:
-        from ..sweep.engines import check_ray_address, ray_session
-
         check_ray_address(self.address)
         local_workers = self.workers or max(1, (os.cpu_count() or 1) // self.threads)
         self._ray = self._stack.enter_context(ray_session(local_workers, self.threads, self.address))

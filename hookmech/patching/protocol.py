@@ -130,7 +130,7 @@ class PatchableModel(HookedModel, Protocol):
         it yields ``{layer: [context of each forward]}``."""
         ...
 
-    def prefix_context(self, layer: int, mixer_in: Tensor) -> dict[str, Tensor]:
+    def layer_context(self, layer: int, mixer_in: Tensor) -> dict[str, Tensor]:
         """Return block `layer`'s mixer context of a run whose mixer input was `mixer_in` ``[N, T, d_model]``."""
         ...
 
@@ -146,7 +146,7 @@ class PatchableModel(HookedModel, Protocol):
         """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window of positions."""
         ...
 
-    def state_from_context(self, hook_name: str) -> Callable[[dict[str, Tensor], Tensor, Tensor], Tensor] | None:
+    def state_reader(self, hook_name: str) -> Callable[[dict[str, Tensor], Tensor, Tensor], Tensor] | None:
         """Return ``read(context, rows, positions)`` -> ``[B, ...]``: hook `hook_name`'s activation
         at ``positions[i]`` of row ``rows[i]`` of the run its block's recorded context (`collecting_contexts`)
         was made from; None for a hook the model cannot read there (the unpatched runs then fire it)."""
@@ -207,8 +207,8 @@ class AtpStarModel(PatchableModel, Protocol):
         last block exactly); None where the mixer has no such computation."""
         ...
 
-    def patch_context(self, layer: int, mixer_in: Tensor, memo: PatchMemo) -> dict[str, Tensor]:
-        """Return `prefix_context(layer, mixer_in)`, made from what `memo` keeps where the mixer can."""
+    def layer_patch_context(self, layer: int, mixer_in: Tensor, memo: PatchMemo) -> dict[str, Tensor]:
+        """Return `layer_context(layer, mixer_in)`, made from what `memo` keeps where the mixer can."""
         ...
 
 

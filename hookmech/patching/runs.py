@@ -131,7 +131,7 @@ class CleanCorruptRuns:
         # a recurrent state read at a few positions is read from the run's recorded context: with
         # its hook in use, the mixer would materialise every position's state (the largest tensors
         # of a run) only for the hook to keep a few of them
-        from_context = {hook: self.model.state_from_context(hook) for hook in hooks if hook in self.read_at}
+        from_context = {hook: self.model.state_reader(hook) for hook in hooks if hook in self.read_at}
         readers = {hook: read for hook, read in from_context.items() if read is not None}
         fired = [hook for hook in hooks if hook not in readers]
         for rows in run_chunks(len(self.batch), max_batch):
@@ -190,7 +190,7 @@ class CleanCorruptRuns:
         self, out: dict[tuple[str, str], Tensor], key: tuple[str, str], read, context: dict[str, Tensor], rows: slice
     ) -> None:
         """Write into ``out[key]`` ``[N, T, ...]`` hook key[0]'s activations at the positions `read_at`
-        names of the rows `rows`, read with `read` (`PatchableModel.state_from_context`) from `context`,
+        names of the rows `rows`, read with `read` (`PatchableModel.state_reader`) from `context`,
         the chunk's recorded context of its block; the other positions are left unset."""
         row, pos = self.read_at[key[0]][rows].to(self.device).nonzero(as_tuple=True)
         values = read(context, row, pos)
@@ -200,7 +200,7 @@ class CleanCorruptRuns:
 
     def resume_contexts(self, layer: int, which: str, max_batch: int) -> dict[int, dict[str, Tensor]] | None:
         """Return the mixer contexts of the `which` run for blocks `layer` .. last
-        (`PatchableModel.prefix_context`, computed once, in chunks of `max_batch` rows), or None
+        (`PatchableModel.layer_context`, computed once, in chunks of `max_batch` rows), or None
         when they would not fit in `context_memory` bytes (the patches then run on every position)."""
         n_layers = self.model.cfg.n_layers
         for index in range(layer, n_layers):
@@ -214,7 +214,7 @@ class CleanCorruptRuns:
         mixer_in = self.acts(block_hook(layer, "mixer_in"), which)
         parts: list[dict[str, Tensor]] = []
         for rows in run_chunks(len(mixer_in), max_batch):
-            parts.append(self.model.prefix_context(layer, mixer_in[rows]))
+            parts.append(self.model.layer_context(layer, mixer_in[rows]))
             if self._over_budget({layer: parts}, rows.stop):
                 return
         self.contexts[layer, which] = {name: concat_rows([part[name] for part in parts]) for name in parts[0]}

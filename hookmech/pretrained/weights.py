@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import torch
 from torch import Tensor
 
 from ..errors import HookmechError
@@ -62,8 +63,6 @@ class Weights:
 
 
 def _placeholder(shape: tuple[int, ...] | None) -> Tensor:
-    import torch
-
     return torch.empty(shape if shape is not None else (0,))
 
 

@@ -16,8 +16,9 @@ from typing import Any
 from ..errors import HookmechError, UsageError, unknown
 from ..fileio import write_text_atomic
 from ..locking import folder_lock
+from ..ray_session import check_ray_address, import_ray, ray_session
 from .display import SweepDisplay
-from .engines import ENGINES, check_ray_address, default_threads, import_ray, ray_session, run_local, run_ray
+from .engines import ENGINES, default_threads, run_local, run_ray
 from .grid import expand, validate
 from .results import write_results
 from .spec import Sweep

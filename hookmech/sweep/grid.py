@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import HookmechError, UsageError
+from ..fileio import sha256_of
 from .spec import MODEL_DEFAULTS, MODEL_KEYS, TRAIN_DATA, Sweep, train_keys
 
 #: short forms of the common grid keys in run ids
@@ -211,7 +212,6 @@ def training_data(run: dict[str, Any], task, train_config):
     """Return ``(rows, the file's sha256)`` of the run's [train] data file (checked as
     `check_training_data` does), or ``(None, None)`` when the run samples its training set."""
     from ..datasets import load_dataset
-    from ..fileio import sha256_of
 
     path = run["train"].get(TRAIN_DATA)
     if path is None:

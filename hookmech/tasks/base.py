@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ..errors import UsageError, suggest
+from ..errors import HookmechError, UsageError, suggest
 from .batch import Batch
 
 
@@ -54,8 +54,6 @@ class Task(abc.ABC):
     def token_names(self, d_vocab: int) -> list[str]:
         """Return the name of every token id ``0 .. d_vocab - 1`` (`describe_tokens` of each:
         ``k3``, ``v0``, ``BOS``, ...); tasks whose names hold spaces (a tokenizer's) override it."""
-        from ..errors import HookmechError
-
         names = self.describe_tokens(list(range(d_vocab))).split(" ")
         if len(names) != d_vocab:  # a name with a space in it would shift every later one
             raise HookmechError(f"task {self.name}: describe_tokens gave {len(names)} names for {d_vocab} tokens")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import UsageError
+
 #: fraction of (key, value) / (answer, query) type pairs held out for the test split (paper 000 §5.3)
 HELD_OUT_FRACTION = 0.2
 
@@ -42,8 +44,6 @@ def held_out(first: np.ndarray, second: np.ndarray, split_seed: int, fraction: f
 
 def check_split(task: str, split: str | None) -> None:
     """Raise a UsageError unless `split` is None or one of SPLITS."""
-    from ..errors import UsageError
-
     if split is not None and split not in SPLITS:
         raise UsageError(f"{task}: split must be one of {', '.join(SPLITS)} (or omitted), got {split!r}")
 

@@ -20,10 +20,11 @@ import torch
 from hookmech.hooks import AxisHookPoint
 from hookmech.mixers import REGISTRY, SPECS
 from hookmech.mixers.base import Mixer, kept, splice, state_before, take_window
+from hookmech.oracles.mixer_cases import examples_of
 
 from helpers import example_configs
 
-# (registry name, options): each mixer's spec's examples (`MixerSpec.examples`): the defaults plus
+# (registry name, options): each mixer's option sets (`hookmech.oracles.mixer_cases.EXAMPLES`): the defaults plus
 # every option that changes the resumed path
 CONFIGS = example_configs()
 IDS = [f"{name}-{'-'.join(f'{k}={v}' for k, v in opts.items()) or 'default'}" for name, opts in CONFIGS]
@@ -96,7 +97,7 @@ def test_keep_returns_the_kept_outputs_only(name, options):
     torch.testing.assert_close(only, take_window(whole, keep, 1), rtol=1e-9, atol=1e-10)
 
 
-FIRST_CONFIGS = [(name, dict(spec.examples[0])) for name, spec in sorted(SPECS.items())]
+FIRST_CONFIGS = [(name, dict(examples_of(name)[0])) for name in sorted(SPECS)]
 
 
 @pytest.mark.parametrize(("name", "options"), FIRST_CONFIGS, ids=[name for name, _ in FIRST_CONFIGS])
@@ -185,7 +186,7 @@ def test_a_model_records_every_blocks_context_in_its_forward():
             assert len(recorded[layer]) == 1
             # and the mixer's output, which a resumed run patched after the mixer reads
             torch.testing.assert_close(recorded[layer][0]["mixer_out"], cache[f"blocks.{layer}.hook_mixer_out"])
-            expected = model.prefix_context(layer, cache[f"blocks.{layer}.hook_mixer_in"])
+            expected = model.layer_context(layer, cache[f"blocks.{layer}.hook_mixer_in"])
             for key, value in expected.items():
                 torch.testing.assert_close(recorded[layer][0][key], value)
         model(tokens)
