@@ -357,18 +357,21 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         output there) from `kept_state` ``[B, d_inner, d_state]``; positions not `live` ``[B, P]``
         are no-ops (Δ = 0: decay 1, no input)."""
         # the live positions end every row's replay: those before the longest run of them are
-        # no-ops in every row, and are not computed (half the replay, on average)
+        # no-ops in every row, and the recurrence skips them (half the replay, on average); the
+        # inputs are projected at every position, as before, since a projection of fewer rows may
+        # round differently (the records stay byte-identical)
         needed = int(live.sum(1).max()) if live.numel() else 0
         if needed == 0:
             return kept_state.clone()
-        conv, live = conv[:, conv.shape[1] - needed :], live[:, live.shape[1] - needed :]
         u, delta, B, _ = self._ssm_inputs(conv, convolved=True)
+        first = conv.shape[1] - needed
+        u, delta, B, live = u[:, first:], delta[:, first:], B[:, first:], live[:, first:]
         delta = delta * live[..., None]
         A = self._A()
         decay = decay_exp_(delta[..., None] * A, factors=(delta, A))
         drive = (delta * u)[..., None] * B[:, :, None, :]
         h = kept_state.clone()
-        for t in range(conv.shape[1]):
+        for t in range(needed):
             h.mul_(decay[:, t]).add_(drive[:, t])
         return h
 
