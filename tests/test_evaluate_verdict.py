@@ -50,6 +50,7 @@ CALIBRATION = [
     ("atr-split/d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-split/d64-attention-lr1e-3-s0-linear/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-split/d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
+    ("atr-split/d64-based-lr1e-3-s0-linear/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
 ]
 
 
