@@ -12,6 +12,8 @@ from helpers import ENGINE_TOL
 from pretrained_folders import FAMILY_CASES, WORDS, folder_of, gpt2, pythia, save
 
 import hookmech
+import hookmech.pretrained as pretrained
+from hookmech.config import build_config
 from hookmech.errors import HookmechError
 from hookmech.identity import model_hash
 
@@ -255,3 +257,30 @@ def test_the_older_rotary_keys_are_read(tmp_path):
            "intermediate_size": 128, "vocab_size": 50, "rotary_pct": 0.5, "rotary_emb_base": 500}
     cfg = model_config(old)
     assert cfg.mixer_kwargs[0]["rotary_pct"] == 0.5 and cfg.mixer_kwargs[0]["rotary_base"] == 500.0
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_loading_draws_no_random_weights(folders, case, monkeypatch):
+    """from_pretrained builds the model undrawn (every weight comes from the folder): torch's
+    global generator is left as it was, and the model equals one built by drawing its weights
+    first and loading over them (the ordinary way)."""
+    before = torch.random.get_rng_state()
+    loaded = hookmech.from_pretrained(folders[case])
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+    monkeypatch.setattr(pretrained, "_unfilled_model", lambda model_class, cfg: model_class(cfg))
+    drawn_first = hookmech.from_pretrained(folders[case])
+    assert model_hash(loaded) == model_hash(drawn_first)
+    tokens = _tokens(2, 9)
+    assert torch.equal(loaded(tokens), drawn_first(tokens))
+
+
+def test_a_model_with_constructed_buffers_is_built_the_ordinary_way():
+    """Hyena's filter positions are buffers no state dict carries: left undrawn they would be
+    empty, so such a model is built (and drawn) as usual."""
+    cfg = build_config(d_vocab=12, n_ctx=8, mixers="hyena", d_model=16, n_layers=1)
+    built = pretrained._unfilled_model(hookmech.HookedLM, cfg)
+    torch.manual_seed(0)
+    reference = hookmech.HookedLM(cfg)
+    for name, buffer in reference.named_buffers():
+        assert torch.equal(dict(built.named_buffers())[name], buffer), name

@@ -25,6 +25,7 @@ from .folder import CONFIG_FILE, PretrainedFolder, is_pretrained_folder, read_fo
 from .weights import WeightsMismatch
 
 if TYPE_CHECKING:
+    from ..config import ModelConfig
     from ..model import HookedLM
 
 #: Hugging Face ``model_type`` -> the module of hookmech.pretrained converting that family
@@ -112,12 +113,25 @@ def from_pretrained(
     except HookmechError as error:
         raise HookmechError(f"{config_path}: {error}") from None
     state = _converted_state(module, folder)
-    model = HookedLM(cfg)
+    model = _unfilled_model(HookedLM, cfg)
     _load_strict(model, state, folder.weights_file)
     tokenizer = tokenizer_file(folder.path)
     if tokenizer is not None:  # to_tokens / to_string: the tokenizer beside the weights, loaded on first use
         model.set_vocabulary(tokenizer)
     return model.to(device=device, dtype=torch_dtype).eval()
+
+
+def _unfilled_model(model_class: type[HookedLM], cfg: ModelConfig) -> HookedLM:
+    """Return ``model_class(cfg)`` on the CPU with its weights left undrawn: built on the meta
+    device, as every weight is about to be replaced by the folder's. Drawing them would cost
+    seconds at pretrained size (6 s for Mamba-130m's shape) and move torch's global generator.
+    A model holding a buffer that no state dict carries (computed in its constructor) is built
+    the ordinary way, as loading would leave that buffer empty."""
+    with torch.device("meta"):
+        model = model_class(cfg)
+    if set(dict(model.named_buffers())) - set(model.state_dict()):
+        return model_class(cfg)
+    return model.to_empty(device="cpu")
 
 
 def _converted_state(module: ModuleType, folder: PretrainedFolder) -> dict[str, torch.Tensor]:
