@@ -96,8 +96,8 @@ def test_the_head_axis_is_the_one_the_spec_states(name):
         assert point.sizes["head"] == n_heads, hook
         if hook in cache:
             assert cache[hook].shape[axes.index("head")] == n_heads, hook
-    if spec.mixer.output_head_axes:
-        out_proj = getattr(model.blocks[0].mixer, spec.mixer.output_projections[0])
+    if spec.output_head_axes:
+        out_proj = getattr(model.blocks[0].mixer, spec.output_projections[0])
         assert out_proj.in_features == n_heads * d_head
 
 
@@ -117,7 +117,7 @@ def test_the_references_the_tests_need_exist(name):
     spec, cls = SPECS[name], SPECS[name].mixer
     has_state_route = issubclass(cls, PathRoutes) and bool(cls.state_readout)
     assert (name in STATE_LOOPS) == has_state_route
-    assert (spec.head_results is not None) == bool(cls.output_head_axes)
+    assert (spec.head_results is not None) == bool(spec.output_head_axes)
 
 
 def test_model_presets_come_from_the_specs():
