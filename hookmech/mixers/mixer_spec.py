@@ -74,17 +74,9 @@ class Heads:
 
 
 #: the `MixerSpec` fields that describe the block around the mixer (the class docstring)
-BLOCK_FIELDS = (
-    "block_norm",
-    "block_mlp",
-    "default_pos_emb",
-    "reference_init",
-    "output_projections",
-    "reference_scales_output",
-    "output_head_axes",
-    "tl_attention",
-    "tl_mixer_out",
-    "causal_tolerance",
+BLOCK_FIELDS = tuple(
+    "block_norm block_mlp default_pos_emb reference_init output_projections reference_scales_output "
+    "output_head_axes tl_attention tl_mixer_out causal_tolerance".split()
 )
 
 
