@@ -104,27 +104,21 @@ class MixerSpec:
       values[b, s, h]`` (h: a head or a channel, `EffectiveAttentionMap.attention_axis`), which the
       tests check (the nine first mixers' maps, some with a skip or a product, are checked by hand).
 
-    The block around it (`BLOCK_FIELDS`; the config and the backbone read them, and a mixer from
-    outside the package may state them as class attributes instead, `external`):
-
-    - `block_norm`: "layernorm" or "rmsnorm"; `block_mlp`: an MLP after the mixer by default;
-      `default_pos_emb`: "learned" or "none", of a model made of this mixer.
-    - `reference_init`: the init its reference code gives a model of it (`hookmech.config.INITS`),
-      what ``init = "zoology"`` picks (zoology draws mamba-ssm's scheme for Mamba blocks only).
-    - `output_projections`: the submodules whose output the mixer returns into the residual stream,
-      drawn with std 0.02 / sqrt(2 n_layers) (zoology, GPT-2) so that the stream's variance does not
-      grow with depth; `reference_scales_output`: whether its reference init scales them too
-      (zoology's finds them by parameter name, ``out_proj``, ``fc2``; a projection its reference names
-      otherwise keeps N(0, 0.02) under ``init = "normal-by-name"``).
-    - `output_head_axes`: how the input of its one output projection splits into its heads: "head
-      d_head", "d_head head" (channel-major), or "" (no heads: the output is one head).
-      TransformerLens's head results (``attn.hook_result``) are that projection head by head.
-    - `tl_attention`: TransformerLens's attention hook names -> its inside hooks (``{"z": "y"}``),
-      and `tl_mixer_out`: TransformerLens's names inside the mixer for its output (``"ssm_out"``),
-      from which `hook_aliases` makes the block's aliases.
-    - `causal_tolerance`: a plug-in mixer's causality check (`plug_in_check`): the largest change
-      of an output before a changed position, relative to the largest output, taken as float
-      rounding (1e-5: the engine's exactness); None skips the check.
+    The block around it (`BLOCK_FIELDS`, read by the config and the backbone; a mixer from outside
+    the package may state them as class attributes, `external`): `block_norm` ("layernorm" or
+    "rmsnorm"), `block_mlp` (an MLP after the mixer by default), `default_pos_emb` ("learned" or
+    "none"); `reference_init`, what ``init = "zoology"`` picks (`hookmech.config.INITS`: zoology
+    draws mamba-ssm's scheme for Mamba blocks only); `output_projections`, the submodules writing
+    into the residual stream, drawn with std 0.02 / sqrt(2 n_layers) (zoology, GPT-2: the stream's
+    variance does not grow with depth), and `reference_scales_output`, whether the reference init
+    scales them too (zoology's finds them by name, ``out_proj``, ``fc2``: one named otherwise keeps
+    N(0, 0.02) under ``init = "normal-by-name"``); `output_head_axes`, how the input of its one
+    output projection splits into heads, "head d_head", "d_head head" or "" (no heads: one head),
+    for TransformerLens's head results; `tl_attention` (TransformerLens's attention hook names ->
+    its inside hooks, ``{"z": "y"}``) and `tl_mixer_out` (TransformerLens's names inside the mixer
+    for its output, ``"ssm_out"``), the block's aliases (`hook_aliases`); `causal_tolerance`, of a
+    plug-in's causality check (`plug_in_check`): the largest change of an earlier output, relative
+    to the largest output, taken as float rounding (1e-5: the engine's exactness; None: no check).
     """
 
     name: str
@@ -154,11 +148,9 @@ class MixerSpec:
         object.__setattr__(self, "model_presets", own if self.presets is None else dict(self.presets))
 
     def hook_aliases(self, mixer: Mixer) -> dict[str, str]:
-        """Return the other names of the hooks of the block around `mixer` (built from this spec),
-        ``{alias: hook}`` as paths inside the block: TransformerLens's, which its ActivationCache and
-        ``transformer_lens.patching`` look up. Every mixer is TransformerLens's attention sublayer
-        (``hook_attn_out`` is ``hook_mixer_out``); then its `tl_attention` names of the inside hooks
-        `mixer` has (attention's ``rot_q`` only with rotary embeddings), and its `tl_mixer_out`."""
+        """Return TransformerLens's names of the block's hooks around `mixer` (built from this spec),
+        ``{alias: hook}`` as paths inside the block: ``hook_attn_out`` (every mixer is TL's attention
+        sublayer), the `tl_attention` names of the inside hooks `mixer` has, and `tl_mixer_out`."""
         present = {tl: own for tl, own in self.tl_attention.items() if hasattr(mixer, hook_attribute(own))}
         return {
             **block_part_aliases(attn_out="mixer_out"),
