@@ -13,7 +13,7 @@ from . import schema
 from .errors import UsageError, unknown
 
 if TYPE_CHECKING:
-    from .mixers.base import Mixer
+    from .mixers.mixer_spec import MixerSpec
 
 NORMS = ("layernorm", "rmsnorm")
 POS_EMBS = ("learned", "none")
@@ -23,7 +23,7 @@ POS_EMBS = ("learned", "none")
 #: PyTorch's default, biases zeroed, embeddings N(0, 0.02), out_proj Kaiming-uniform / sqrt(n_layers));
 #: "normal-by-name" is zoology's own `_init_weights` for the other blocks, which finds the output
 #: projections to scale by parameter name (``out_proj``, ``fc2``): "normal" except that a mixer whose
-#: reference names its projection otherwise (`Mixer.reference_scales_output`: Based's ``proj_o``)
+#: reference names its projection otherwise (`MixerSpec.reference_scales_output`: Based's ``proj_o``)
 #: keeps N(0, 0.02) there
 INITS = ("normal", "mamba", "normal-by-name")
 #: what `build_config(init=...)` also takes: "zoology" picks what the paper's code (zoology's
@@ -332,22 +332,22 @@ def build_config(
     layer_options = layer_options or [{} for _ in range(n_layers)]
     if len(layer_options) != n_layers:
         raise UsageError(f"got {len(layer_options)} sets of layer options for {n_layers} layers")
-    classes = []
+    specs = []
     kwargs_per_layer = []
     names = [canonical_name(name) for name in names]
     for name, options in zip(names, layer_options, strict=True):
-        cls = spec_of(name).mixer
+        spec = spec_of(name)
         options = dict(options)
-        head_option = spec_of(name).head_count_option()
+        head_option = spec.head_count_option()
         if n_heads is not None and head_option is not None and head_option not in options:
             options[head_option] = n_heads
-        if CONTEXT_OPTION in mixer_options(cls) and CONTEXT_OPTION not in options:
+        if CONTEXT_OPTION in mixer_options(spec.mixer) and CONTEXT_OPTION not in options:
             options[CONTEXT_OPTION] = n_ctx
-        check_mixer_options(name, cls, options)
-        classes.append(cls)
+        check_mixer_options(name, spec.mixer, options)
+        specs.append(spec)
         kwargs_per_layer.append(options)
     if pos_emb is None:
-        pos_emb = "learned" if any(c.default_pos_emb == "learned" for c in classes) else "none"
+        pos_emb = "learned" if any(s.default_pos_emb == "learned" for s in specs) else "none"
     return ModelConfig(
         d_vocab=d_vocab,
         n_ctx=n_ctx,
@@ -355,21 +355,21 @@ def build_config(
         n_layers=n_layers,
         mixers=tuple(names),
         mixer_kwargs=tuple(kwargs_per_layer),
-        mlp=tuple(c.block_mlp if mlp is None else mlp for c in classes),
-        norms=tuple(c.block_norm for c in classes),
+        mlp=tuple(s.block_mlp if mlp is None else mlp for s in specs),
+        norms=tuple(s.block_norm for s in specs),
         pos_emb=pos_emb,
         tie_embeddings=tie_embeddings,
         mlp_hidden_mult=mlp_hidden_mult,
-        init=resolve_init(init, classes),
+        init=resolve_init(init, specs),
     )
 
 
-def resolve_init(init: str | None, classes: list[type[Mixer]]) -> str:
-    """Return the `ModelConfig.init` (one of INITS) that `init` asks for in a model of mixer
-    `classes`, one per layer. "zoology" follows zoology's `_init_weights`, which picks mamba-ssm's
+def resolve_init(init: str | None, specs: list[MixerSpec]) -> str:
+    """Return the `ModelConfig.init` (one of INITS) that `init` asks for in a model of the mixers
+    of `specs`, one per layer. "zoology" follows zoology's `_init_weights`, which picks mamba-ssm's
     scheme when the model's block type is Mamba's: "mamba" when every layer's mixer declares it
-    (`Mixer.reference_init`); else "normal-by-name" when a mixer's output projection escapes
-    zoology's rescaling by name (`Mixer.reference_scales_output`), and "normal" when the two draw
+    (`MixerSpec.reference_init`); else "normal-by-name" when a mixer's output projection escapes
+    zoology's rescaling by name (`MixerSpec.reference_scales_output`), and "normal" when the two draw
     the same (so that a model whose draw did not change keeps its config, and its model_hash)."""
     if init is None:
         return "normal"
@@ -377,6 +377,6 @@ def resolve_init(init: str | None, classes: list[type[Mixer]]) -> str:
         raise unknown("init", init, INIT_CHOICES)
     if init != "zoology":
         return init
-    if all(c.reference_init == "mamba" for c in classes):
+    if all(s.reference_init == "mamba" for s in specs):
         return "mamba"
-    return "normal" if all(c.reference_scales_output for c in classes) else "normal-by-name"
+    return "normal" if all(s.reference_scales_output for s in specs) else "normal-by-name"

@@ -125,14 +125,14 @@ def block_path(layer: int, path: str) -> str:
 
 def tl_attention_aliases(**inside_hooks: str) -> dict[str, str]:
     """Return TransformerLens's attention names of a mixer's inside hooks, as paths inside the
-    block (`Mixer.block_hook_aliases` takes them): ``tl_attention_aliases(q="q", z="y")`` is
+    block (`MixerSpec.hook_aliases` uses it): ``tl_attention_aliases(q="q", z="y")`` is
     ``{"attn.hook_q": "mixer.hook_q", "attn.hook_z": "mixer.hook_y"}`` (keyword: TransformerLens's
     name; value: the mixer's own inside hook)."""
     return {f"{TL_ATTN}.{hook_attribute(tl)}": f"{MIXER}.{hook_attribute(ours)}" for tl, ours in inside_hooks.items()}
 
 
 def block_part_aliases(**parts: str) -> dict[str, str]:
-    """Return other names of a block's own hooks, as paths inside the block (`Mixer.block_hook_aliases`
+    """Return other names of a block's own hooks, as paths inside the block (`MixerSpec.hook_aliases`
     takes them): ``block_part_aliases(attn_out="mixer_out")`` is ``{"hook_attn_out": "hook_mixer_out"}``
     (keyword: the other name; value: the `BLOCK_PARTS` entry it names)."""
     return {hook_attribute(alias): hook_attribute(part) for alias, part in parts.items()}
@@ -157,7 +157,7 @@ def inside_name(attribute: str) -> str:
 
 def block_aliases(layer: int, aliases: dict[str, str]) -> dict[str, str]:
     """Return ``{alias hook name: hook name}`` in block `layer` for the `aliases` a mixer declares
-    (`Mixer.block_hook_aliases`: paths inside the block, ``{"hook_attn_out": "hook_mixer_out",
+    (`MixerSpec.hook_aliases`: paths inside the block, ``{"hook_attn_out": "hook_mixer_out",
     "attn.hook_z": "mixer.hook_z"}``): ``{"blocks.0.hook_attn_out": "blocks.0.hook_mixer_out",
     "blocks.0.attn.hook_z": "blocks.0.mixer.hook_z"}``, TransformerLens's names."""
     return {block_path(layer, alias): block_path(layer, attribute) for alias, attribute in aliases.items()}

@@ -73,7 +73,7 @@ class MLP(nn.Module):
     """fc1 -> GELU -> fc2, zoology's state mixer. `act` (`ModelConfig.mlp_act`): the exact GELU,
     or its tanh approximation (GPT-2's ``gelu_new``)."""
 
-    #: as `Mixer.output_projections`: the submodule writing into the residual stream
+    #: as `MixerSpec.output_projections`: the submodule writing into the residual stream
     output_projections = ("fc2",)
 
     def __init__(self, d_model: int, hidden_mult: int, act: str = "gelu"):
@@ -128,6 +128,8 @@ class Block(nn.Module):
         super().__init__()
         self.ln1 = make_norm(cfg.norms[layer], cfg.d_model, cfg.norm_eps)
         self.mixer: Mixer = build_mixer(cfg.mixers[layer], cfg.d_model, cfg.mixer_kwargs[layer], cfg.n_ctx)
+        #: what the package knows of the mixer besides its class (its block, its heads: `MixerSpec`)
+        self.spec = spec_of(cfg.mixers[layer])
         self.hook_resid_pre = AxisHookPoint()
         self.hook_mixer_in = AxisHookPoint()
         self.hook_mixer_out = AxisHookPoint()
@@ -138,7 +140,7 @@ class Block(nn.Module):
         self.parallel = self.has_mlp and cfg.parallel_residual
         #: (n_heads, d_head) of the mixer (`ModelConfig.head_shape`), for its head results
         self.head_shape = cfg.head_shape(layer)
-        if spec_of(cfg.mixers[layer]).heads is not None:
+        if self.spec.heads is not None:
             # the head count its spec states, read by the ``[*]`` sites (`hookmech.hooks.axis_size`)
             declare_sizes(self.mixer, head=self.head_shape[0])
         self.contexts: list[Context] | None = None  # see HookedLM.collecting_contexts
@@ -181,15 +183,15 @@ class Block(nn.Module):
 
     def output_projection_weights(self, by_reference_name: bool = False) -> list[str]:
         """Return the names (inside the block) of the weights its sublayers declare as output
-        projections (`Mixer.output_projections`, `MLP.output_projections`), e.g. ``mixer.out_proj.weight``;
-        with `by_reference_name`, only those the reference init scales (`Mixer.reference_scales_output`)."""
-        sublayers: list[tuple[str, Mixer | MLP]] = [
-            ("mixer", self.mixer),
-            *([("mlp", self.mlp)] if self.has_mlp else []),
+        projections (`MixerSpec.output_projections`, `MLP.output_projections`), e.g. ``mixer.out_proj.weight``;
+        with `by_reference_name`, only those the reference init scales (`MixerSpec.reference_scales_output`)."""
+        sublayers = [
+            ("mixer", self.spec.output_projections),
+            *([("mlp", self.mlp.output_projections)] if self.has_mlp else []),
         ]
-        if by_reference_name and not type(self.mixer).reference_scales_output:
+        if by_reference_name and not self.spec.reference_scales_output:
             sublayers = sublayers[1:]
-        return [f"{prefix}.{name}.weight" for prefix, sublayer in sublayers for name in sublayer.output_projections]
+        return [f"{prefix}.{name}.weight" for prefix, names in sublayers for name in names]
 
     def forward(self, resid: Resid) -> Resid:
         return self._after_mixer(*self._mix(resid))
@@ -282,7 +284,7 @@ class Block(nn.Module):
     def head_results(self, mixer_in: Resid, mixer_out: Resid) -> HeadResults:
         """Return ``[batch, pos, head, d_model]``: what each head of the mixer writes into the
         residual stream in the run whose mixer input and output were `mixer_in` and `mixer_out`:
-        the output projection applied to the head's part of its input (`Mixer.output_head_axes`),
+        the output projection applied to the head's part of its input (`MixerSpec.output_head_axes`),
         without the projection's bias (`head_result_bias`), so that the heads sum to the output
         less that bias. Whatever the mixer computes across heads before the projection (Mamba-2's
         gated RMSNorm) is the run's own: the frozen-scale convention of TransformerLens's
@@ -291,7 +293,7 @@ class Block(nn.Module):
         The projection's input is no hook's, so the mixer runs again on `mixer_in`, with the hooks
         inside it silenced; a HookmechError when that run's output is not `mixer_out` (a run edited
         inside the mixer, whose head results cannot be recomputed from its input)."""
-        axes = type(self.mixer).output_head_axes
+        axes = self.spec.output_head_axes
         if not axes:
             return mixer_out[:, :, None, :]
         projection = self._head_projection()
@@ -327,12 +329,12 @@ class Block(nn.Module):
     def head_result_bias(self) -> Tensor:
         """Return what the mixer adds to its heads' `head_results` ``[d_model]``: its output
         projection's bias (zeros without one, or without heads). TransformerLens's b_O."""
-        bias = self._head_projection().bias if type(self.mixer).output_head_axes else None
+        bias = self._head_projection().bias if self.spec.output_head_axes else None
         return torch.zeros_like(self.ln1.weight) if bias is None else bias
 
     def _head_projection(self) -> nn.Linear:
-        """The mixer's one output projection (`Mixer.output_projections`)."""
-        names = type(self.mixer).output_projections
+        """The mixer's one output projection (`MixerSpec.output_projections`)."""
+        names = self.spec.output_projections
         projection = getattr(self.mixer, names[0]) if len(names) == 1 else None
         if not isinstance(projection, nn.Linear):
             raise HookmechError(
@@ -342,15 +344,13 @@ class Block(nn.Module):
 
     def _by_head(self, flat: Tensor, axes: str) -> Tensor:
         """Return `flat` ``[..., n_heads * d_head]`` as ``[..., head, d_head]``, its last axis laid
-        out as `axes` says (`Mixer.output_head_axes`)."""
+        out as `axes` says (`MixerSpec.output_head_axes`)."""
         n_heads, d_head = self.head_shape
         if axes == "head d_head":
             return flat.unflatten(-1, (n_heads, d_head))
         if axes == "d_head head":
             return flat.unflatten(-1, (d_head, n_heads)).transpose(-1, -2)
-        raise HookmechError(
-            f"{type(self.mixer).__name__}.output_head_axes = {axes!r}: expected 'head d_head' or 'd_head head'"
-        )
+        raise HookmechError(f"{self.spec.name}'s output_head_axes = {axes!r}: expected 'head d_head' or 'd_head head'")
 
     def _after_mixer(self, resid: Tensor, mixer_out: Tensor) -> Tensor:
         """Return the block's output given its input `resid` and its mixer's output (position-wise)."""
@@ -426,14 +426,14 @@ class HookedLM(TransformerLensCompat[Block]):
 
     def setup(self) -> None:
         """TransformerLens's `setup` (`mod_dict` and `hook_dict`, the hooks in forward order),
-        plus the hook aliases the mixers declare (`Mixer.block_hook_aliases`): in `mod_dict`,
+        plus the hook aliases of the mixers' specs (`MixerSpec.hook_aliases`): in `mod_dict`,
         so that `run_with_hooks`/`hooks`/`add_hook` take them by name, never in `hook_dict`
         (each hook is listed, cached and patched under its own name once)."""
         super().setup()
         #: alias hook name -> the hook name it stands for (e.g. blocks.0.hook_attn_out -> blocks.0.hook_mixer_out)
         self.hook_aliases: dict[str, str] = {}
         for layer, block in enumerate(self.blocks):
-            declared = block.mixer.hook_aliases()  # attribute names: hook_attn_out -> hook_mixer_out
+            declared = block.spec.hook_aliases(block.mixer)  # attribute names: hook_attn_out -> hook_mixer_out
             named = block_aliases(layer, declared)  # the same as hook names, in the same order
             for (alias, hook), (name, target) in zip(declared.items(), named.items(), strict=True):
                 if name in self.mod_dict or target not in self.hook_dict:

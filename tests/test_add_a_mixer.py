@@ -39,8 +39,6 @@ MODULE = textwrap.dedent('''
     class RunningMean(Mixer):
         """y_t = W_out (1/(t+1) Σ_{s<=t} W_v x_s)."""
 
-        output_projections = ("out_proj",)
-
         def __init__(self, d_model: int, bias: bool = False):
             super().__init__()
             self.v_proj = nn.Linear(d_model, d_model, bias=bias)
@@ -59,6 +57,7 @@ MODULE = textwrap.dedent('''
         mixer=RunningMean,
         heads=None,
         meanings={"v": "the projected input", "mean": "the running mean of v up to each position"},
+        output_projections=("out_proj",),
     )
 ''')
 

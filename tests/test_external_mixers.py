@@ -70,6 +70,16 @@ NOT_A_MIXER = 3
 '''
 
 
+#: a plug-in deriving from a registered mixer, stating one block field of its own
+SUBCLASSES = '''
+from hookmech.mixers.mamba import Mamba
+
+
+class DerivedMamba(Mamba):
+    causal_tolerance = None
+'''
+
+
 def _write(folder: Path, name: str = "m.py", text: str = MIXER_SOURCE) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
@@ -152,6 +162,22 @@ def test_a_module_level_spec_gives_the_mixer_its_heads(tmp_path):
     config = _config(f"{path}:HeadedMean", n_heads=4)  # --n-heads reaches the option the spec names
     assert config.mixer_kwargs[0] == {"n_heads": 4} and config.head_shape(0) == (4, 4)
     assert _config(f"{path}:RunningMean").head_shape(0) == (1, 16)  # no spec: no heads
+
+
+def test_a_plug_ins_class_attributes_state_its_specs_block_and_a_subclass_keeps_its_bases(tmp_path):
+    """docs/your_mixer.md: a plug-in states its block as class attributes (RunningMean's
+    output_projections), with or without a spec (HeadedMean inherits it); a plug-in deriving from a
+    registered mixer keeps that mixer's block (its spec's), unless it states otherwise."""
+    path = _write(tmp_path, text=MIXER_SOURCE + SUBCLASSES)
+    for name in ("RunningMean", "HeadedMean"):
+        assert spec_of(f"{path}:{name}").output_projections == ("out_proj",), name
+    model = hookmech.HookedLM(_config(f"{path}:RunningMean"))
+    assert model.blocks[1].output_projection_weights() == ["mixer.out_proj.weight", "mlp.fc2.weight"]
+    derived = spec_of(f"{path}:DerivedMamba")
+    assert (derived.block_norm, derived.block_mlp, derived.reference_init) == ("rmsnorm", False, "mamba")
+    assert derived.tl_mixer_out == ("ssm_out",) and derived.heads is None and derived.causal_tolerance is None
+    config = _config(f"{path}:DerivedMamba", init="zoology")
+    assert config.norms == ("rmsnorm", "rmsnorm") and config.mlp == (False, False) and config.init == "mamba"
 
 
 def test_options_of_a_mixer_of_your_own_are_checked_by_name_and_type(tmp_path):

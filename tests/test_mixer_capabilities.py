@@ -31,8 +31,6 @@ class CoreOnly(Mixer):
     two inside hooks. Every resume member is the base class's default (correct before fast), and it
     opts into no capability."""
 
-    output_projections = ("out_proj",)
-
     def __init__(self, d_model: int):
         super().__init__()
         self.in_proj = nn.Linear(d_model, 2 * d_model)
@@ -54,6 +52,7 @@ CORE_ONLY_SPEC = MixerSpec(
     mixer=CoreOnly,
     heads=None,
     meanings={"v": "value branch", "mean": "running mean of v"},
+    output_projections=("out_proj",),
 )
 
 

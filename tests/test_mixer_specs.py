@@ -1,8 +1,11 @@
 """One spec per mixer (`hookmech.mixers.mixer_spec.MixerSpec`): every registered mixer has one, and what
 it states (the meaning of each inside hook, the head axis, the references the tests use, the
-benches' hooks) is what the mixer's class and its forward show."""
+benches' hooks) is what the mixer's class and its forward show; its block (norm, MLP, position
+embedding, init, output projections, TransformerLens's names) is stated there only, and is what the
+config and the backbone build."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import pkgutil
@@ -15,6 +18,7 @@ from hookmech.config import build_config
 from hookmech.errors import HookmechError, UsageError
 from hookmech.hooks import AxisHookPoint
 from hookmech.mixers import REGISTRY, SPECS, Heads, Mixer, MixerSpec, PathRoutes, spec_of
+from hookmech.mixers.mixer_spec import BLOCK_FIELDS
 from hookmech.model import HookedLM
 from hookmech.oracles.mixer_cases import BENCH_HOOKS, examples_of
 from hookmech.oracles.state_loops import STATE_LOOPS
@@ -96,8 +100,8 @@ def test_the_head_axis_is_the_one_the_spec_states(name):
         assert point.sizes["head"] == n_heads, hook
         if hook in cache:
             assert cache[hook].shape[axes.index("head")] == n_heads, hook
-    if spec.mixer.output_head_axes:
-        out_proj = getattr(model.blocks[0].mixer, spec.mixer.output_projections[0])
+    if spec.output_head_axes:
+        out_proj = getattr(model.blocks[0].mixer, spec.output_projections[0])
         assert out_proj.in_features == n_heads * d_head
 
 
@@ -117,7 +121,56 @@ def test_the_references_the_tests_need_exist(name):
     spec, cls = SPECS[name], SPECS[name].mixer
     has_state_route = issubclass(cls, PathRoutes) and bool(cls.state_readout)
     assert (name in STATE_LOOPS) == has_state_route
-    assert (spec.head_results is not None) == bool(cls.output_head_axes)
+    assert (spec.head_results is not None) == bool(spec.output_head_axes)
+
+
+def test_a_mixer_of_the_package_states_its_block_once_in_its_spec():
+    """The block fields live in the spec only: no registered class (nor Mixer) carries one, or the
+    aliases' old class attribute, which the package would no longer read."""
+    for cls in [Mixer, *REGISTRY.values()]:
+        stated = [name for name in (*BLOCK_FIELDS, "block_hook_aliases", "hook_aliases") if hasattr(cls, name)]
+        assert not stated, (cls.__name__, stated)
+    for spec in SPECS.values():  # TransformerLens's names point at inside hooks the spec describes
+        assert set(spec.tl_attention.values()) <= set(spec.meanings), spec.name
+
+
+def test_the_config_and_the_backbone_read_the_block_from_the_spec(monkeypatch):
+    """Every block field, changed in a spec alone, changes what build_config and HookedLM make."""
+    spec = dataclasses.replace(
+        SPECS["attention"], name="attention_ssm_like", block_norm="rmsnorm", block_mlp=False, default_pos_emb="none",
+        reference_init="mamba", output_projections=(), output_head_axes="", tl_attention={"z": "z"},
+        tl_mixer_out=("ssm_out",),
+    )
+    monkeypatch.setitem(SPECS, spec.name, spec)
+    monkeypatch.setitem(REGISTRY, spec.name, spec.mixer)
+    plain = build_config(d_vocab=8, n_ctx=8, mixers="attention", d_model=16, n_layers=2, init="zoology")
+    assert (plain.norms, plain.mlp, plain.pos_emb, plain.init) == (("layernorm",) * 2, (True,) * 2, "learned", "normal")
+    cfg = build_config(d_vocab=8, n_ctx=8, mixers=spec.name, d_model=16, n_layers=2, init="zoology")
+    assert (cfg.norms, cfg.mlp, cfg.pos_emb, cfg.init) == (("rmsnorm",) * 2, (False,) * 2, "none", "mamba")
+    model = HookedLM(cfg)
+    assert model.blocks[0].output_projection_weights() == []
+    assert HookedLM(plain).blocks[0].output_projection_weights() == ["mixer.out_proj.weight", "mlp.fc2.weight"]
+    assert model.hook_aliases == {
+        "blocks.0.hook_attn_out": "blocks.0.hook_mixer_out", "blocks.0.attn.hook_z": "blocks.0.mixer.hook_z",
+        "blocks.0.mixer.hook_ssm_out": "blocks.0.hook_mixer_out",
+        "blocks.1.hook_attn_out": "blocks.1.hook_mixer_out", "blocks.1.attn.hook_z": "blocks.1.mixer.hook_z",
+        "blocks.1.mixer.hook_ssm_out": "blocks.1.hook_mixer_out",
+    }
+    heads = model.blocks[0].head_results(torch.randn(1, 3, 16), torch.randn(1, 3, 16))
+    assert heads.shape == (1, 3, 1, 16)  # output_head_axes "": the output is one head
+    by_reference_name = dataclasses.replace(SPECS["attention"], reference_scales_output=False)
+    monkeypatch.setitem(SPECS, "attention", by_reference_name)
+    assert build_config(d_vocab=8, n_ctx=8, mixers="attention", n_layers=1, init="zoology").init == "normal-by-name"
+
+
+@pytest.mark.parametrize(("options", "rotated"), [({}, False), ({"rotary_pct": 0.5}, True)])
+def test_the_hook_aliases_name_the_inside_hooks_the_mixer_has(options, rotated):
+    """Attention's TransformerLens names of the rotated q and k exist where its hooks do (rotary)."""
+    model = HookedLM(build_config(d_vocab=8, n_ctx=8, d_model=16, n_layers=1, layer_options=[options]))
+    tl_names = {alias.removeprefix("blocks.0.attn.") for alias in model.hook_aliases if ".attn." in alias}
+    assert tl_names == {"hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z"} | (
+        {"hook_rot_q", "hook_rot_k"} if rotated else set())
+    assert all(target in model.hook_dict for target in model.hook_aliases.values())
 
 
 def test_model_presets_come_from_the_specs():

@@ -8,7 +8,7 @@ import torch
 
 from hookmech.config import build_config
 from hookmech.errors import UsageError
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.model import HookedLM
 from hookmech.model_presets import MODEL_PRESETS, expand_preset
 from hookmech.sweep import build_run, expand, load_preset
@@ -244,10 +244,10 @@ def test_mixers_declare_their_output_projections(name):
     and a layer called out_proj that is not declared would silently keep the unscaled init."""
     options = {"l_max": 64} if "l_max" in REGISTRY[name].__init__.__code__.co_varnames else {}
     mixer = REGISTRY[name](d_model=16, **options)
-    for projection in mixer.output_projections:
+    for projection in SPECS[name].output_projections:
         assert isinstance(getattr(mixer, projection), torch.nn.Linear), projection
     named = {module_name for module_name, _ in mixer.named_modules() if module_name.endswith("out_proj")}
-    assert named <= set(mixer.output_projections)
+    assert named <= set(SPECS[name].output_projections)
 
 
 def test_the_backbone_scales_exactly_the_declared_projections():

@@ -1,6 +1,6 @@
 """The check a plug-in mixer passes when a process first builds it (hookmech.mixers.plug_in_check):
 a mixer that reads later positions is refused naming the first position that leaked; a leak under
-`Mixer.causal_tolerance` (float rounding) passes, and a mixer may widen or skip the check; the check
+`MixerSpec.causal_tolerance`, a class attribute here (float rounding) passes, and a mixer may widen or skip the check; the check
 changes neither the model's weights nor the caller's random state. A nondeterministic mixer that
 skips it is told apart from a cache of another model. Through `train`/`evaluate`:
 tests/cli/test_errors_plug_in_mixers.py."""

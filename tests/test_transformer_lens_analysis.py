@@ -38,19 +38,18 @@ HEAD_OPTIONS = {name: head_options(name) for name in mixers_with_heads()}
 
 def tl_alias(name: str, tl_hook: str) -> str | None:
     """The inside hook (without "hook_") that TransformerLens's ``attn.{tl_hook}`` is an alias of in
-    mixer `name` (`Mixer.block_hook_aliases`), or None."""
-    target = REGISTRY[name].block_hook_aliases.get(f"attn.{tl_hook}")
-    return None if target is None else target.removeprefix("mixer.hook_")
+    mixer `name` (`MixerSpec.tl_attention`), or None."""
+    return SPECS[name].tl_attention.get(tl_hook.removeprefix("hook_"))
 
 
 #: the inside hook TransformerLens's attn.hook_z is, per mixer with a per-head output
 HEAD_OUTPUT = {name: tl_alias(name, "hook_z") for name in sorted(REGISTRY) if tl_alias(name, "hook_z")}
 #: the mixers whose output projection's input splits by heads (h3 has heads but no hook of its output)
-HEADED = {name for name, cls in REGISTRY.items() if cls.output_head_axes}
+HEADED = {name for name, spec in SPECS.items() if spec.output_head_axes}
 #: the inside hooks TransformerLens's attn.hook_q, hook_k, hook_v are, per mixer with them
 QKV = {name: {tl: tl_alias(name, f"hook_{tl}") for tl in "qkv"} for name in sorted(REGISTRY)
        if all(tl_alias(name, f"hook_{tl}") for tl in "qkv")}
-WITHOUT_MLP = sorted(name for name, cls in REGISTRY.items() if not cls.block_mlp)
+WITHOUT_MLP = sorted(name for name, spec in SPECS.items() if not spec.block_mlp)
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ from transformer_lens import patching as tl_patching
 import hookmech
 from hookmech.config import LATER_FIELD_DEFAULTS, ModelConfig, NoModelError, build_config
 from hookmech.errors import UsageError
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.patching import patch
 from hookmech.model_presets import expand_preset
 from hookmech.sites import resolve_sites
@@ -24,7 +24,7 @@ from hookmech.sites import resolve_sites
 from helpers import ENGINE_TOL, REPO, head_options, make_model, mixers_with_heads, unit_variance
 
 FIXTURES = {name: REPO / "fixtures" / f"{name}.safetensors" for name in ("attention_ar_cpu", "mamba_ar_cpu", "attention_ar_paper")}
-WITH_MLP = [name for name in sorted(REGISTRY) if REGISTRY[name].block_mlp]
+WITH_MLP = [name for name in sorted(SPECS) if SPECS[name].block_mlp]
 
 
 def p_answer_metric(batch):

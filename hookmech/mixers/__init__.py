@@ -80,11 +80,11 @@ def mixer_class(name: str) -> type[Mixer]:
 def build_mixer(name: str, d_model: int, options: dict, n_ctx: int) -> Mixer:
     """Return mixer `name` built as ``mixer_class(name)(d_model=d_model, **options)``; a plug-in
     mixer (not registered) is named in one line when it fails, and checked when first built in a
-    model of `n_ctx` positions (`plug_in_check`)."""
-    cls = mixer_class(name)
+    model of `n_ctx` positions (`plug_in_check`, with its spec's `MixerSpec.causal_tolerance`)."""
+    spec = spec_of(name)
     if name in SPECS:
-        return cls(d_model=d_model, **options)
-    return build_plug_in(name, cls, d_model, options, n_ctx)
+        return spec.mixer(d_model=d_model, **options)
+    return build_plug_in(name, spec, d_model, options, n_ctx)
 
 
 def unknown_mixer(name: str) -> UsageError:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import NoComponentError, UsageError
-from ..hook_names import hook_attribute, tl_attention_aliases
+from ..hook_names import hook_attribute
 from ..hooks import AxisHookPoint
 from ..shapes import (
     Context,
@@ -57,16 +57,6 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
     scores are -inf), position axis = the query axis.
     """
 
-    default_pos_emb = "learned"
-    #: TransformerLens's names (`Mixer.block_hook_aliases`): its attention hooks are these
-    block_hook_aliases = {
-        **Mixer.block_hook_aliases,
-        **tl_attention_aliases(q="q", k="k", v="v", attn_scores="attn_scores", pattern="pattern", z="z"),
-    }
-    output_head_axes = "head d_head"
-
-    output_projections = ("out_proj",)
-
     def __init__(
         self,
         d_model: int,
@@ -104,13 +94,6 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
         self.hook_z = AxisHookPoint(head_axes)
         if self.rotary_dim:
             self.hook_rot_q, self.hook_rot_k = AxisHookPoint(head_axes), AxisHookPoint(head_axes)
-
-    def hook_aliases(self) -> dict[str, str]:
-        """`Mixer.hook_aliases`, with TransformerLens's names of the rotated q and k where they exist."""
-        aliases = dict(type(self).block_hook_aliases)
-        if self.rotary_dim:
-            aliases.update(tl_attention_aliases(rot_q="rot_q", rot_k="rot_k"))
-        return aliases
 
     def _rotated(self, q: Tensor, k: Tensor, positions: Tensor, hooked: bool = True) -> tuple[Tensor, Tensor]:
         """Return q and k ``[..., pos, head, d_head]`` rotated for their `positions` (``[pos]`` or
@@ -372,6 +355,11 @@ SPEC = MixerSpec(
         "z": "attention-weighted values, per head",
     },
     head_results=_head_results,
+    default_pos_emb="learned",
+    output_projections=("out_proj",),
+    output_head_axes="head d_head",
+    # its attention hooks are TransformerLens's (the rotated q and k where it has them)
+    tl_attention={name: name for name in ("q", "k", "v", "attn_scores", "pattern", "z", "rot_q", "rot_k")},
     notes=(
         "With rotary position embeddings (`rotary_pct` > 0, as pretrained GPT-NeoX / Pythia models load), "
         "`L0.mixer.rot_q` and `L0.mixer.rot_k` (`blocks.0.mixer.hook_rot_q`, `hook_rot_k`; TransformerLens's "

@@ -1,6 +1,7 @@
-"""The core contract of a sequence mixer (`Mixer`: what it declares of its block, its forward with
-its hooks, the resume protocol), so that the backbone never has to name one; the helpers its
-resume and patch computations share. What a mixer may do beyond the core: capabilities.py."""
+"""The core contract of a sequence mixer (`Mixer`: its forward with its hooks, the resume protocol;
+what the package knows of its block is its spec, mixer_spec.py), so that the backbone never has to
+name one; the helpers its resume and patch computations share. What a mixer may do beyond the
+core: capabilities.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import HookmechError, UsageError, suggest
-from ..hook_names import block_part_aliases, hook_attribute
+from ..hook_names import hook_attribute
 from ..hooks import AxisHookPoint
 from ..hooks import hook_in_use as hook_in_use  # the one "is this hook in use"; also importable here
 from ..shapes import Context, KeptWindow, Resid, RowInts, RunResid, Window
@@ -23,59 +24,18 @@ class Mixer(nn.Module):
     """Base class of sequence mixers: ``[batch, pos, d_model] -> [batch, pos, d_model]``.
 
     The core contract, all that the backbone, the exact patching engine, AtP and DAS ask of a
-    mixer: what it declares of its block (read by the backbone, which never names a mixer), its
-    `forward` with its inside hooks (`AxisHookPoint`s), and the resume protocol, whose defaults
-    are exact for any causal mixer, so that a new mixer is correct before it is fast. Built as
-    ``REGISTRY[name](d_model=..., **kwargs)``.
+    mixer besides its `MixerSpec` (its block, its heads): its `forward` with its inside hooks
+    (`AxisHookPoint`s), and the resume protocol, whose defaults are exact for any causal mixer, so
+    that a new mixer is correct before it is fast. Built as ``REGISTRY[name](d_model=..., **kwargs)``.
 
     What else a mixer can do it opts into by listing a capability among its bases
     (`hookmech.mixers.capabilities`: `ExactPatchEffects` for AtP*, `PathRoutes`,
     `EffectiveAttentionMap`); a member of one it lacks raises `MissingCapability`, naming both.
     """
 
-    # -- what the mixer declares of its block -------------------------------------------------
-    #: norm of the block around this mixer: "layernorm" or "rmsnorm"
-    block_norm: ClassVar[str] = "layernorm"
-    #: whether the block has an MLP after the mixer by default
-    block_mlp: ClassVar[bool] = True
-    #: default position embedding of a model made of this mixer ("learned" or "none")
-    default_pos_emb: ClassVar[str] = "none"
-    #: the weight init its reference code gives a model of this mixer (`hookmech.config.INITS`):
-    #: what ``init = "zoology"`` picks (zoology draws mamba-ssm's scheme for Mamba blocks only)
-    reference_init: ClassVar[str] = "normal"
-    #: the submodules (attribute names) whose output the mixer returns into the residual
-    #: stream: the backbone draws their weights with std 0.02 / sqrt(2 n_layers) (zoology,
-    #: GPT-2), so that the residual stream's variance does not grow with depth
-    output_projections: ClassVar[tuple[str, ...]] = ()
-    #: whether its reference code's init scales those projections as well: zoology's
-    #: `_init_weights` finds them by parameter name (``out_proj``, ``fc2``), so a projection its
-    #: reference names otherwise keeps N(0, 0.02) under ``init = "normal-by-name"``
-    reference_scales_output: ClassVar[bool] = True
-    #: other names of the hooks of the block around this mixer, ``{alias: hook}`` as paths inside
-    #: the block: TransformerLens's, which its ActivationCache and ``transformer_lens.patching`` look
-    #: up. Every mixer is TransformerLens's attention sublayer (``hook_attn_out`` is
-    #: ``hook_mixer_out``); a mixer adds the ``attn.hook_*`` names its inside hooks answer to (q, k,
-    #: v, and ``z``, the per-head output before its output projection) and TransformerLens's SSM
-    #: names. `HookedLM` resolves them in `run_with_hooks`/`hooks` and in its caches, and never
-    #: lists them as hooks of its own
-    block_hook_aliases: ClassVar[dict[str, str]] = block_part_aliases(attn_out="mixer_out")
-    #: how the input of the mixer's output projection (its one `output_projections` entry) splits
-    #: into its heads (`MixerSpec.heads`): "head d_head" (head by head, attention's z flattened), "d_head
-    #: head" (channel-major), or "" (no heads: the mixer's output is one head). TransformerLens's head
-    #: results (``blocks.{l}.attn.hook_result``) are that projection applied head by head
-    output_head_axes: ClassVar[str] = ""
     #: the inside hooks holding the recurrent state after each position (``("ssm_state",)``,
     #: without the "hook_" prefix); a mixer declaring them defines `state_from_context`
     state_hooks: ClassVar[tuple[str, ...]] = ()
-    #: a plug-in mixer's causality check, when a process first builds it (`plug_in_check`): the
-    #: largest change of an output before a changed position, relative to the largest output,
-    #: taken as float rounding (1e-5: the engine's exactness); None skips the check
-    causal_tolerance: ClassVar[float | None] = 1e-5
-
-    def hook_aliases(self) -> dict[str, str]:
-        """Return this mixer's `block_hook_aliases` (``{alias: hook}``, paths inside the block): the
-        class's, which a mixer whose inside hooks depend on its options extends with those it has."""
-        return dict(type(self).block_hook_aliases)
 
     if TYPE_CHECKING:  # declared for mypy and readers; each mixer defines it (nn.Module's raises)
 

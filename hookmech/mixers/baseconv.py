@@ -54,8 +54,6 @@ class BaseConv(Mixer, PathRoutes, EffectiveAttentionMap):
     ``hook_filter`` ``[lag, d_model]``, no position axis (it depends on positions, not inputs).
     """
 
-    output_projections = ()  # none: the gated product itself is the output, as in zoology
-
     def __init__(
         self,
         d_model: int,
@@ -225,4 +223,5 @@ SPEC = MixerSpec(
     },
     # BaseConv model: a short (k=3) and an implicit long convolution, alternating
     presets={"baseconv": (("baseconv", {"kernel_size": 3}), ("baseconv", {"kernel_size": -1}))},
+    output_projections=(),  # none: the gated product itself is the output, as in zoology
 )

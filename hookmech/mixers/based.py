@@ -24,7 +24,6 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
-from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -87,15 +86,6 @@ class Based(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     code passes ``bias=False``) into ``**kwargs`` and ignores it; its projections are always
     bias-free, and so are ours. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
-
-    output_projections = ("out_proj",)
-    #: zoology's Based names it ``proj_o``, which its `_init_weights` (matching ``out_proj.weight``
-    #: and ``fc2.weight`` by name) leaves at N(0, 0.02): what ``init = "zoology"`` draws (HazyResearch/zoology
-    #: zoology/model.py @ 0cd64f8, zoology/mixers/based.py @ 0a9c682)
-    reference_scales_output = False
-    #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections, and y for its z
-    block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="q", k="k", v="v", z="y")}
-    output_head_axes = "head d_head"
 
     def __init__(
         self,
@@ -460,4 +450,11 @@ SPEC = MixerSpec(
     # Based model: BaseConv with a short kernel, then Based linear attention, alternating
     presets={"based": (("baseconv", {"kernel_size": 3}), ("based", {}))},
     head_results=_head_results,
+    output_projections=("out_proj",),
+    # zoology's Based names it ``proj_o``, which its `_init_weights` (matching ``out_proj.weight``
+    # and ``fc2.weight`` by name) leaves at N(0, 0.02): what ``init = "zoology"`` draws (HazyResearch/zoology
+    # zoology/model.py @ 0cd64f8, zoology/mixers/based.py @ 0a9c682)
+    reference_scales_output=False,
+    output_head_axes="head d_head",
+    tl_attention={"q": "q", "k": "k", "v": "v", "z": "y"},  # the projections, and y for its z
 )

@@ -29,7 +29,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -62,11 +61,6 @@ class DeltaNet(Mixer, PathRoutes, EffectiveAttentionMap):
     recurrence from the patched position on;
     ``hook_y``: ``[batch, pos, head, d_head]``, o_t = S_t q_t before the output norm.
     """
-
-    output_projections = ("out_proj",)
-    #: TransformerLens's names (`Mixer.block_hook_aliases`): q, k, v, and y for its z
-    block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="q", k="k", v="v", z="y")}
-    output_head_axes = "head d_head"
 
     def __init__(
         self,
@@ -488,4 +482,7 @@ SPEC = MixerSpec(
         "d_head_v] (this mixer's `state` transposed): not aliased."
     ),
     head_results=_head_results,
+    output_projections=("out_proj",),
+    output_head_axes="head d_head",
+    tl_attention={"q": "q", "k": "k", "v": "v", "z": "y"},
 )

@@ -11,7 +11,10 @@ that is not a `Mixer` subclass, is one UsageError line.
 
 What the package knows of an outside mixer besides its class is a `MixerSpec` its module may
 declare beside it (any module-level ``MixerSpec`` whose ``mixer`` is the class; its name is replaced
-by the canonical one); without one the mixer has no heads and no state loop.
+by the canonical one); without one the mixer has no heads, and the block fields of a class it
+derives from that has one (`BLOCK_FIELDS`), else their defaults. A class attribute named as a block
+field (``output_projections = ("out_proj",)``, ``causal_tolerance = None``) states that field of
+an outside mixer's spec, as docs/your_mixer.md shows.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 
 from ..errors import UsageError, suggest
 from .base import Mixer
-from .mixer_spec import MixerSpec
+from .mixer_spec import BLOCK_FIELDS, MixerSpec
 
 #: the entry-point group under which installed packages register mixers (name = "module:Class")
 ENTRY_POINT_GROUP = "hookmech.mixers"
@@ -181,13 +184,24 @@ def _canonical(cls: type[Mixer], module, name: str) -> str:
 
 
 def _spec_of(cls: type[Mixer], canonical: str) -> MixerSpec:
-    """Return the spec of `cls` under `canonical`: its module's `MixerSpec` of it, renamed, or a plain one."""
+    """Return the spec of `cls` under `canonical` (module docstring): its module's `MixerSpec` of
+    it, or a plain one with the block fields of its nearest base class that has one; with the
+    block fields `cls` states as class attributes on top."""
+    spec = _declared_spec(cls)
+    if spec is None:
+        base = next(filter(None, map(_declared_spec, cls.__mro__[1:])), None)
+        block = {name: getattr(base, name) for name in BLOCK_FIELDS} if base is not None else {}
+        spec = MixerSpec(name=canonical, mixer=cls, heads=None, meanings={}, bench=False, **block)
+    stated = {name: getattr(cls, name) for name in BLOCK_FIELDS if hasattr(cls, name)}
+    return dataclasses.replace(spec, name=canonical, **stated)
+
+
+def _declared_spec(cls: type) -> MixerSpec | None:
+    """Return the module-level `MixerSpec` of `cls` in its module (the first by name), or None."""
     module = sys.modules.get(cls.__module__)
-    declared = [
+    declared = (
         value
         for _, value in sorted(vars(module).items() if module is not None else ())
         if isinstance(value, MixerSpec) and value.mixer is cls
-    ]
-    if declared:
-        return dataclasses.replace(declared[0], name=canonical)
-    return MixerSpec(name=canonical, mixer=cls, heads=None, meanings={}, bench=False)
+    )
+    return next(declared, None)

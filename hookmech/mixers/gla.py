@@ -36,7 +36,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import Context, EffectiveAttention, KeptWindow, Resid, RowInts, RunActs, RunMask, RunResid, Window
 from .base import Mixer, kept, needs_grad, replay_before, state_before
@@ -67,11 +66,6 @@ class GatedLinearAttention(Mixer, PathRoutes, EffectiveAttentionMap):
     ``hook_y``: ``[batch, pos, head, d_v]``, y_t = q_t S_t / √d_k before the norm;
     ``hook_out_gate``: ``[batch, pos, head, d_v]``, swish(W_g x_t) (with ``use_output_gate``).
     """
-
-    output_projections = ("out_proj",)
-    #: TransformerLens's names (`Mixer.block_hook_aliases`): q, k, v, and y for its z
-    block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="q", k="k", v="v", z="y")}
-    output_head_axes = "head d_head"
 
     def __init__(
         self,
@@ -418,4 +412,7 @@ SPEC = MixerSpec(
     },
     head_results=_head_results,
     attention_values=("v", "y"),
+    output_projections=("out_proj",),
+    output_head_axes="head d_head",
+    tl_attention={"q": "q", "k": "k", "v": "v", "z": "y"},
 )

@@ -26,7 +26,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Acts,
@@ -131,17 +130,6 @@ class H3(Mixer, PathRoutes, EffectiveAttentionMap):
     passes ``bias=False``) into ``**kwargs`` and ignores it, so q/k/v and the output projection
     keep their biases. It is accepted so that a model-wide ``bias`` reaches every layer.
     """
-
-    output_projections = ("out_proj",)
-    #: zoology's H3 names it ``output_linear``, which its `_init_weights` (matching
-    #: ``out_proj.weight``, ``fc2.weight`` and ``output_linear.0.weight`` by name) leaves at
-    #: N(0, 0.02): what ``init = "zoology"`` draws (HazyResearch/zoology zoology/mixers/h3/h3.py
-    #: @ 0c59e61, zoology/model.py @ 0cd64f8)
-    reference_scales_output = False
-    #: TransformerLens's names (`Mixer.block_hook_aliases`): the projections (no per-head output
-    #: is hooked: out_proj's input, q·ssm, has no hook)
-    block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="q", k="k", v="v")}
-    output_head_axes = "d_head head"  # zoology orders out_proj's input (d_v, head)
 
     def __init__(
         self, d_model: int, l_max: int = 1024, d_state: int | None = None, head_dim: int = 2, bias: bool = True
@@ -343,4 +331,13 @@ SPEC = MixerSpec(
         "ssm_filter": "diagonal-SSM kernel (no batch or position axis)",
     },
     head_results=_head_results,
+    output_projections=("out_proj",),
+    # zoology's H3 names it ``output_linear``, which its `_init_weights` (matching
+    # ``out_proj.weight``, ``fc2.weight`` and ``output_linear.0.weight`` by name) leaves at
+    # N(0, 0.02): what ``init = "zoology"`` draws (HazyResearch/zoology zoology/mixers/h3/h3.py
+    # @ 0c59e61, zoology/model.py @ 0cd64f8)
+    reference_scales_output=False,
+    output_head_axes="d_head head",  # zoology orders out_proj's input (d_v, head)
+    # the projections (no per-head output is hooked: out_proj's input, q·ssm, has no hook)
+    tl_attention={"q": "q", "k": "k", "v": "v"},
 )

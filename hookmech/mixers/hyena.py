@@ -54,8 +54,6 @@ class Hyena(Mixer, PathRoutes, EffectiveAttentionMap):
     ``hook_filter`` ``[lag, d_model]``: the long filter, no position axis.
     """
 
-    output_projections = ("out_proj",)
-
     def __init__(
         self,
         d_model: int,
@@ -222,4 +220,5 @@ SPEC = MixerSpec(
         "long_conv": "long convolution of x2·v",
         "y": "gated output x1·long_conv",
     },
+    output_projections=("out_proj",),
 )

@@ -31,7 +31,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hook_names import mixer_output_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -97,13 +96,6 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
     in use; an edit at position p is carried through the recurrence to later positions;
     ``hook_y`` ``[batch, pos, d_inner]``: h_t C_t + D ⊙ u_t, before the gate.
     """
-
-    block_norm = "rmsnorm"
-    block_mlp = False
-    output_projections = ("out_proj",)
-    #: TransformerLens's names (`Mixer.block_hook_aliases`): its Mamba bridge's ``mixer.hook_ssm_out``
-    block_hook_aliases = {**Mixer.block_hook_aliases, **mixer_output_aliases("ssm_out")}
-    reference_init = "mamba"  # mamba-ssm's _init_weights, which zoology applies to Mamba blocks
 
     def __init__(
         self,
@@ -692,4 +684,9 @@ SPEC = MixerSpec(
         "(dt_proj's output, before the softplus of `delta`), `hook_in_proj`, `hook_conv` (channel-first, "
         "untruncated), `hook_x_proj` and `hook_ssm_write` (Δ·B·x) mean nothing a hookmech hook holds: no alias."
     ),
+    block_norm="rmsnorm",
+    block_mlp=False,
+    output_projections=("out_proj",),
+    reference_init="mamba",  # mamba-ssm's _init_weights, which zoology applies to Mamba blocks
+    tl_mixer_out=("ssm_out",),  # its Mamba bridge's ``mixer.hook_ssm_out``
 )

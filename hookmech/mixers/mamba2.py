@@ -29,7 +29,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hook_names import mixer_output_aliases, tl_attention_aliases
 from ..hooks import AxisHookPoint, declare_sizes, hook_in_use
 from ..shapes import (
     Context,
@@ -258,18 +257,6 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
     position, materialised only while a hook is attached; edits propagate;
     ``hook_y`` ``[batch, pos, head, headdim]`` (SSM output with the D skip, before the gated norm).
     """
-
-    block_norm = "rmsnorm"
-    block_mlp = False
-    output_projections = ("out_proj",)
-    #: TransformerLens's names (`Mixer.block_hook_aliases`): y for its z, and its Mamba-2 bridge's
-    #: ``mixer.hook_ssm_out`` (its ``hook_ssm_state`` is already this mixer's, same axes)
-    block_hook_aliases = {
-        **Mixer.block_hook_aliases,
-        **tl_attention_aliases(z="y"),
-        **mixer_output_aliases("ssm_out"),
-    }
-    output_head_axes = "head d_head"
 
     def __init__(
         self,
@@ -616,4 +603,12 @@ SPEC = MixerSpec(
         "`hook_inner_norm` (the gated norm's output) and `hook_ssm_write` have no hookmech hook: no alias."
     ),
     head_results=_head_results,
+    block_norm="rmsnorm",
+    block_mlp=False,
+    output_projections=("out_proj",),
+    output_head_axes="head d_head",
+    # y for its z, and its Mamba-2 bridge's ``mixer.hook_ssm_out`` (its ``hook_ssm_state`` is
+    # already this mixer's, same axes)
+    tl_attention={"z": "y"},
+    tl_mixer_out=("ssm_out",),
 )

@@ -4,7 +4,9 @@
 Each mixer's module ends with ``SPEC = MixerSpec(...)``; `hookmech.mixers` collects every module's
 ``SPEC`` into `SPECS` (and `REGISTRY`, name -> class). From the specs come: the registry, the
 head axis of every model (`ModelConfig.head_shape`, ``--n-heads``, the ``[*]`` sites' head count),
-the model presets (`hookmech.model_presets`), the site reference and the mixer table of the docs
+the model presets (`hookmech.model_presets`), the block around the mixer (its norm, MLP,
+position embedding, init and output projections: `hookmech.config`, `hookmech.model`), its
+TransformerLens names, the site reference and the mixer table of the docs
 (``scripts/make_site_reference.py``), the benches' mixer lists and the tests' parametrisation.
 Options and their types are the class's constructor signature; a spec does not repeat them.
 """
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from ..errors import HookmechError
+from ..hook_names import block_part_aliases, hook_attribute, mixer_output_aliases, tl_attention_aliases
 from .base import mixer_options
 
 if TYPE_CHECKING:
@@ -70,6 +73,13 @@ class Heads:
         return {self.width: inner // n_heads}
 
 
+#: the `MixerSpec` fields that describe the block around the mixer (the class docstring)
+BLOCK_FIELDS = tuple(
+    "block_norm block_mlp default_pos_emb reference_init output_projections reference_scales_output "
+    "output_head_axes tl_attention tl_mixer_out causal_tolerance".split()
+)
+
+
 @dataclass(frozen=True)
 class MixerSpec:
     """Everything the package needs to know of one mixer besides its class, in one place.
@@ -88,11 +98,27 @@ class MixerSpec:
       build it with and the reference loop of its `state` route are test data:
       `hookmech.oracles.mixer_cases`, `hookmech.oracles.state_loops`).
     - `head_results`: where its output projection's input splits into heads
-      (`Mixer.output_head_axes`), that input per head written out from the cached hooks.
+      (`output_head_axes`), that input per head written out from the cached hooks.
     - `attention_values`: for a mixer with an `EffectiveAttentionMap` whose map gives one inside
       hook exactly from another, ``(values, output)``: ``output[b, t, h] = Σ_s M[b, h, t, s]
       values[b, s, h]`` (h: a head or a channel, `EffectiveAttentionMap.attention_axis`), which the
       tests check (the nine first mixers' maps, some with a skip or a product, are checked by hand).
+
+    The block around it (`BLOCK_FIELDS`, read by the config and the backbone; a mixer from outside
+    the package may state them as class attributes, `external`): `block_norm` ("layernorm" or
+    "rmsnorm"), `block_mlp` (an MLP after the mixer by default), `default_pos_emb` ("learned" or
+    "none"); `reference_init`, what ``init = "zoology"`` picks (`hookmech.config.INITS`: zoology
+    draws mamba-ssm's scheme for Mamba blocks only); `output_projections`, the submodules writing
+    into the residual stream, drawn with std 0.02 / sqrt(2 n_layers) (zoology, GPT-2: the stream's
+    variance does not grow with depth), and `reference_scales_output`, whether the reference init
+    scales them too (zoology's finds them by name, ``out_proj``, ``fc2``: one named otherwise keeps
+    N(0, 0.02) under ``init = "normal-by-name"``); `output_head_axes`, how the input of its one
+    output projection splits into heads, "head d_head", "d_head head" or "" (no heads: one head),
+    for TransformerLens's head results; `tl_attention` (TransformerLens's attention hook names ->
+    its inside hooks, ``{"z": "y"}``) and `tl_mixer_out` (TransformerLens's names inside the mixer
+    for its output, ``"ssm_out"``), the block's aliases (`hook_aliases`); `causal_tolerance`, of a
+    plug-in's causality check (`plug_in_check`): the largest change of an earlier output, relative
+    to the largest output, taken as float rounding (1e-5: the engine's exactness; None: no check).
     """
 
     name: str
@@ -104,12 +130,33 @@ class MixerSpec:
     bench: bool = True
     head_results: HeadResultsFn | None = None
     attention_values: tuple[str, str] | None = None
+    block_norm: str = "layernorm"
+    block_mlp: bool = True
+    default_pos_emb: str = "none"
+    reference_init: str = "normal"
+    output_projections: tuple[str, ...] = ()
+    reference_scales_output: bool = True
+    output_head_axes: str = ""
+    tl_attention: Mapping[str, str] = field(default_factory=dict)
+    tl_mixer_out: tuple[str, ...] = ()
+    causal_tolerance: float | None = 1e-5
     #: filled in from `presets` (None: the mixer's own single-mixer preset)
     model_presets: Mapping[str, PresetPattern] = field(init=False)
 
     def __post_init__(self) -> None:
         own: Mapping[str, PresetPattern] = {self.name: ((self.name, {}),)}
         object.__setattr__(self, "model_presets", own if self.presets is None else dict(self.presets))
+
+    def hook_aliases(self, mixer: Mixer) -> dict[str, str]:
+        """Return TransformerLens's names of the block's hooks around `mixer` (built from this spec),
+        ``{alias: hook}`` as paths inside the block: ``hook_attn_out`` (every mixer is TL's attention
+        sublayer), the `tl_attention` names of the inside hooks `mixer` has, and `tl_mixer_out`."""
+        present = {tl: own for tl, own in self.tl_attention.items() if hasattr(mixer, hook_attribute(own))}
+        return {
+            **block_part_aliases(attn_out="mixer_out"),
+            **tl_attention_aliases(**present),
+            **mixer_output_aliases(*self.tl_mixer_out),
+        }
 
     @property
     def options(self) -> dict[str, Any]:

@@ -6,11 +6,12 @@ patching engine assumes causality (a patch at position p changes nothing before 
 The check runs the freshly built mixer (eval mode, no gradients, the RNG states kept) on a random
 ``[2, T, d_model]`` input, T = min(n_ctx, 16): its output must be a tensor of the input's shape
 and dtype. Then the input is redrawn from a late position p on (p = T - 1, then T // 2): an output
-before p that changes by more than `Mixer.causal_tolerance` times the output's largest magnitude
+before p that changes by more than `MixerSpec.causal_tolerance` times the output's largest magnitude
 is a leak, refused naming the first position it reached (as is an output that changes when the
 same input is run twice: the engine compares runs of the same rows). The tolerance (1e-5 by default, the
 engine's own exactness) is there for mixers that are causal up to float rounding (FFT
-convolutions); a mixer sets it higher, or to None to skip the check. Registered mixers are tested
+convolutions); a mixer sets it higher (a class attribute ``causal_tolerance`` or its spec's field,
+`external`), or to None to skip the check. Registered mixers are tested
 by the package's tests instead.
 """
 
@@ -24,6 +25,7 @@ from torch import Tensor
 
 from ..errors import HookmechError, UsageError
 from .base import Mixer
+from .mixer_spec import MixerSpec
 
 #: the most positions the check runs
 CHECK_POSITIONS = 16
@@ -31,29 +33,29 @@ CHECK_POSITIONS = 16
 _CHECKED: set[tuple[str, int, str]] = set()
 
 
-def build_plug_in(name: str, cls: type[Mixer], d_model: int, options: dict[str, Any], n_ctx: int) -> Mixer:
-    """Return the plug-in mixer `cls` (named `name`) built as ``cls(d_model=d_model, **options)``:
-    a constructor that raises (SystemExit included) is one UsageError naming it, and its first
-    build in this process for these settings is checked (`check_plug_in`) in a model of `n_ctx`
-    positions."""
+def build_plug_in(name: str, spec: MixerSpec, d_model: int, options: dict[str, Any], n_ctx: int) -> Mixer:
+    """Return the plug-in mixer of `spec` (named `name`) built as ``spec.mixer(d_model=d_model,
+    **options)``: a constructor that raises (SystemExit included) is one UsageError naming it, and
+    its first build in this process for these settings is checked (`check_plug_in`) in a model of
+    `n_ctx` positions."""
     try:
-        mixer = cls(d_model=d_model, **options)
+        mixer = spec.mixer(d_model=d_model, **options)
     except HookmechError:
         raise
     except (Exception, SystemExit) as error:  # the user's code may raise anything, or exit
         raise UsageError(f"building mixer {name} raised {_described(error)}") from None
     key = (name, d_model, json.dumps(options, sort_keys=True, default=repr))
     if key not in _CHECKED and torch.empty(0).device.type != "meta":  # a meta model only sizes: nothing runs
-        check_plug_in(name, mixer, d_model, n_ctx)
+        check_plug_in(name, mixer, d_model, n_ctx, spec.causal_tolerance)
         _CHECKED.add(key)
     return mixer
 
 
-def check_plug_in(name: str, mixer: Mixer, d_model: int, n_ctx: int) -> None:
+def check_plug_in(name: str, mixer: Mixer, d_model: int, n_ctx: int, tolerance: float | None) -> None:
     """Raise a UsageError naming mixer `name` when `mixer` fails on a ``[2, T, d_model]`` input,
-    returns anything but a tensor of its shape and dtype, or is not deterministic or not causal
-    (module docstring);
-    return None. The caller's RNG states and the mixer's train/eval mode are kept."""
+    returns anything but a tensor of its shape and dtype, or is not deterministic or not causal up
+    to `tolerance` (`MixerSpec.causal_tolerance`; None skips these two; module docstring); return
+    None. The caller's RNG states and the mixer's train/eval mode are kept."""
     n_pos = max(1, min(n_ctx, CHECK_POSITIONS))
     parameter = next(mixer.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
@@ -64,7 +66,6 @@ def check_plug_in(name: str, mixer: Mixer, d_model: int, n_ctx: int) -> None:
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             mixer.eval()
             out = _output(name, mixer, x)
-            tolerance = type(mixer).causal_tolerance
             if tolerance is None:  # the mixer's author vouches for it
                 return
             _refuse_change(name, out, _output(name, mixer, x), n_pos, tolerance, "running it twice on one input")
@@ -117,7 +118,7 @@ def _refuse_change(name: str, out: Tensor, other: Tensor, start: int, tolerance:
             f"mixer {name} is {what}: {how} changed its output at position {first} by "
             f"{float(change[first]):.3g} (more than causal_tolerance {tolerance:g} x its largest output {scale:.3g}); "
             "the patching engine assumes a causal, deterministic mixer (a mixer causal up to float rounding "
-            "sets Mixer.causal_tolerance higher, or None to skip this check)"
+            "sets causal_tolerance higher, or None to skip this check)"
         )
 
 

@@ -28,7 +28,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UsageError
-from ..hook_names import tl_attention_aliases
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import (
     Context,
@@ -206,14 +205,6 @@ class RWKV6(Mixer, PathRoutes, EffectiveAttentionMap):
     each position, materialised only while a hook is attached; edits propagate;
     ``hook_output`` ``[batch, pos, head, d_head]``: o_t, before the group norm and gate.
     """
-
-    block_norm = "layernorm"
-    block_mlp = True
-    output_projections = ("out_proj",)
-    #: TransformerLens's names (`Mixer.block_hook_aliases`): the receptance reads the state as a
-    #: query does; the output before the group norm is its z
-    block_hook_aliases = {**Mixer.block_hook_aliases, **tl_attention_aliases(q="r", k="k", v="v", z="output")}
-    output_head_axes = "head d_head"
 
     def __init__(
         self,
@@ -477,4 +468,8 @@ SPEC = MixerSpec(
         "output": "r·(S_{t-1} + diag(u) kᵀv) per head, before group norm",
     },
     head_results=_head_results,
+    output_projections=("out_proj",),
+    output_head_axes="head d_head",
+    # the receptance reads the state as a query does; the output before the group norm is its z
+    tl_attention={"q": "r", "k": "k", "v": "v", "z": "output"},
 )

@@ -14,7 +14,7 @@ import torch
 
 from hookmech.config import build_config
 from hookmech.errors import UsageError
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.mixers import based as based_module
 from hookmech.mixers.based import Based, TaylorExp
 from hookmech.model import HookedLM
@@ -81,7 +81,8 @@ def test_output_shape_and_defaults(num_heads):
     assert mixer(torch.randn(3, 7, D_MODEL)).shape == (3, 7, D_MODEL)
     default = REGISTRY["based"](d_model=64)
     assert (default.feature_dim, default.num_heads, default.train_view) == (8, 1, "quadratic")
-    assert default.block_norm == "layernorm" and default.block_mlp and default.default_pos_emb == "none"
+    spec = SPECS["based"]
+    assert spec.block_norm == "layernorm" and spec.block_mlp and spec.default_pos_emb == "none"
 
 
 @pytest.mark.parametrize("train_view", ["quadratic", "linear"])

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 
 from hookmech.config import build_config
 from hookmech.errors import UsageError
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.mixers import deltanet as deltanet_module
 from hookmech.mixers.deltanet import DeltaNet, delta_rule_chunked, delta_rule_recurrent, delta_rule_states
 from hookmech.model import HookedLM
@@ -134,7 +134,8 @@ def test_defaults():
     assert (mixer.num_heads, mixer.conv_size) == (1, 4)
     assert mixer.q_conv1d.weight.shape == (64, 1, 4) and mixer.q_conv1d.bias is None
     assert isinstance(mixer.o_norm, torch.nn.RMSNorm)
-    assert mixer.block_norm == "layernorm" and mixer.block_mlp and mixer.default_pos_emb == "none"
+    spec = SPECS["deltanet"]
+    assert spec.block_norm == "layernorm" and spec.block_mlp and spec.default_pos_emb == "none"
 
 
 @pytest.mark.parametrize("mode", ["chunk", "recurrent"])

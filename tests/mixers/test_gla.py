@@ -154,7 +154,8 @@ def test_defaults_follow_fla():
     convolved = REGISTRY["gla"](d_model=64, use_short_conv=True)
     assert convolved.k_conv1d.weight.shape == (32, 1, 4) and convolved.v_conv1d.bias is None
     assert isinstance(mixer.g_norm, torch.nn.RMSNorm) and mixer.g_norm.weight.shape == (16,)
-    assert mixer.block_norm == "layernorm" and mixer.block_mlp and mixer.default_pos_emb == "none"
+    spec = SPECS["gla"]
+    assert spec.block_norm == "layernorm" and spec.block_mlp and spec.default_pos_emb == "none"
     assert SPECS["gla"].head_shape(64, {}) == (4, 16) and SPECS["gla"].head_shape(64, {"expand_v": 2.0}) == (4, 32)
 
 

@@ -19,7 +19,7 @@ from torch.nn import functional as F
 
 from hookmech.config import build_config
 from hookmech.errors import UsageError
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.mixers import mamba as mamba_module
 from hookmech.mixers.mamba import Mamba
 from hookmech.mixers.selective_scan import linear_scan, selective_scan, selective_scan_ref, strided_selective_scan
@@ -64,7 +64,7 @@ def test_parameters_are_mamba_ssm_keys_shapes_and_init():
     dt = F.softplus(mixer.dt_proj.bias.detach())  # inverse-softplus init: dt in [dt_min, dt_max]
     assert dt.min() >= 0.001 * (1 - 1e-4) and dt.max() <= 0.1 * (1 + 1e-4)
     assert mixer.dt_proj.weight.abs().max() <= dt_rank**-0.5
-    assert Mamba.block_norm == "rmsnorm" and Mamba.block_mlp is False
+    assert SPECS["mamba"].block_norm == "rmsnorm" and SPECS["mamba"].block_mlp is False
 
 
 def test_state_dict_keys_equal_mambapys():

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 from hookmech.config import build_config
 from hookmech.errors import UsageError
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.mixers import mamba2 as mamba2_module
 from hookmech.mixers.mamba2 import Mamba2, ssd_chunked, ssd_kept_states, ssd_recurrent, ssd_sequential
 from hookmech.model import HookedLM
@@ -77,7 +77,7 @@ def reference_forward(mixer: Mamba2, u: torch.Tensor, initial: dict[int, torch.T
 def test_defaults_follow_mamba2_with_small_heads():
     mixer = REGISTRY["mamba2"](d_model=64)
     assert (mixer.d_inner, mixer.n_heads, mixer.headdim, mixer.d_state) == (128, 8, 16, 64)
-    assert Mamba2.block_norm == "rmsnorm" and Mamba2.block_mlp is False
+    assert SPECS["mamba2"].block_norm == "rmsnorm" and SPECS["mamba2"].block_mlp is False
     names = {name for name, _ in mixer.named_parameters()}
     assert {"in_proj.weight", "conv1d.weight", "conv1d.bias", "dt_bias", "A_log", "D",
             "norm.weight", "out_proj.weight"} == names

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 from hookmech.config import build_config
 from hookmech.errors import UsageError
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, SPECS
 from hookmech.mixers import rwkv as rwkv_module
 from hookmech.mixers.rwkv import RWKV6, wkv_chunked, wkv_recurrent, wkv_sequential
 from hookmech.model import HookedLM
@@ -82,7 +82,7 @@ def reference_forward(mixer: RWKV6, x: torch.Tensor, replace: dict[int, torch.Te
 def test_defaults_and_parameter_names_follow_rwkv6():
     mixer = REGISTRY["rwkv"](d_model=64)
     assert (mixer.n_heads, mixer.head_size) == (4, 16)
-    assert RWKV6.block_norm == "layernorm" and RWKV6.block_mlp is True
+    assert SPECS["rwkv"].block_norm == "layernorm" and SPECS["rwkv"].block_mlp is True
     names = {name for name, _ in mixer.named_parameters()}
     assert {"time_maa_x", "time_maa_w", "time_maa_k", "time_maa_v", "time_maa_r", "time_maa_g",
             "time_maa_w1", "time_maa_w2", "time_decay", "time_decay_w1", "time_decay_w2", "time_faaaa",
