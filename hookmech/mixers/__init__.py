@@ -3,7 +3,7 @@
 Every mixer is built as ``REGISTRY[name](d_model=..., **kwargs)`` and maps
 ``[batch, pos, d_model] -> [batch, pos, d_model]``; see `base.Mixer` for the core every mixer
 implements, `capabilities` for what a mixer may opt into (`ExactPatchEffects` for AtP*,
-`PathRoutes`, `EffectiveAttentionMap`), and `spec.MixerSpec` for what the package knows of each
+`PathRoutes`, `EffectiveAttentionMap`), and `mixer_spec.MixerSpec` for what the package knows of each
 one besides its class. A mixer's module declares its ``SPEC`` beside the class; `SPECS` holds
 every module of this package's, by name, and `REGISTRY` their classes: adding a mixer is adding
 its module (docs/architecture.md, "Adding a mixer"). A mixer from outside the package is named
