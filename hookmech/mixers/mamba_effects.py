@@ -31,10 +31,8 @@ from .selective_scan import linear_scan
 class MambaPatchEffects(ExactPatchEffects):
     """`ExactPatchEffects` of the Mamba-1 mixer (`mamba.Mamba` inherits it; module docstring)."""
 
-    #: positions between the states a resume context keeps (`mamba.Mamba.STATE_STRIDE`)
-    STATE_STRIDE: int
-
     if TYPE_CHECKING:  # the Mamba mixer's members these methods read (`mamba.Mamba` defines them)
+        STATE_STRIDE: int  # positions between the states a resume context keeps
         in_proj: nn.Linear
         out_proj: nn.Linear
         conv1d: nn.Conv1d

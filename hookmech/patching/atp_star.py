@@ -229,6 +229,7 @@ class _Estimator:
         #: the hooks whose patches `_exact_terms` computes (no gradient at the hook needed), and the
         #: hooks the backward passes reach: each mixer's output, the linearly estimated hooks
         self.exact_hooks = [hook for hook in hooks if self._computed_exactly(hook)]
+        self.exact_layers = [self._exact_layer(hook) for hook in self.exact_hooks]
         self.leaves = list(
             dict.fromkeys([hook for hook in hooks if hook not in self.exact_hooks] + self.gradient_hooks)
         )
@@ -247,16 +248,32 @@ class _Estimator:
     def _computed_exactly(self, hook: str) -> bool:
         """Return True where `_exact_terms` computes the patch of `hook` (its next mixer exactly,
         or only position-wise computation left), False where the estimate is linear."""
+        return self._exact_layer(hook) is not None
+
+    def _exact_layer(self, hook: str) -> int | None:
+        """Return the block whose mixer `_exact_terms` computes the patch of `hook` through
+        (n_layers where only position-wise computation is left), None where the estimate is linear."""
         model, n_layers = self.model, self.model.cfg.n_layers
         if model.resume_layer(hook) == n_layers:  # the final norm
-            return True
+            return n_layers
         parsed = parse_hook(hook)
         if parsed is not None and parsed.layer is not None and parsed.inside is None:  # `patch_to_next_mixer`
             layer = parsed.layer
             following = layer if parsed.part in ("resid_pre", "mixer_in") else layer + 1
-            return following == n_layers or model.mixer_patches_exactly(following)
+            return following if following == n_layers or model.mixer_patches_exactly(following) else None
         inside = model.layer_of_hook(hook)
-        return inside is not None and inside in self.blocks and model.mixer_patches_exactly(inside, hook)
+        exact = inside is not None and inside in self.blocks and model.mixer_patches_exactly(inside, hook)
+        return inside if exact else None
+
+    def _release_memos(self, done: int) -> None:
+        """Forget what the mixers keep for `exact_hooks` [0, `done`] in `memo` where no later hook
+        reads it: a mixer's memo lives from its first patch computation to its last, except the
+        last two blocks' (the query step's: `mixer_patch_outputs`, the last block's contexts)."""
+        n_layers = self.model.cfg.n_layers
+        later = set(self.exact_layers[done + 1 :])
+        for layer in set(self.exact_layers[: done + 1]) - later:
+            if layer is not None and layer < n_layers - 2:
+                self.memo.forget(layer)
 
     def chunk(self, rows: slice) -> tuple[Tensor, dict[int | None, dict[str, Tensor]]]:
         """Return (λ on the corrupt run ``[n]``, {None: full estimates, ℓ: estimates with layer ℓ's
@@ -410,7 +427,8 @@ class _Estimator:
         # (layer, mixer input, effect, output change at the query or None) computed so far
         done: list[tuple[int, Tensor, Tensor, Tensor | None]] = []
         variants = next(iter(stacked.values())).shape[0] if stacked else 1
-        for hook in self.exact_hooks:
+        for index, hook in enumerate(self.exact_hooks):
+            self._release_memos(index - 1)  # the blocks before this hook's are done with
             clean = acts(hook, "clean")
             # past the last mixer only the query's residual is followed: all its read-out needs
             route = model.patch_to_next_mixer(hook, clean, base, at=query)
