@@ -681,3 +681,33 @@ def test_context_memory_reaches_atp_star_and_changes_no_estimate(monkeypatch, ar
     for a, b in zip(roomy, tight, strict=True):
         # two paths of the last block's exact query step (kept contexts, or every position): ENGINE_TOL
         assert a["p_patched"] == pytest.approx(b["p_patched"], abs=ENGINE_TOL)
+
+
+def test_mixer_memos_live_only_while_their_blocks_are_patched(monkeypatch, ar_task):
+    """Each block's mixer memo (a Mamba block's base decays and states, 12 MB a row at Mamba-130m's
+    shape) is dropped once no later hook reads it: at most the block being computed and the last
+    two (the query step's) are alive (every block's were kept to the chunk's end, and outgrew the
+    memory: 74 GB at 256 rows). Forgetting changes no estimate, bit for bit."""
+    from hookmech.mixers.capabilities import PatchMemo
+
+    model = make_model(ar_task, mixers="mamba", n_layers=6, d_model=16)
+    batch = ar_task.sample(6, seed=4)
+    sites = ["L*.block_in", "L2.mixer_in", "L1.mixer.in_x"]
+    alive = []
+    of_layer = PatchMemo.of_layer
+
+    def counting(self, layer):
+        found = of_layer(self, layer)
+        alive.append((layer, set(self._by_layer)))
+        return found
+
+    monkeypatch.setattr(PatchMemo, "of_layer", counting)
+    released = atp_star_patch(model, batch, sites, ["key", "value", "all"])
+    # the hooks of block 1 (its input and in_x) and of block 2 (its input and mixer input) share a memo
+    assert {layer for layer, _ in alive} == set(range(6))
+    assert all(layers <= {layer, 4, 5} for layer, layers in alive), alive
+    monkeypatch.setattr(PatchMemo, "forget", lambda self, layer: None)  # keep every block's to the end
+    alive.clear()
+    kept = atp_star_patch(model, batch, sites, ["key", "value", "all"])
+    assert alive[-1][1] == set(range(6))
+    assert [r["p_patched"] for r in released] == [r["p_patched"] for r in kept]

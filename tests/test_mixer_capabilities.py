@@ -215,19 +215,19 @@ def test_graddrop_is_opt_in(ar_model, ar_task):
 def test_atp_star_from_tokens_keeps_its_contexts_within_context_memory(ar_task, monkeypatch):
     """From tokens, the last block's exact query step resumes from each chunk's own contexts; they
     count against `context_memory` as the whole run's would (it compared with a constant)."""
-    import hookmech.patching.atp_star as atp_star
+    from hookmech.patching.atp_star_query import QueryStep
 
     model = make_model(ar_task, mixers="mamba", n_layers=3, d_model=16)
     batch = ar_task.sample(6, seed=8)
     kept = []
-    original = atp_star._Estimator._corrupt_contexts
+    original = QueryStep._contexts
 
     def spy(self, *args):
         found = original(self, *args)
         kept.append(found is not None)
         return found
 
-    monkeypatch.setattr(atp_star._Estimator, "_corrupt_contexts", spy)
+    monkeypatch.setattr(QueryStep, "_contexts", spy)
     estimates = {}
     for budget in (2 << 30, 0):
         kept.clear()

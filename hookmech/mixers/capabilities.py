@@ -68,6 +68,12 @@ class PatchMemo:
             self._by_layer[layer] = MixerMemo()
         return self._by_layer[layer]
 
+    def forget(self, layer: int) -> None:
+        """Drop what block `layer`'s mixer keeps (its computations on the chunk are done): a
+        Mamba block keeps its base run's decays and states, ``[n, T, d_inner, d_state]`` twice,
+        so every block's together outgrow the memory (12 MB a row a block at Mamba-130m's shape)."""
+        self._by_layer.pop(layer, None)
+
 
 class ExactPatchEffects:
     """AtP*'s exact per-position patch effects through the mixer (Kramár et al. 2024, "AtP*", §3.1.1).

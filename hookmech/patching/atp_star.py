@@ -60,27 +60,18 @@ from ..errors import HookmechError
 from ..hook_names import block_hook, parse_hook
 from ..hooks import gradients_follow_edits, pos_axis_of
 from ..mixers.capabilities import PatchMemo
-from ..shapes import RowFloats, RowInts
 from ..sites import as_specs, position_patches
 from ..tasks.batch import Batch
 from .atp import positional_hooks
+from .atp_star_query import QueryStep
 from .chunked import GRADDROP_LAYERS
 from .graddrop import GradientPasses
+from .metrics import answer_log_odds
 from .options import CONTEXT_MEMORY, PatchOptions
 from .protocol import AtpStarModel, PatchableModel, check_patchable
 from .records import estimate_record
 from .runs import CleanCorruptRuns, evaluating, open_source
 from .targets import SiteSpecs
-
-
-def answer_log_odds(logits: Tensor, answers: RowInts) -> RowFloats:
-    """Return the log-odds of the answer ``[n]``, log p − log(1 − p) = logit(answer) − logsumexp of
-    the other logits, of query logits ``[n, d_vocab]`` (float32 or better, differentiable)."""
-    log_p = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
-    index = answers.to(logits.device)[:, None]
-    answer = log_p.gather(-1, index)[:, 0]
-    others = log_p.scatter(-1, index, float("-inf")).logsumexp(-1)
-    return answer - others
 
 
 def atp_star_patch(
@@ -113,19 +104,8 @@ def atp_star_patch(
     assert isinstance(model, AtpStarModel)  # for mypy: checked above
     options = PatchOptions(method="atp-star", threshold=threshold, max_batch=max_batch, per_example=per_example)
     hooks, start = positional_hooks(model, sites)
-    first = 0 if start is None else start
-    blocks = range(first, model.cfg.n_layers)
-    # what the estimates read of the corrupt run: each block's input, mixer input and output, and
-    # the residual before its MLP where that MLP's output is patched (a parallel block has none: its
-    # MLP reads the block's input)
-    context = [block_hook(layer, part) for layer in blocks for part in ("resid_pre", "mixer_in", "mixer_out")]
-    context += [
-        block_hook(layer, "resid_mid")
-        for layer in blocks
-        if block_hook(layer, "mlp_out") in hooks and block_hook(layer, "resid_mid") in model.hook_dict
-    ]
-    if any(model.resume_layer(hook) == model.cfg.n_layers for hook in hooks):  # the final norm is patched
-        context.append(model.resid_hook(model.cfg.n_layers))  # its input
+    blocks = range(0 if start is None else start, model.cfg.n_layers)
+    context = _corrupt_hooks_read(model, hooks, blocks)
     with evaluating(model), open_source(source) as (batch, cache):
         wanted = list(dict.fromkeys(hooks + context))
         # From tokens, the corrupt run's activations are read off the estimator's own corrupt
@@ -139,7 +119,7 @@ def atp_star_patch(
             cache,
             need_logits=False,
             max_batch=max_batch,
-            # the last block may resume at the query from the corrupt run's context (`_query_exact`),
+            # the last block may resume at the query from the corrupt run's context (`QueryStep`),
             # made from its mixer input when first asked for
             context_memory=context_memory,
             only=("clean",) if capture else ("clean", "corrupt"),
@@ -157,24 +137,56 @@ def atp_star_patch(
                 shifts[hook][:, rows] = _p_shift(log_odds, masks[:, rows], variants[None][hook])
                 for index, layer in enumerate(estimator.dropped):
                     dropped_shifts[hook][index, :, rows] = _p_shift(log_odds, masks[:, rows], variants[layer][hook])
-    p_clean_rows = runs.p_answer["clean"].double().cpu()
-    p_corrupt_rows = (estimator.p_corrupt if capture else runs.p_answer["corrupt"]).double().cpu()
+    p_rows = runs.p_answer["clean"], estimator.p_corrupt if capture else runs.p_answer["corrupt"]
+    labels = [patch_spec.label for patch_spec in patches]
+    return _records(hooks, labels, p_rows, shifts, dropped_shifts, options, graddrop_layers)
+
+
+def _corrupt_hooks_read(model: AtpStarModel, hooks: list[str], blocks: range) -> list[str]:
+    """Return the hooks of the corrupt run the estimates of `hooks` read: each block's input, mixer
+    input and output, and the residual before its MLP where that MLP's output is patched (a parallel
+    block has none: its MLP reads the block's input); the final norm's input where it is patched."""
+    context = [block_hook(layer, part) for layer in blocks for part in ("resid_pre", "mixer_in", "mixer_out")]
+    context += [
+        block_hook(layer, "resid_mid")
+        for layer in blocks
+        if block_hook(layer, "mlp_out") in hooks and block_hook(layer, "resid_mid") in model.hook_dict
+    ]
+    if any(model.resume_layer(hook) == model.cfg.n_layers for hook in hooks):  # the final norm is patched
+        context.append(model.resid_hook(model.cfg.n_layers))  # its input
+    return context
+
+
+def _records(
+    hooks: list[str],
+    labels: list[str],
+    p_rows: tuple[Tensor, Tensor],
+    shifts: dict[str, Tensor],
+    dropped_shifts: dict[str, Tensor],
+    options: PatchOptions,
+    graddrop_layers: bool,
+) -> list[dict[str, Any]]:
+    """Return `atp_star_patch`'s records, hook-major: per hook and position label, from p(answer) of
+    the clean and corrupt runs ``[N]`` each (`p_rows`), the estimated shifts of p ``[P, N]`` per hook
+    and those with each GradDrop layer's gradient dropped ``[layers, P, N]``."""
+    p_clean_rows, p_corrupt_rows = (p.double().cpu() for p in p_rows)
     records = []
     for hook in hooks:
-        for index, patch_spec in enumerate(patches):
+        for index, label in enumerate(labels):
             record = estimate_record(
                 hook,
-                patch_spec.label,
+                label,
                 p_clean_rows,
                 p_corrupt_rows,
                 shifts[hook][index],
                 method="atp-star",
                 threshold=options.threshold,
-                per_example=per_example,
+                per_example=options.per_example,
             )
             layer_means = dropped_shifts[hook][:, index].mean(dim=1)
-            record["graddrop"] = layer_means.abs().mean().item() if estimator.dropped else None
-            if graddrop_layers and estimator.dropped:
+            dropped = len(layer_means) > 0
+            record["graddrop"] = layer_means.abs().mean().item() if dropped else None
+            if graddrop_layers and dropped:
                 record[GRADDROP_LAYERS] = layer_means.tolist()
             records.append(record)
     return records
@@ -206,20 +218,18 @@ class _Estimator:
         self.model, self.runs, self.hooks, self.blocks = model, runs, hooks, blocks
         #: the block the corrupt forward starts at, from the corrupt run's residual there (None: the tokens)
         self.start = None if capture is not None else start
-        self.max_batch = max_batch
-        #: the corrupt run's hooks read off the gradient forward (None: from `runs`), its p(answer)
-        #: ``[N]`` and, per chunk, the last blocks' contexts made from that forward's mixer inputs
+        #: the corrupt run's hooks read off the gradient forward (None: from `runs`) and its p(answer) ``[N]``
         self.capture = capture
         self.p_corrupt = torch.empty(len(runs.batch), dtype=torch.float64)
-        self.chunk_contexts: dict[int, dict[str, Tensor]] = {}
-        #: once over the runs' `context_memory`, for every chunk
-        self.contexts_refused = runs.context_memory <= 0
         #: what the mixers' patch computations share within a chunk (`AtpStarModel.mixer_patch_effects`)
         self.memo = PatchMemo()
+        #: the last block's exact query step, resumed from the contexts of that forward's mixer inputs
+        self.query_step = QueryStep(model, runs, max_batch, from_tokens=capture is not None)
         self.gradient_hooks = [block_hook(layer, "mixer_out") for layer in blocks]
         #: the hooks whose patches `_exact_terms` computes (no gradient at the hook needed), and the
         #: hooks the backward passes reach: each mixer's output, the linearly estimated hooks
         self.exact_hooks = [hook for hook in hooks if self._computed_exactly(hook)]
+        self.exact_layers = [self._exact_layer(hook) for hook in self.exact_hooks]
         self.leaves = list(
             dict.fromkeys([hook for hook in hooks if hook not in self.exact_hooks] + self.gradient_hooks)
         )
@@ -238,16 +248,32 @@ class _Estimator:
     def _computed_exactly(self, hook: str) -> bool:
         """Return True where `_exact_terms` computes the patch of `hook` (its next mixer exactly,
         or only position-wise computation left), False where the estimate is linear."""
+        return self._exact_layer(hook) is not None
+
+    def _exact_layer(self, hook: str) -> int | None:
+        """Return the block whose mixer `_exact_terms` computes the patch of `hook` through
+        (n_layers where only position-wise computation is left), None where the estimate is linear."""
         model, n_layers = self.model, self.model.cfg.n_layers
         if model.resume_layer(hook) == n_layers:  # the final norm
-            return True
+            return n_layers
         parsed = parse_hook(hook)
         if parsed is not None and parsed.layer is not None and parsed.inside is None:  # `patch_to_next_mixer`
             layer = parsed.layer
             following = layer if parsed.part in ("resid_pre", "mixer_in") else layer + 1
-            return following == n_layers or model.mixer_patches_exactly(following)
+            return following if following == n_layers or model.mixer_patches_exactly(following) else None
         inside = model.layer_of_hook(hook)
-        return inside is not None and inside in self.blocks and model.mixer_patches_exactly(inside, hook)
+        exact = inside is not None and inside in self.blocks and model.mixer_patches_exactly(inside, hook)
+        return inside if exact else None
+
+    def _release_memos(self, done: int) -> None:
+        """Forget what the mixers keep for `exact_hooks` [0, `done`] in `memo` where no later hook
+        reads it: a mixer's memo lives from its first patch computation to its last, except the
+        last two blocks' (the query step's: `mixer_patch_outputs`, the last block's contexts)."""
+        n_layers = self.model.cfg.n_layers
+        later = set(self.exact_layers[done + 1 :])
+        for layer in set(self.exact_layers[: done + 1]) - later:
+            if layer is not None and layer < n_layers - 2:
+                self.memo.forget(layer)
 
     def chunk(self, rows: slice) -> tuple[Tensor, dict[int | None, dict[str, Tensor]]]:
         """Return (λ on the corrupt run ``[n]``, {None: full estimates, ℓ: estimates with layer ℓ's
@@ -270,7 +296,8 @@ class _Estimator:
             if self.start is None
             else base(block_hook(self.start, "resid_pre"))
         )
-        self.chunk_contexts, self.memo = {}, PatchMemo()
+        self.memo = PatchMemo()
+        self.query_step.new_chunk(self.memo)
         query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
         log_odds, p_answer, grads = self._backward(corrupt_input, query, answers, captured, base)
         self.p_corrupt[rows] = p_answer
@@ -393,14 +420,15 @@ class _Estimator:
         computation. After the last mixer (L = n_layers) only position-wise computation is left:
         ``effect`` is the exact change of λ at each row's query (0 elsewhere). Where the next
         mixer is the one before the last, what its change at the query does goes on exactly
-        through the last block (`_query_exact`, in the full gradient's estimate)."""
+        through the last block (`QueryStep.correction`, in the full gradient's estimate)."""
         model = self.model
         n_layers = model.cfg.n_layers
         terms: dict[str, tuple[int, Tensor, Tensor]] = {}
         # (layer, mixer input, effect, output change at the query or None) computed so far
         done: list[tuple[int, Tensor, Tensor, Tensor | None]] = []
         variants = next(iter(stacked.values())).shape[0] if stacked else 1
-        for hook in self.exact_hooks:
+        for index, hook in enumerate(self.exact_hooks):
+            self._release_memos(index - 1)  # the blocks before this hook's are done with
             clean = acts(hook, "clean")
             # past the last mixer only the query's residual is followed: all its read-out needs
             route = model.patch_to_next_mixer(hook, clean, base, at=query)
@@ -422,7 +450,7 @@ class _Estimator:
                 entry = next((d for d in done if d[0] == layer and torch.equal(d[1], mixer_in)), None)
                 if entry is None:
                     mixer_effect = self._along_kept(layer, gradient, mixer_in, base)
-                    # the mixer before the last: its output's change at the query, for `_query_exact`
+                    # the mixer before the last: its output's change at the query, for `QueryStep.correction`
                     at_query = (
                         model.mixer_patch_outputs(layer, mixer_in, base, query, self.memo)
                         if layer == n_layers - 2
@@ -433,7 +461,7 @@ class _Estimator:
                 found, moved = entry[2], entry[3]
                 skip = torch.einsum("vntd,ntd->vnt", gradient, resid - base(block_hook(layer, "resid_pre")))
                 if moved is not None:
-                    correction = self._query_exact(
+                    correction = self.query_step.correction(
                         layer, resid, moved, base, gradient[0], rows, query, answers, log_odds
                     )
                     if correction is not None:
@@ -466,84 +494,6 @@ class _Estimator:
             if variant is not None and variant < layer:
                 effects[index] = found[0]
         return effects
-
-    def _query_exact(
-        self,
-        layer: int,
-        resid: Tensor,
-        moved: Tensor,
-        base,
-        gradient: Tensor,
-        rows: Tensor,
-        query: Tensor,
-        answers: Tensor,
-        log_odds: Tensor,
-    ) -> Tensor | None:
-        """Return ``[n, T]`` float64: per patched position s, the exact change of λ through the last
-        block at the query minus its linear estimate there, for a block-level patch whose next
-        mixer (block `layer`) is the one before the last; None where the contexts do not fit.
-
-        Block `layer`'s output at the query under the patch at s (its mixer's change there, the
-        residual's own change when s is the query) enters the last block, which resumes on the
-        query alone from the corrupt run's context: the last mixer's own nonlinearity at the query
-        (a readout C_q·h, a gate, a softmax row) is computed, not linearised. Changes the patch
-        makes at other positions of the last block's input stay first order. `moved` ``[n, T,
-        d_model]`` is the mixer's output change at the query under the patch at each s
-        (`AtpStarModel.mixer_patch_outputs`), `gradient` ``[n, T, d_model]`` ∂λ/∂(its output),
-        `resid` ``[n, T, d_model]`` the residual entering block `layer` under each position's own
-        patch (`patch_to_next_mixer`), `rows` the rows' indices in the batch."""
-        model = self.model
-        found = self._corrupt_contexts(layer + 1, base, rows)
-        if found is None:
-            return None
-        contexts, rows = found
-        n, n_pos, _ = moved.shape
-        at_query = torch.arange(n, device=query.device), query
-        own = torch.arange(n_pos, device=query.device)[None, :] == query[:, None]  # [n, s]: s is the query
-        resid_change = (resid - base(block_hook(layer, "resid_pre")))[at_query]  # [n, d_model]
-        # only pairs the patch changes at the query resume (a patch after the query changes nothing)
-        pair_row, pair_pos = ((moved != 0).any(-1) | own & (resid_change != 0).any(-1)[:, None]).nonzero(as_tuple=True)
-        correction = torch.zeros(n, n_pos, dtype=torch.float64, device=query.device)
-        if len(pair_row) == 0:
-            return correction
-        own_change = own[pair_row, pair_pos, None] * resid_change[pair_row]  # [P, d_model]
-        before = base(block_hook(layer, "resid_pre"))[at_query][pair_row] + own_change
-        mixed = base(block_hook(layer, "mixer_out"))[at_query][pair_row] + moved[pair_row, pair_pos]
-        window = {block_hook(layer, "resid_pre"): before[:, None]}
-        route = model.patch_to_next_mixer(block_hook(layer, "mixer_out"), mixed[:, None], lambda hook: window[hook])
-        assert route is not None  # a block-level hook
-        pair_query = query[pair_row]
-        entering = block_hook(layer + 1, "resid_pre")
-        # resume takes the base run's residual; the pairs' own enters through the block's input hook
-        with model.hooks(fwd_hooks=[(entering, lambda activation, hook=None: route[1])]):
-            logits = model.resume(route[1], layer + 1, contexts, rows[pair_row], pair_query, pair_query)
-        exact = answer_log_odds(logits, answers[pair_row]) - log_odds[pair_row]
-        linear = ((moved[pair_row, pair_pos] + own_change) * gradient[pair_row, pair_query]).sum(-1)
-        correction[pair_row, pair_pos] = (exact - linear).double()
-        return correction
-
-    def _corrupt_contexts(self, layer: int, base, rows: Tensor) -> tuple[dict[int, dict[str, Tensor]], Tensor] | None:
-        """Return (the corrupt run's mixer contexts of blocks `layer` .. last, the indices of the chunk's
-        rows `rows` ``[n]`` in them), or None when they do not fit in the runs' `context_memory` bytes. Read off
-        the gradient forward (`capture`): the chunk's own, made from its mixer inputs once per
-        chunk; else the whole run's, from `runs`."""
-        if self.capture is None:
-            found = self.runs.resume_contexts(layer, "corrupt", self.max_batch)
-            return None if found is None else (found, rows)
-        if self.contexts_refused:
-            return None
-        for index in range(layer, self.model.cfg.n_layers):
-            if index not in self.chunk_contexts:
-                mixer_in = base(block_hook(index, "mixer_in"))
-                self.chunk_contexts[index] = self.model.layer_patch_context(index, mixer_in, self.memo)
-        contexts = {index: self.chunk_contexts[index] for index in range(layer, self.model.cfg.n_layers)}
-        size = sum(t.numel() * t.element_size() for context in contexts.values() for t in context.values())
-        # the budget is the whole run's, as `CleanCorruptRuns.resume_contexts` keeps it (a cache
-        # source gives the same estimates): this chunk's contexts scaled to every row
-        if size * len(self.runs.batch) / len(rows) > self.runs.context_memory:
-            self.contexts_refused, self.chunk_contexts = True, {}
-            return None
-        return contexts, torch.arange(len(rows), device=rows.device)
 
 
 def _at(values: Tensor, pos_axis: int, positions: Tensor) -> Tensor:

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UsageError, unknown
+from ..shapes import RowFloats, RowInts
 from ..tasks.batch import Batch
 
 METRICS = ("p_answer", "log_p", "logit_diff", "kl")
@@ -120,3 +121,13 @@ def make_metric(name: str, batch: Batch, logits: dict[str, Tensor]) -> Metric:
     if name == "kl":
         return Metric(name, batch.answers, clean_log_probs=logits["clean"].log_softmax(-1))
     return Metric(name, batch.answers)
+
+
+def answer_log_odds(logits: Tensor, answers: RowInts) -> RowFloats:
+    """Return the log-odds of the answer ``[n]``, log p − log(1 − p) = logit(answer) − logsumexp of
+    the other logits, of query logits ``[n, d_vocab]`` (float32 or better, differentiable)."""
+    log_p = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
+    index = answers.to(logits.device)[:, None]
+    answer = log_p.gather(-1, index)[:, 0]
+    others = log_p.scatter(-1, index, float("-inf")).logsumexp(-1)
+    return answer - others

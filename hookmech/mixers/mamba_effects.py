@@ -1,0 +1,233 @@
+"""Mamba-1's exact per-position patch effects for AtP* (`ExactPatchEffects`; Kramár et al. 2024,
+"AtP*", §3.1.1, for the selective SSM).
+
+A patch of one position s of the mixer's input (or of its SSM branch ``in_x``) reaches the
+d_conv positions s .. s + d_conv − 1 through the causal convolution; there Δ, B, C and the state
+are recomputed exactly (the selection is what makes Mamba nonlinear). After them the state's
+change moves on through the base run's fixed decays: its effect on a gradient's read-outs is that
+change times an adjoint state swept backwards once (`MambaPatchEffects.exact_patch_effects`), its
+change of the output at one position the decays' product read out there
+(`MambaPatchEffects.position_patch_outputs`). What these computations share of the base run (its
+convolved input, Δ, C, decays, states, gate and gated output) is kept in the caller's
+`MixerMemo`, which also gives the resume context of the same run (`patch_context`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..shapes import Context, Gradients, PositionEffects, RowInts, RunResid
+from .base import row_blocks, state_before
+from .capabilities import ExactPatchEffects, MixerMemo
+from .decay_exp import decay_exp_
+from .selective_scan import linear_scan
+
+
+class MambaPatchEffects(ExactPatchEffects):
+    """`ExactPatchEffects` of the Mamba-1 mixer (`mamba.Mamba` inherits it; module docstring)."""
+
+    if TYPE_CHECKING:  # the Mamba mixer's members these methods read (`mamba.Mamba` defines them)
+        STATE_STRIDE: int  # positions between the states a resume context keeps
+        in_proj: nn.Linear
+        out_proj: nn.Linear
+        conv1d: nn.Conv1d
+        d_conv: int
+        d_inner: int
+        d_state: int
+        D: nn.Parameter
+
+        def _split(self, projected: Tensor) -> tuple[Tensor, Tensor | None]: ...
+
+        def _ssm_inputs(self, in_x: Tensor, convolved: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]: ...
+
+        def _A(self) -> Tensor: ...
+
+        def _causal_conv(self, x: Tensor) -> Tensor: ...
+
+    def patches_exactly(self, hook: str | None = None) -> bool:
+        """Return True for the input and the SSM branch's in_x (`position_patch_effects`)."""
+        return hook in (None, "in_x")
+
+    def exact_patch_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None
+    ) -> PositionEffects:
+        """Return ``[..., N, T]`` (float64): the change Σ_t (y'_t − y_t)·grad_out_t when position s
+        alone is patched (`hook` None: the input; ``"in_x"``: the SSM branch of in_proj).
+        A patch at s reaches the d_conv positions s .. s + d_conv − 1 through the convolution,
+        where Δ, B, C and the state are recomputed exactly (the selection is what makes Mamba
+        nonlinear); after them the state's change moves on through fixed decays, so its effect is
+        the change of the state times the adjoint state of the later read-outs (exact as well).
+        Computed a block of rows at a time (`_row_blocks`)."""
+        parts = [
+            self._row_effects(x[rows], grad_out[..., rows, :, :], patched[rows], hook, memo, rows)
+            for rows in self._row_blocks(x)
+        ]
+        return torch.cat(parts, dim=-2)
+
+    def _row_effects(
+        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None, block: slice
+    ) -> PositionEffects:
+        """`position_patch_effects` of the block of rows `block` (`x` and the rest: those rows)."""
+        in_x, z = self._split(self.in_proj(x))
+        if hook is None:
+            new_in_x, new_z = self._split(self.in_proj(patched))
+        else:
+            new_in_x, new_z = patched, z
+        effect = grad_out.new_zeros(grad_out.shape[:-1], dtype=torch.float64)
+        # only the (row, position) pairs whose input the patch changes can move anything
+        rows, positions = self._changed(in_x, z, new_in_x, new_z).nonzero(as_tuple=True)  # [P] each
+        if len(rows) == 0:
+            return effect
+        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, memo, block)
+        A = self._A()
+        grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
+        n_pos, reach = x.shape[1], max(self.d_conv, 1)
+        change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
+        h = state_before(states, rows, positions)  # h_{s-1}: [P, d_inner, d_state]
+        moved = grad_out.new_zeros(*grad_out.shape[:-3], len(rows), dtype=torch.float64)  # per pair
+        steps = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, h)
+        for j, at, gated_j, after in steps:
+            inside = (positions + j < n_pos).double()
+            moved += (grad_gated[..., rows, at, :] * (gated_j - gated[rows, at])).sum(-1).double() * inside
+            h = after  # the state after s + j; after the loop, after the reach's last position
+        # After r = s + reach - 1 the state's change decays through the base run's fixed decays:
+        # Σ_{t > r} ĝ_t · C_t (Π decay) Δh_r = Δh_r · μ_r with the adjoint state
+        # μ_{r-1} = decay_r ⊙ (μ_r + ĝ_r ⊗ C_r), μ_{T-1} = 0, swept backwards once (ĝ: ∂m/∂y).
+        last = positions + reach - 1
+        moved_state = h - states[rows, last.clamp(max=n_pos - 1)]  # Δh at s + reach - 1
+        read = grad_gated * gate  # ĝ: [..., N, T, d_inner]
+        adjoint = read.new_zeros(*read.shape[:-2], *states.shape[-2:])  # μ_r: [..., N, d_inner, d_state]
+        for r in range(n_pos - 1, reach - 2, -1):
+            here = (last == r).nonzero(as_tuple=True)[0]
+            if len(here):
+                moved[..., here] += torch.einsum(
+                    "pij,...pij->...p", moved_state[here], adjoint[..., rows[here], :, :]
+                ).double()
+            # in place: one [..., N, d_inner, d_state] buffer for the whole sweep
+            adjoint.addcmul_(read[..., r, :, None], C[:, r, None, :]).mul_(decay[:, r])
+        effect[..., rows, positions] = moved
+        return effect
+
+    def position_patch_outputs(
+        self, x: RunResid, patched: RunResid, at: RowInts, memo: MixerMemo | None = None
+    ) -> RunResid | None:
+        """Return ``[N, T, d_model]``: the change of the output at ``at[n]`` when position s alone
+        (of row n) takes the input ``patched[n, s]`` (`ExactPatchEffects.position_patch_outputs`). Within the
+        convolution's reach of s, Δ, B, C and the state are recomputed (as `position_patch_effects`);
+        beyond it the state's change decays through the base run's decays to ``at``: Π_r exp(Δ_r A)
+        = exp(A · Σ_r Δ_r), then is read out by C and gated there. Computed a block of rows at a
+        time (`_row_blocks`)."""
+        parts = [self._row_outputs(x[rows], patched[rows], at[rows], memo, rows) for rows in self._row_blocks(x)]
+        return torch.cat(parts)
+
+    def _row_outputs(
+        self, x: RunResid, patched: RunResid, at: RowInts, memo: MixerMemo | None, block: slice
+    ) -> RunResid:
+        """`position_patch_outputs` of the block of rows `block` (`x` and the rest: those rows)."""
+        in_x, z = self._split(self.in_proj(x))
+        new_in_x, new_z = self._split(self.in_proj(patched))
+        n_pos = x.shape[1]
+        out = x.new_zeros(x.shape)
+        changed = self._changed(in_x, z, new_in_x, new_z)
+        changed &= torch.arange(n_pos, device=x.device)[None, :] <= at[:, None]
+        rows, positions = changed.nonzero(as_tuple=True)  # [P] each
+        if len(rows) == 0:
+            return out
+        conv, delta, C, _, states, gate, gated = self._base_branch(in_x, z, memo, block)
+        A = self._A()
+        query, reach = at[rows], max(self.d_conv, 1)
+        change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
+        h = state_before(states, rows, positions)
+        moved = change.new_zeros(len(rows), change.shape[-1])  # Δ(gated y) at the query, per pair
+        steps = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, h)
+        for j, at_j, gated_j, after in steps:
+            hit = positions + j == query
+            moved[hit] = (gated_j - gated[rows, at_j])[hit]
+            h = after  # the state after s + j; after the loop, after the reach's last position
+        last = positions + reach - 1
+        far = (last < query).nonzero(as_tuple=True)[0]
+        if len(far):  # the state's change after the reach, carried by fixed decays to the query
+            summed = delta.double().cumsum(1)
+            span = (summed[rows[far], query[far]] - summed[rows[far], last[far]]).to(delta.dtype)  # [F, d_inner]
+            carried = (span[..., None] * A).exp_().mul_(h[far] - states[rows[far], last[far]])
+            read = (carried @ C[rows[far], query[far]][..., None])[..., 0]
+            moved[far] = read * gate[rows[far], query[far]]
+        out[rows, positions] = moved @ self.out_proj.weight.T  # the output projection's bias cancels
+        return out
+
+    def _row_blocks(self, x: RunResid) -> list[slice]:
+        """Return the blocks of rows of `x` ``[N, T, d_model]`` the patch computations take at once
+        (`row_blocks`): each step touches several ``[rows, T, d_inner, d_state]`` tensors."""
+        return row_blocks(len(x), x.shape[1] * self.d_inner * self.d_state * x.element_size())
+
+    def _changed(self, in_x: Tensor, z: Tensor | None, new_in_x: Tensor, new_z: Tensor | None) -> Tensor:
+        """Return ``[N, T]`` bool: where a patch changes the SSM branch's input or the gate's."""
+        changed = (new_in_x != in_x).any(-1)
+        if z is not None and new_z is not None:
+            changed |= (new_z != z).any(-1)
+        return changed
+
+    def _base_branch(self, in_x: Tensor, z: Tensor | None, memo: MixerMemo | None, rows: slice) -> tuple[Tensor, ...]:
+        """Return the base run's (convolved in_x, Δ, C, decay ``[N, T, d_inner, d_state]``, states,
+        gate, gated y) from in_proj's split output of its rows `rows`, for the patch computations of
+        AtP*; kept in `memo` (the caller's, for calls on the same input) for the next such call."""
+        if memo is None:
+            return self._compute_base_branch(in_x, z)
+        return memo.of_rows(rows, lambda: self._compute_base_branch(in_x, z))
+
+    def _compute_base_branch(self, in_x: Tensor, z: Tensor | None) -> tuple[Tensor, ...]:
+        conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
+        u, delta, B, C = self._ssm_inputs(conv, convolved=True)
+        A = self._A()
+        decay = decay_exp_(delta[..., None] * A, factors=(delta, A))
+        states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :], overwrite=True)
+        gate = torch.ones_like(u) if z is None else F.silu(z)
+        gated = ((states @ C[..., None])[..., 0] + u * self.D) * gate
+        return conv, delta, C, decay, states, gate, gated
+
+    def _patched_reach(
+        self,
+        rows: Tensor,
+        positions: Tensor,
+        change: Tensor,
+        run: tuple[Tensor, Tensor, Tensor | None, Tensor],
+        A: Tensor,
+        h: Tensor,
+    ) -> Iterator[tuple[int, Tensor, Tensor, Tensor]]:
+        """Yield ``(j, at, y'·gate', h')`` for j = 0 .. reach − 1: with the SSM branch's input at
+        ``positions[i]`` of row ``rows[i]`` moved by `change` ``[P, d_inner]``, the gated output
+        ``[P, d_inner]`` at ``at = positions + j`` (clamped to the last position: callers drop
+        those past it) and the state after it ``[P, d_inner, d_state]``, from the state `h` before
+        s. `run` holds the base run's (convolved in_x, patched in_x, patched z or None, gate)."""
+        conv, new_in_x, new_z, gate = run
+        n_pos = conv.shape[1]
+        for j in range(max(self.d_conv, 1)):
+            at = (positions + j).clamp(max=n_pos - 1)
+            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
+                conv_j = conv[rows, at] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
+            else:
+                conv_j = new_in_x[rows, positions]
+            u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
+            # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [P, d_inner, d_state] temporary
+            h = decay_exp_(delta_j[..., None] * A, factors=(delta_j, A)).mul_(h)
+            h.addcmul_((delta_j * u_j)[..., None], B_j[:, None, :])
+            y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
+            gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
+            yield j, at, y_j * gate_j, h
+
+    def patch_context(self, x: RunResid, memo: MixerMemo) -> Context:
+        """Return `prefix_context(x)` from the base branch the patch computations keep in `memo`
+        (`_base_branch`, computed here where it is not yet): their states, a block of rows at a time
+        (each projected as `_row_effects` projects it, so both read the same numbers)."""
+        states, inputs = [], []
+        stride = self.STATE_STRIDE
+        for rows in self._row_blocks(x):
+            in_x, z = self._split(self.in_proj(x[rows]))
+            states.append(self._base_branch(in_x, z, memo, rows)[4][:, stride - 1 :: stride])
+            inputs.append(in_x)
+        return {"state": torch.cat(states), "in_x": torch.cat(inputs)}
