@@ -402,10 +402,16 @@ def _run_patches(engine: _Engine, model, source, request, rows_file) -> list[dic
     )
     batch = source.batch() if isinstance(source, CacheFile) else source
     if r.via is not None:
-        ends = (split_flag(r.senders), split_flag(r.receivers), r.via)
-        total = path_count(model, batch, *ends[:2])
+        from hookmech.patching.paths import parse_endpoints
+
+        # the endpoints are parsed here once; the bar's total, the engine and its workers take them parsed
+        senders = parse_endpoints(split_flag(r.senders), model, "sender")
+        receivers = parse_endpoints(split_flag(r.receivers), model, "receiver")
+        total = path_count(batch, senders, receivers)
         with notes_of(PathSkippedWarning), progress(total, "patching", unit="patch") as advance:
-            return engine.path_patch(model, source, *ends, progress=engine.progress(advance, total), **shared)
+            return engine.path_patch(
+                model, source, senders, receivers, r.via, progress=engine.progress(advance, total), **shared
+            )
     from hookmech.patching import parse_sites
 
     # the sites are parsed here once; the bar's total, the engine and its workers take them parsed

@@ -395,22 +395,17 @@ def patch_count(model, batch, site_specs, pos_specs) -> int:
     return len(parse_sites(site_specs, model)) * len(positions)
 
 
-def path_count(model, batch, senders, receivers) -> int:
-    """Return the number of (sender, receiver) pairs of sites and positions of a path patch (the
-    total of `path_patch`'s progress); bad endpoints raise its own UsageErrors."""
-    from hookmech.patching import parse_sites
-    from hookmech.patching.paths import split_endpoint
+def path_count(batch, senders, receivers) -> int:
+    """Return the number of (sender, receiver) pairs of sites and positions of a path patch of
+    parsed endpoints (`hookmech.patching.paths.parse_endpoints`) on `batch` (the total of
+    `path_patch`'s progress); bad positions raise its own UsageErrors."""
     from hookmech.sites import position_patches
 
-    def count(specs, end: str) -> int:
-        total = 0
-        for spec in specs:
-            site, pos = split_endpoint(spec, end)
-            n_pos = len(position_patches(pos, batch.roles, batch.lengths, batch.tokens.shape[1]))
-            total += len(parse_sites(site, model)) * n_pos
-        return total
+    def count(ends) -> int:
+        n_pos = batch.tokens.shape[1]
+        return sum(len(position_patches(end.position, batch.roles, batch.lengths, n_pos)) for end in ends)
 
-    return count(senders, "sender") * count(receivers, "receiver")
+    return count(senders) * count(receivers)
 
 
 def to_json(value, **kwargs) -> str:

@@ -36,7 +36,7 @@ from ..row_chunks import shard_rows
 from .chunked import RecordSums, RowsSink, add_sums, clean_sums, means_of
 from .dispatch import ablated_hooks, patch, patch_chunks
 from .options import PatchOptions
-from .paths import path_chunks, path_patch
+from .paths import EndpointSpecs, path_chunks, path_patch
 from .protocol import PatchableModel
 from .targets import SiteSpecs, parse_sites
 
@@ -166,8 +166,8 @@ class RayPatchEngine:
         self,
         model: PatchableModel,
         cache: CacheFile,
-        sender: list[str],
-        receiver: list[str],
+        sender: EndpointSpecs,
+        receiver: EndpointSpecs,
         via: str,
         *,
         memory: int,
