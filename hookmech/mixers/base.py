@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -174,6 +175,23 @@ class Mixer(nn.Module):
 #: (`ExactPatchEffects.position_patch_effects`, `position_patch_outputs`) hold for one block of rows
 #: (`row_blocks`): bounded memory, and several times faster on a CPU than all rows at once
 PATCH_BLOCK_BYTES = 16 << 20
+
+
+def one_pass(
+    hooked_forward: Callable[..., tuple[RunResid, Context | None]],
+    x: RunResid,
+    hooked: bool,
+    unhooked: Callable[[RunResid], tuple[RunResid, Context]] | None = None,
+) -> tuple[RunResid, Context]:
+    """Return ``(forward(x), prefix_context(x))`` (`Mixer.fused_forward_with_context`) of a mixer
+    whose ``hooked_forward(x, with_context=True)`` gives its run's context too: from it when an
+    inside hook is in use (`hooked`: the hooks fire) or no `unhooked` is given, else from
+    ``unhooked(x)``, the same pass without the hook points."""
+    if hooked or unhooked is None:
+        out, context = hooked_forward(x, with_context=True)
+        assert context is not None  # with_context=True always makes one
+        return out, context
+    return unhooked(x)
 
 
 def row_blocks(n_rows: int, bytes_per_row: int) -> list[slice]:

@@ -46,7 +46,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, row_blocks, state_before
+from .base import Mixer, kept, one_pass, row_blocks, state_before
 from .capabilities import EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .decay_exp import decay_exp_
 from .mixer_spec import MixerSpec
@@ -303,12 +303,11 @@ class Mamba(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap):
         return {"state": torch.cat(states), "in_x": torch.cat(inputs)}
 
     def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
-        """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
-        states; with inside hooks in use, the hooked forward keeps its states."""
-        if hooked:
-            out, context = self._hooked_forward(x, with_context=True)
-            assert context is not None
-            return out, context
+        """Return ``(forward(x), prefix_context(x))`` from one pass (`one_pass`; without hooks, the
+        output read from the states)."""
+        return one_pass(self._hooked_forward, x, hooked, self._output_and_context)
+
+    def _output_and_context(self, x: RunResid) -> tuple[RunResid, Context]:
         context, y = self._states(x)
         return self.out_proj(y), context
 
