@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import click
+from click.core import ParameterSource
 
 from .common import (
     CKPT_HELP,
@@ -515,8 +517,6 @@ def _exact_on(engine, model, cache, threshold, max_batch, context_memory, memory
 
 def _check_heatmap_path(path: str | None) -> None:
     """`patch -o`: a PNG file name, not a folder; a UsageError otherwise (returns None)."""
-    from pathlib import Path
-
     from hookmech.errors import UsageError
 
     if path is None:
@@ -529,8 +529,6 @@ def _check_heatmap_path(path: str | None) -> None:
 
 def _draw_heatmap(records, path: str, ckpt: str, method: str, metric: str, via: str | None) -> None:
     """Draw `records` with `hookmech.report.plot_heatmap` (a path patch's as sender x receiver) and say so on stderr."""
-    from pathlib import Path
-
     from hookmech import report
 
     title = f"{Path(ckpt).name}: attribution ({'path patching via ' + via if via else method}, {metric})"
@@ -584,8 +582,6 @@ def _check_task_source(task_name, task_opts, cache_path, data_path) -> None:
 def _patch_rows_from_file(data_path, ckpt):
     """`patch --data`: the rows of a dataset file whose task fits the checkpoint's (when it stores
     one); --cache, --n and --seed choose examples too, so giving one of them as well is a usage error."""
-    from click.core import ParameterSource
-
     from hookmech.datasets import check_fits_model, load_dataset
     from hookmech.errors import UsageError
     from hookmech.tasks import stored_task_spec
