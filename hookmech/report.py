@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from . import tasks
 from .errors import HookmechError, UsageError, unknown
 from .fileio import (
     TEMP_NAME,
@@ -49,6 +50,8 @@ from .fileio import (
     temp_prefix,
     write_text_atomic,
 )
+from .mech import evaluate_mechanism, mech_batch
+from .run_weights import run_weights
 from .seeds import EXAMPLES_SEED
 
 SWEPT = ("d_model", "lr", "seed")
@@ -648,10 +651,7 @@ def heatmap_records(run_dir: Path, n: int, seed: int) -> list[dict[str, Any]]:
     examples drawn with `seed` (`mech.mech_batch`), from the run's weights (`run_weights.run_weights`:
     the folder's model.safetensors or the bundled fixture that holds them). Nothing is written
     (`hookmech report` keeps them in its own folder: `_report_heatmap`)."""
-    from . import tasks
     from .checkpoint import load
-    from .mech import evaluate_mechanism, mech_batch
-    from .run_weights import run_weights
 
     checkpoint = run_weights(run_dir)
     if checkpoint is None:
@@ -670,7 +670,6 @@ def no_heatmap_reason(run_dir: Path, row: dict[str, Any]) -> str | None:
         return f"results.csv names it but {run_dir} does not exist"
     if row["status"] != "finished":
         return f"its status is {row['status']}, not finished"
-    from .run_weights import run_weights
 
     if run_weights(run_dir) is None:
         return (
@@ -951,8 +950,6 @@ class _Report:
         """Return the heatmap records of a run (`heatmap_records`): the earlier report's
         ``heatmap_<run>.json`` when it is of the same model file, n and seed, else computed;
         kept as ``heatmap_<run>.json`` in this report."""
-        from .run_weights import run_weights
-
         weights = run_weights(run_dir)  # no_heatmap_reason has checked that it has some
         assert weights is not None
         key = {"n": self.n, "seed": self.seed, "model_sha256": sha256_of(weights)}

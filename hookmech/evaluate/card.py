@@ -12,7 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .. import tasks
 from ..fileio import write_text_atomic
+from ..sweep import read_results
 from .budget import Planned
 from .references import pending_references, references
 from .suites import Suite
@@ -31,8 +33,6 @@ VERDICT_SITE = "L1.block_in"
 
 def task_rows(runs_dir: Path) -> list[dict[str, Any]]:
     """Return the rows of a task's ``results.csv`` (none when the task has not run)."""
-    from ..sweep import read_results
-
     return read_results(runs_dir / "results.csv") if (runs_dir / "results.csv").exists() else []
 
 
@@ -70,8 +70,6 @@ def at_chance(dev_acc: Any, chance: float | None) -> bool:
 
 def chance_level(spec: dict[str, Any]) -> float | None:
     """Return the chance accuracy of the task `spec` (`Task.chance`), None where it has none."""
-    from .. import tasks
-
     return tasks.from_spec(spec).chance()
 
 

@@ -16,6 +16,7 @@ from ..errors import HookmechError, UsageError, suggest
 from ..hook_names import block_part_aliases, hook_attribute
 from ..hooks import AxisHookPoint
 from ..hooks import hook_in_use as hook_in_use  # the one "is this hook in use"; also importable here
+from ..option_pairs import check_option_types
 from ..shapes import Context, KeptWindow, Resid, RowInts, RunResid, Window
 from .capabilities import CAPABILITY_OF, missing_capability
 
@@ -287,8 +288,6 @@ def mixer_options(cls: type[Mixer]) -> dict[str, Any]:
 def check_mixer_options(name: str, cls: type[Mixer], kwargs: dict[str, Any]) -> None:
     """Raise a UsageError naming the mixer if `cls` takes no ``d_model`` or `kwargs` holds an
     option `cls` does not take."""
-    from ..option_pairs import check_option_types
-
     parameters = inspect.signature(cls.__init__).parameters
     if "d_model" not in parameters and not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         raise UsageError(

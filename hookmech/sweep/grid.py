@@ -17,8 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tasks
 from ..errors import HookmechError, UsageError
 from ..fileio import sha256_of
+from ..mech import check_sites_and_positions, mech_batch
+from ..option_pairs import parse_layer_options, split_list
 from .spec import MODEL_DEFAULTS, MODEL_KEYS, TRAIN_DATA, Sweep, train_keys
 
 #: short forms of the common grid keys in run ids
@@ -135,9 +138,7 @@ def expand(sweep: Sweep) -> list[Run]:
 
 def build_run(run: dict[str, Any]):
     """Return ``(task, model_config, train_config)`` of a run dict (validates everything)."""
-    from .. import tasks
     from ..config import build_config
-    from ..option_pairs import parse_layer_options, split_list
     from ..training import TrainConfig
 
     task = tasks.from_spec(run["task"])
@@ -192,7 +193,6 @@ def check_training_data(run: dict[str, Any], task, train_config) -> None:
     """Raise a UsageError naming the file when the run's [train] data file is missing, holds
     another task or holds other than ``n_train`` rows; return None (also without a file). Reads
     the file's header only."""
-    from .. import tasks
     from ..datasets import read_dataset_header
 
     path = run["train"].get(TRAIN_DATA)
@@ -232,8 +232,6 @@ def validate(runs: Iterable[Run]) -> None:
     """
     import torch
 
-    from .. import tasks
-    from ..mech import check_sites_and_positions, mech_batch
     from ..model import HookedLM
     from ..sizes import check_fits
 

@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import tasks
 from ..errors import HookmechError
 from ..fileio import read_json, write_text_atomic
 from ..locking import folder_lock
+from ..mech import evaluate_mechanism, mech_batch, mech_callback
 from ..progress import RunProgress
 from .grid import build_run, needs_test_split, training_data
 from .results import RESULT_COLUMNS
@@ -61,8 +63,6 @@ def execute_run(
     mech_config = run["mech"]
     on_eval = None
     if mech_config is not None and mech_config.get("every"):
-        from ..mech import mech_callback
-
         on_eval = mech_callback(
             task,
             model_config,
@@ -108,7 +108,6 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str,
 
     model = None
     if needs_test_split(run["task"]) and not (out / "test.json").exists():
-        from .. import tasks
         from ..training import evaluate
 
         model = load(out / "model.safetensors", device=device, allow_mixers=mixers)
@@ -122,8 +121,6 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str,
     if mech_config is not None:
         existing = _read_json(out / "mech.json")
         if existing is None or existing.get("config") != mech_config:
-            from ..mech import evaluate_mechanism, mech_batch
-
             model = model or load(out / "model.safetensors", device=device, allow_mixers=mixers)
             batch = mech_batch(task, mech_config["seed"], mech_config["n"])
             records, columns = evaluate_mechanism(
