@@ -18,6 +18,8 @@ from click.core import ParameterSource
 
 from hookmech import seeds
 
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
+
 if TYPE_CHECKING:  # tqdm is imported when a bar is drawn
     from tqdm import tqdm
 

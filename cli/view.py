@@ -36,6 +36,8 @@ from .common import (
     verify_cache_option,
 )
 
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
+
 #: options of one kind of page, refused with the other (name shown, click parameter name)
 CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
     ("--cache", "cache_path"),

@@ -24,6 +24,8 @@ from .errors import HookmechError, UsageError
 from .hook_names import parse_hook
 from .validate import allows_minus_inf, first_non_finite, value_at
 
+# .hooks, .model and .mixers.allow_list are imported where used: they load TransformerLens, which this module does not
+
 FORMAT = "hookmech-cache"
 FORMAT_VERSION = 1
 #: the format attribute of dataset files (`hookmech.datasets`), told apart in messages

@@ -53,6 +53,9 @@ from .fileio import (
 from .mech import evaluate_mechanism, mech_batch
 from .run_weights import run_weights
 from .seeds import EXAMPLES_SEED
+from .sweep import read_results
+
+# matplotlib and .checkpoint are imported where used: reading and tabulating results loads neither
 
 SWEPT = ("d_model", "lr", "seed")
 POSITIONS = ("key", "value", "query")
@@ -84,8 +87,6 @@ def read_sweep_results(runs_dir: str | Path) -> list[dict[str, Any]]:
     its run's d_model from ``runs_dir/<run_id>/run.json`` (`runs_d_model`), so that a sweep of
     one width reports it.
     """
-    from .sweep import read_results
-
     path = Path(runs_dir) / "results.csv"
     if not path.is_file():
         raise HookmechError(f"{path} does not exist (run `hookmech sweep` first)")

@@ -15,6 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .checkpoint import read_metadata
+from .config import ModelConfig
+from .demo import fixture_dir
 from .errors import HookmechError
 from .fileio import read_json
 
@@ -42,7 +45,6 @@ def fixture_of(run_dir: str | Path, fixtures: str | Path | None = None) -> Path 
     if summary is None or summary.get("status") != "finished":
         return None
     wanted = summary.get("model_hash")
-    from .demo import fixture_dir
 
     for path, metadata in _checkpoints(Path(fixtures) if fixtures is not None else fixture_dir()).items():
         if wanted is not None:
@@ -56,8 +58,6 @@ def fixture_of(run_dir: str | Path, fixtures: str | Path | None = None) -> Path 
 
 def _same_run(metadata: dict[str, Any], record: dict[str, Any], summary: dict[str, Any]) -> bool:
     """True when a fixture's header has the run's config, task and final training numbers."""
-    from .config import ModelConfig
-
     fixture_summary = metadata.get("summary") or {}
     try:
         config = ModelConfig.from_json(_json(record.get("model_config")))
@@ -84,8 +84,6 @@ def _read(path: Path) -> Any:
 @functools.cache
 def _checkpoints(folder: Path) -> dict[Path, dict[str, Any]]:
     """``{path: header metadata}`` of every hookmech checkpoint in `folder` (read once)."""
-    from .checkpoint import read_metadata
-
     found = {}
     for path in sorted(folder.glob("*.safetensors")):
         try:

@@ -21,6 +21,8 @@ from typing import Any
 from ..errors import UsageError
 from ..sweep import build_run
 
+# torch, the model and training are imported where used: this module loads without torch
+
 #: optimizer steps timed per task, after WARMUP_STEPS uncounted ones
 PROBE_STEPS = 20
 WARMUP_STEPS = 3

@@ -45,6 +45,8 @@ from .budget import Planned, check_budget, next_run, plan, run_seconds, step_sec
 from .card import best_row, build_card, task_rows, write_card
 from .suites import Suite, SuiteTask, suite, with_rates, with_steps, with_tasks
 
+# torch, the model and its modules are imported where used: this module loads without torch
+
 #: the examples the attributions are measured on (every run), as the sweep presets' [mech]
 MECH_N, MECH_SEED = 320, 0
 

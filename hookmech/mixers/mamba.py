@@ -55,6 +55,8 @@ from .selective_scan import linear_scan, selective_scan, strided_selective_scan
 from .short_conv import causal_taps
 from .state_patch import hook_state_with_propagation
 
+# the fused CUDA kernels are optional: imported where used, when installed
+
 # The optional CUDA kernels, bound on first use by `fused_kernels_available` (tests replace them).
 causal_conv1d_fn: Callable[..., Tensor] | None = None
 selective_scan_fn: Callable[..., Tensor] | None = None

@@ -25,6 +25,8 @@ from ..errors import HookmechError, UsageError
 from .folder import CONFIG_FILE, PretrainedFolder, is_pretrained_folder, read_folder, tokenizer_file
 from .weights import WeightsMismatch
 
+# huggingface_hub (optional) and the model (TransformerLens) are imported where used
+
 if TYPE_CHECKING:
     from ..model import HookedLM
 

@@ -19,6 +19,8 @@ from ..progress import RunProgress
 from .grid import build_run, needs_test_split, training_data
 from .results import RESULT_COLUMNS
 
+# torch, training and checkpoints are imported where used: this module loads without torch
+
 
 def _read_json(path: Path) -> Any:
     return read_json(path) if path.exists() else None

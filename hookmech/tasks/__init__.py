@@ -22,6 +22,8 @@ from .mqar import MultiQueryAR
 from .nl_ar import NaturalLanguageAR
 from .prompts import Prompts
 
+# .checkpoint is imported where used: it loads TransformerLens, which the tasks do not need
+
 REGISTRY: dict[str, type[Task]] = {
     "ar": AssociativeRecall,
     "mqar": MultiQueryAR,
