@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
-
 from ..cache import CacheFile
 from ..errors import UsageError
 from ..hooks import pos_axis_of
@@ -161,18 +159,6 @@ class _Path:
 
 
 @dataclass(frozen=True)
-class _Baseline:
-    """The unpatched means a path patch's records share: p(answer) and the metric, clean and corrupt,
-    and whether their gap passes the threshold."""
-
-    p_clean: float
-    p_corrupt: float
-    m_clean: float
-    m_corrupt: float
-    passes_filter: bool
-
-
-@dataclass(frozen=True)
 class _PathPatch:
     """What every row chunk of one `path_patch` call runs: its endpoints parsed once."""
 
@@ -194,16 +180,30 @@ class _PathPatch:
         self, source: Batch | CacheFile | str | Path, progress: Callable[[int], None] | None
     ) -> list[dict[str, Any]]:
         """Return `path_patch`'s records of all rows of `source` at once."""
+        options = self.options
         with evaluating(self.model), open_source(source) as (batch, cache):
             paths = self.paths(batch)
             sites = [PatchSite((Target(path.ends.patched, path.receiver.head),)) for path in paths]
-            runs = self.runs(batch, cache, paths, sites)
-            scorer = make_metric(self.options.metric, batch, runs.logits)
-            baseline = self.baseline(runs, scorer)
-            records: list[dict[str, Any]] = []
-            for path, site in zip(paths, sites, strict=True):
-                records += self.path_records(batch, runs, scorer, baseline, path, site, progress)
-        return records
+            hooks = [hook for path in paths for hook in (*path.ends.reads, path.ends.patched)]
+            runs = CleanCorruptRuns(
+                self.model,
+                batch,
+                hooks + hooks_to_start(self.model, sites),
+                cache,
+                need_logits=options.metric != "p_answer",
+                max_batch=options.max_batch,
+                base="corrupt",
+                context_memory=options.context_memory,
+            )
+            scorer = make_metric(options.metric, batch, runs.logits)
+            p_clean, p_corrupt = (runs.p_answer[which].mean().item() for which in RUNS)
+            m_clean, m_corrupt = (runs.unpatched_metric(scorer, which).mean().item() for which in RUNS)
+            gap = m_corrupt - m_clean if scorer.lower_is_better else m_clean - m_corrupt
+            scored = _Scored(
+                runs, scorer, len(batch), (p_clean, p_corrupt), (m_clean, m_corrupt), bool(gap > options.threshold)
+            )
+            pairs = zip(paths, sites, strict=True)
+            return [record for path, site in pairs for record in self.path_records(scored, path, site, progress)]
 
     def paths(self, batch: Batch) -> list[_Path]:
         """Return every (sender, receiver) pair of targets with their positions on `batch` (a
@@ -224,42 +224,12 @@ class _PathPatch:
             _skip_resid_pairs(paths)
         return paths
 
-    def runs(
-        self, batch: Batch, cache: CacheFile | None, paths: list[_Path], sites: list[PatchSite]
-    ) -> CleanCorruptRuns:
-        """Return the clean and corrupt runs of `batch` with every hook the `paths` read or patch."""
-        hooks = [hook for path in paths for hook in (*path.ends.reads, path.ends.patched)]
-        return CleanCorruptRuns(
-            self.model,
-            batch,
-            hooks + hooks_to_start(self.model, sites),
-            cache,
-            need_logits=self.options.metric != "p_answer",
-            max_batch=self.options.max_batch,
-            base="corrupt",
-            context_memory=self.options.context_memory,
-        )
-
-    def baseline(self, runs: CleanCorruptRuns, scorer: Metric) -> _Baseline:
-        """Return the unpatched means of `runs` that every record shares."""
-        p_clean, p_corrupt = (runs.p_answer[which].mean().item() for which in RUNS)
-        m_clean, m_corrupt = (runs.unpatched_metric(scorer, which).mean().item() for which in RUNS)
-        gap = m_corrupt - m_clean if scorer.lower_is_better else m_clean - m_corrupt
-        return _Baseline(p_clean, p_corrupt, m_clean, m_corrupt, bool(gap > self.options.threshold))
-
     def path_records(
-        self,
-        batch: Batch,
-        runs: CleanCorruptRuns,
-        scorer: Metric,
-        baseline: _Baseline,
-        path: _Path,
-        site: PatchSite,
-        progress: Callable[[int], None] | None,
+        self, scored: _Scored, path: _Path, site: PatchSite, progress: Callable[[int], None] | None
     ) -> list[dict[str, Any]]:
-        """Return the records of `path`: per sender position, the receiver positions it meets,
-        the receiver patched at its corrupt value plus the path's change (`PathPatchableModel.path_change`)."""
-        target = site.targets[0]
+        """Return the records of `path`: per sender position, the receiver positions it meets, the
+        receiver patched at its corrupt value plus the path's change (`PathPatchableModel.path_change`)."""
+        runs, target, options = scored.runs, site.targets[0], self.options
         pos_axis = pos_axis_of(self.model.hook_dict[target.hook])
         assert pos_axis is not None  # every patched hook of a path has a position axis
         head_axis = None if target.head is None else head_axis_of(self.model, target.hook)
@@ -270,46 +240,46 @@ class _PathPatch:
             if met:
                 change = self.model.path_change(path.ends, runs.acts, s_patch.mask.to(runs.device), path.sender.head)
                 plan = TargetPlan(target, pos_axis, head_axis, base + change, base)
-                probs, values = patched_rows(self.model, runs, site, met, scorer, self.options, plans=[plan])
+                probs, values = patched_rows(self.model, runs, site, met, scored.scorer, options, plans=[plan])
                 for r_patch, row_probs, row_values in zip(met, probs, values, strict=True):
-                    records.append(self.record(batch, baseline, path, s_patch, r_patch, row_probs, row_values))
+                    record = {
+                        "sender": f"{path.sender.site_label}@{s_patch.label}",
+                        "receiver": f"{path.receiver.site_label}@{r_patch.label}",
+                        "via": self.via,
+                        **patch_record(
+                            path.receiver.site_label,
+                            target.label,
+                            r_patch.label,
+                            scored.n,
+                            Means(*scored.p_answer, row_probs.mean().item()),
+                            Means(*scored.metric, row_values.mean().item()),
+                            method="exact",
+                            metric_name=options.metric,
+                            direction="denoise",
+                            passes_filter=scored.passes_filter,
+                        ),
+                    }
+                    if options.per_example:
+                        record["p_patched_rows"] = row_probs.tolist()
+                        if options.metric != "p_answer":
+                            record["metric_patched_rows"] = row_values.tolist()
+                    records.append(record)
             if progress is not None:
                 progress(len(path.receiver_patches))
         return records
 
-    def record(
-        self,
-        batch: Batch,
-        baseline: _Baseline,
-        path: _Path,
-        s_patch: PositionPatch,
-        r_patch: PositionPatch,
-        row_probs: Tensor,
-        row_values: Tensor,
-    ) -> dict[str, Any]:
-        """Return the record of one (sender position, receiver position) pair of `path`."""
-        record = {
-            "sender": f"{path.sender.site_label}@{s_patch.label}",
-            "receiver": f"{path.receiver.site_label}@{r_patch.label}",
-            "via": self.via,
-            **patch_record(
-                path.receiver.site_label,
-                Target(path.ends.patched, path.receiver.head).label,
-                r_patch.label,
-                len(batch),
-                Means(baseline.p_clean, baseline.p_corrupt, row_probs.mean().item()),
-                Means(baseline.m_clean, baseline.m_corrupt, row_values.mean().item()),
-                method="exact",
-                metric_name=self.options.metric,
-                direction="denoise",
-                passes_filter=baseline.passes_filter,
-            ),
-        }
-        if self.options.per_example:
-            record["p_patched_rows"] = row_probs.tolist()
-            if self.options.metric != "p_answer":
-                record["metric_patched_rows"] = row_values.tolist()
-        return record
+
+@dataclass(frozen=True)
+class _Scored:
+    """A batch's clean and corrupt runs, the metric, the batch's rows and the unpatched means
+    (clean, corrupt) that every record of a path patch shares."""
+
+    runs: CleanCorruptRuns
+    scorer: Metric
+    n: int
+    p_answer: tuple[float, float]
+    metric: tuple[float, float]
+    passes_filter: bool
 
 
 def _single_targets(site: str, model: PathPatchableModel, end: str) -> list[Target]:
