@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from . import tasks
 from .errors import HookmechError, UsageError, unknown
 from .fileio import (
     TEMP_NAME,
@@ -55,7 +54,8 @@ from .run_weights import run_weights
 from .seeds import EXAMPLES_SEED
 from .sweep import read_results
 
-# matplotlib and .checkpoint are imported where used: reading and tabulating results loads neither
+# matplotlib, .tasks and .checkpoint are imported where used: reading and tabulating results loads neither
+# matplotlib nor torch
 
 SWEPT = ("d_model", "lr", "seed")
 POSITIONS = ("key", "value", "query")
@@ -652,6 +652,7 @@ def heatmap_records(run_dir: Path, n: int, seed: int) -> list[dict[str, Any]]:
     examples drawn with `seed` (`mech.mech_batch`), from the run's weights (`run_weights.run_weights`:
     the folder's model.safetensors or the bundled fixture that holds them). Nothing is written
     (`hookmech report` keeps them in its own folder: `_report_heatmap`)."""
+    from . import tasks
     from .checkpoint import load
 
     checkpoint = run_weights(run_dir)

@@ -15,11 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import read_metadata
 from .config import ModelConfig
-from .demo import fixture_dir
 from .errors import HookmechError
 from .fileio import read_json
+
+# .checkpoint and .demo are imported where used: they load torch, which this module does not
 
 #: what a fixture's training summary must share with the run's summary.json (older records)
 MATCHED_SUMMARY = ("status", "steps", "dev_acc", "dev_p_answer")
@@ -45,6 +45,7 @@ def fixture_of(run_dir: str | Path, fixtures: str | Path | None = None) -> Path 
     if summary is None or summary.get("status") != "finished":
         return None
     wanted = summary.get("model_hash")
+    from .demo import fixture_dir
 
     for path, metadata in _checkpoints(Path(fixtures) if fixtures is not None else fixture_dir()).items():
         if wanted is not None:
@@ -84,6 +85,8 @@ def _read(path: Path) -> Any:
 @functools.cache
 def _checkpoints(folder: Path) -> dict[Path, dict[str, Any]]:
     """``{path: header metadata}`` of every hookmech checkpoint in `folder` (read once)."""
+    from .checkpoint import read_metadata
+
     found = {}
     for path in sorted(folder.glob("*.safetensors")):
         try:

@@ -12,13 +12,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .. import tasks
 from ..fileio import write_text_atomic
 from ..sweep import read_results
 from .budget import Planned
 from .references import pending_references, references
 from .suites import Suite
 from .verdict import MIN_EFFECT, PATCH_FILTER, PRESENT, STRONG, verdict
+
+# .tasks is imported where used: it loads torch, which this module does not
 
 #: the learning-rate window: the rates whose dev accuracy is within this of the best rate's
 WINDOW = 0.05
@@ -70,6 +71,8 @@ def at_chance(dev_acc: Any, chance: float | None) -> bool:
 
 def chance_level(spec: dict[str, Any]) -> float | None:
     """Return the chance accuracy of the task `spec` (`Task.chance`), None where it has none."""
+    from .. import tasks
+
     return tasks.from_spec(spec).chance()
 
 

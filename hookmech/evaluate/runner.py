@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import tasks
 from ..errors import HookmechError, UsageError, unknown
 from ..fileio import read_json, write_text_atomic
 from ..locking import FolderLocked, folder_lock
@@ -45,7 +44,7 @@ from .budget import Planned, check_budget, next_run, plan, run_seconds, step_sec
 from .card import best_row, build_card, task_rows, write_card
 from .suites import Suite, SuiteTask, suite, with_rates, with_steps, with_tasks
 
-# torch, the model and its modules are imported where used: this module loads without torch
+# torch, the tasks, the model and its modules are imported where used: this module loads without torch
 
 #: the examples the attributions are measured on (every run), as the sweep presets' [mech]
 MECH_N, MECH_SEED = 320, 0
@@ -386,6 +385,7 @@ def _write_views(chosen: Suite, out: Path, device: str, log, mixers: list[str]) 
 
 def _write_view(run_dir: Path, page: Path, device: str, mixers: list[str]) -> None:
     """Write the checkpoint page of the run in `run_dir`: its task's MECH_N examples of the card."""
+    from .. import tasks
     from ..checkpoint import load, read_metadata
     from ..view import checkpoint_page_data, write_page
 

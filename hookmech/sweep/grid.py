@@ -17,18 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import tasks
 from ..config import build_config
-from ..datasets import load_dataset, read_dataset_header
 from ..errors import HookmechError, UsageError
 from ..fileio import sha256_of
 from ..mech import check_sites_and_positions, mech_batch
-from ..mixers import canonical_name
-from ..model_presets import expand_preset
 from ..option_pairs import parse_layer_options, split_list
 from .spec import MODEL_DEFAULTS, MODEL_KEYS, TRAIN_DATA, Sweep, train_keys
 
-# torch, the model and training are imported where used: a sweep's grid loads without torch
+# torch, the tasks, the model and training are imported where used: a sweep's grid loads without torch
 
 #: short forms of the common grid keys in run ids
 _ID_PREFIX = {"arch": "", "mixer": "", "d_model": "d", "n_layers": "L", "lr": "lr", "seed": "s"}
@@ -87,6 +83,7 @@ def canonical_mixers(value: Any) -> Any:
     your own by its canonical name (`hookmech.mixers.canonical_name`): one run id for two spellings
     of one file, and a name that any worker (another folder, another process) resolves alike. Names
     that do not resolve stay as they are, for `validate` to refuse with the run's id."""
+    from ..mixers import canonical_name
 
     def one(name: Any) -> Any:
         if not isinstance(name, str):
@@ -143,6 +140,7 @@ def expand(sweep: Sweep) -> list[Run]:
 
 def build_run(run: dict[str, Any]):
     """Return ``(task, model_config, train_config)`` of a run dict (validates everything)."""
+    from .. import tasks
     from ..training import TrainConfig
 
     task = tasks.from_spec(run["task"])
@@ -150,6 +148,8 @@ def build_run(run: dict[str, Any]):
     n_layers = model["n_layers"]
     preset_options: list[dict[str, Any]] = [{} for _ in range(n_layers)]
     if model.get("arch") is not None:
+        from ..model_presets import expand_preset
+
         if model.get("mixer") is not None:
             raise UsageError(f"give arch or mixer, not both (arch {model['arch']!r}, mixer {model['mixer']!r})")
         mixers, preset_options = expand_preset(model["arch"], n_layers)
@@ -195,6 +195,9 @@ def check_training_data(run: dict[str, Any], task, train_config) -> None:
     """Raise a UsageError naming the file when the run's [train] data file is missing, holds
     another task or holds other than ``n_train`` rows; return None (also without a file). Reads
     the file's header only."""
+    from .. import tasks
+    from ..datasets import read_dataset_header
+
     path = run["train"].get(TRAIN_DATA)
     if path is None:
         return
@@ -211,6 +214,8 @@ def check_training_data(run: dict[str, Any], task, train_config) -> None:
 def training_data(run: dict[str, Any], task, train_config):
     """Return ``(rows, the file's sha256)`` of the run's [train] data file (checked as
     `check_training_data` does), or ``(None, None)`` when the run samples its training set."""
+    from ..datasets import load_dataset
+
     path = run["train"].get(TRAIN_DATA)
     if path is None:
         return None, None
@@ -230,6 +235,7 @@ def validate(runs: Iterable[Run]) -> None:
     """
     import torch
 
+    from .. import tasks
     from ..model import HookedLM
     from ..sizes import check_fits
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import tasks
 from ..errors import HookmechError
 from ..fileio import read_json, write_text_atomic
 from ..locking import folder_lock
@@ -19,7 +18,7 @@ from ..progress import RunProgress
 from .grid import build_run, needs_test_split, training_data
 from .results import RESULT_COLUMNS
 
-# torch, training and checkpoints are imported where used: this module loads without torch
+# torch, the tasks, training and checkpoints are imported where used: this module loads without torch
 
 
 def _read_json(path: Path) -> Any:
@@ -110,6 +109,7 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str,
 
     model = None
     if needs_test_split(run["task"]) and not (out / "test.json").exists():
+        from .. import tasks
         from ..training import evaluate
 
         model = load(out / "model.safetensors", device=device, allow_mixers=mixers)
