@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import click
+from click.core import ParameterSource
 
 from .common import (
     CKPT_HELP,
@@ -40,6 +42,8 @@ from .common import (
     to_json,
     verify_cache_option,
 )
+
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
 
 
 @click.command(context_settings=CONTEXT)
@@ -402,10 +406,16 @@ def _run_patches(engine: _Engine, model, source, request, rows_file) -> list[dic
     )
     batch = source.batch() if isinstance(source, CacheFile) else source
     if r.via is not None:
-        ends = (split_flag(r.senders), split_flag(r.receivers), r.via)
-        total = path_count(model, batch, *ends[:2])
+        from hookmech.patching.paths import parse_endpoints
+
+        # the endpoints are parsed here once; the bar's total, the engine and its workers take them parsed
+        senders = parse_endpoints(split_flag(r.senders), model, "sender")
+        receivers = parse_endpoints(split_flag(r.receivers), model, "receiver")
+        total = path_count(batch, senders, receivers)
         with notes_of(PathSkippedWarning), progress(total, "patching", unit="patch") as advance:
-            return engine.path_patch(model, source, *ends, progress=engine.progress(advance, total), **shared)
+            return engine.path_patch(
+                model, source, senders, receivers, r.via, progress=engine.progress(advance, total), **shared
+            )
     from hookmech.patching import parse_sites
 
     # the sites are parsed here once; the bar's total, the engine and its workers take them parsed
@@ -509,8 +519,6 @@ def _exact_on(engine, model, cache, threshold, max_batch, context_memory, memory
 
 def _check_heatmap_path(path: str | None) -> None:
     """`patch -o`: a PNG file name, not a folder; a UsageError otherwise (returns None)."""
-    from pathlib import Path
-
     from hookmech.errors import UsageError
 
     if path is None:
@@ -523,8 +531,6 @@ def _check_heatmap_path(path: str | None) -> None:
 
 def _draw_heatmap(records, path: str, ckpt: str, method: str, metric: str, via: str | None) -> None:
     """Draw `records` with `hookmech.report.plot_heatmap` (a path patch's as sender x receiver) and say so on stderr."""
-    from pathlib import Path
-
     from hookmech import report
 
     title = f"{Path(ckpt).name}: attribution ({'path patching via ' + via if via else method}, {metric})"
@@ -578,8 +584,6 @@ def _check_task_source(task_name, task_opts, cache_path, data_path) -> None:
 def _patch_rows_from_file(data_path, ckpt):
     """`patch --data`: the rows of a dataset file whose task fits the checkpoint's (when it stores
     one); --cache, --n and --seed choose examples too, so giving one of them as well is a usage error."""
-    from click.core import ParameterSource
-
     from hookmech.datasets import check_fits_model, load_dataset
     from hookmech.errors import UsageError
     from hookmech.tasks import stored_task_spec

@@ -5,14 +5,20 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
+import os
 import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import click
+from click.core import ParameterSource
 
 from hookmech import seeds
+
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
 
 if TYPE_CHECKING:  # tqdm is imported when a bar is drawn
     from tqdm import tqdm
@@ -114,8 +120,6 @@ class OutputPath(click.Path):
         self.file = file or not self.dir_okay
 
     def convert(self, value, param, ctx):
-        import os
-
         text = os.fspath(value)
         if not text.strip():
             self.fail("is empty; give a path", param, ctx)
@@ -217,9 +221,6 @@ def refuse_overwriting_inputs(outputs, inputs) -> None:
     resolved: `os.path.samefile` when both exist (links, ``./`` and ``..`` all count), else
     `Path.resolve`. Returns None.
     """
-    import os
-    from pathlib import Path
-
     from hookmech.errors import UsageError
 
     def same(a: str, b: str) -> bool:
@@ -256,8 +257,6 @@ def model_file_identity(ckpt: str) -> dict[str, str]:
     """Return what a cache records of the model file it was made from (`write_cache`'s arguments
     ``model_sha256`` and ``model_source``): the SHA-256 of a checkpoint file, or the resolved path
     of a model folder or the hub name (whose identity is the cache's model_hash), the other ''."""
-    from pathlib import Path
-
     from hookmech.fileio import sha256_of
     from hookmech.pretrained import is_hub_name
 
@@ -331,8 +330,6 @@ def load_model_and_task(ckpt: str, device: str, task_name=None, task_opts=(), pr
 def examples_count(task, n: int) -> int:
     """Return how many examples to draw: `n` (--n), or every prompt of a task whose rows are
     given (`Task.n_rows`) when --n was not typed."""
-    from click.core import ParameterSource
-
     given = click.get_current_context().get_parameter_source("n") == ParameterSource.COMMANDLINE
     return n if task.n_rows is None or given else task.n_rows
 
@@ -395,27 +392,21 @@ def patch_count(model, batch, site_specs, pos_specs) -> int:
     return len(parse_sites(site_specs, model)) * len(positions)
 
 
-def path_count(model, batch, senders, receivers) -> int:
-    """Return the number of (sender, receiver) pairs of sites and positions of a path patch (the
-    total of `path_patch`'s progress); bad endpoints raise its own UsageErrors."""
-    from hookmech.patching import parse_sites
-    from hookmech.patching.paths import split_endpoint
+def path_count(batch, senders, receivers) -> int:
+    """Return the number of (sender, receiver) pairs of sites and positions of a path patch of
+    parsed endpoints (`hookmech.patching.paths.parse_endpoints`) on `batch` (the total of
+    `path_patch`'s progress); bad positions raise its own UsageErrors."""
     from hookmech.sites import position_patches
 
-    def count(specs, end: str) -> int:
-        total = 0
-        for spec in specs:
-            site, pos = split_endpoint(spec, end)
-            n_pos = len(position_patches(pos, batch.roles, batch.lengths, batch.tokens.shape[1]))
-            total += len(parse_sites(site, model)) * n_pos
-        return total
+    def count(ends) -> int:
+        n_pos = batch.tokens.shape[1]
+        return sum(len(position_patches(end.position, batch.roles, batch.lengths, n_pos)) for end in ends)
 
-    return count(senders, "sender") * count(receivers, "receiver")
+    return count(senders) * count(receivers)
 
 
 def to_json(value, **kwargs) -> str:
     """Return strict JSON of `value`: non-finite floats (NaN, ±inf) become null, since JSON has none."""
-    import math
 
     def clean(item):
         if isinstance(item, float) and not math.isfinite(item):

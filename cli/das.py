@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from .common import (
@@ -20,6 +22,8 @@ from .common import (
     to_json,
     verify_cache_option,
 )
+
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
 
 
 @click.command(context_settings=CONTEXT)
@@ -80,8 +84,6 @@ def das(
     of the same K and the whole activation's interchange. Writes records.json and bases.safetensors
     into -o.
     """
-    from pathlib import Path
-
     from hookmech.cache import CacheFile
     from hookmech.das import train
     from hookmech.locking import folder_lock
@@ -120,8 +122,6 @@ def das(
 def _check_options(ckpt, cache_path, dim_specs, boundless, steps, lr, batch_size, seed, memory, out_dir):
     """Return the --dim values (None with --boundless); raise a UsageError for a missing or doubled
     choice of dimensions, a search option out of range, or an -o that is a file or an input."""
-    from pathlib import Path
-
     from hookmech.das import BASES_FILE, RECORDS_FILE, DasOptions
     from hookmech.errors import UsageError
     from hookmech.row_chunks import check_memory

@@ -8,6 +8,8 @@ import click
 
 from .common import CONTEXT, EXAMPLES_SEED, OutputPath
 
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
+
 _WRITE_N, _STATS_N = 100_032, 10_000
 
 

@@ -6,6 +6,8 @@ import click
 
 from .common import CONTEXT, allow_mixer_option, set_threads, threads_option
 
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
+
 
 @click.command(context_settings=CONTEXT)
 @allow_mixer_option

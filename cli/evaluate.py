@@ -15,6 +15,8 @@ from .common import (
     split_flag,
 )
 
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
+
 
 @click.command(context_settings=CONTEXT)
 @click.option(

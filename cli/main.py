@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -77,8 +78,6 @@ def _fixable_os_error(error: OSError) -> str | None:
     reason = error.strerror or os.strerror(error.errno)
     paths = [str(name) for name in (error.filename, error.filename2) if name is not None]
     if error.errno == errno.ENOTDIR and len(paths) == 1:
-        from pathlib import Path
-
         files = [folder for folder in reversed(Path(paths[0]).parents) if folder.is_file()]
         if files:
             return f"{paths[0]}: {files[0]} is a file, not a folder"

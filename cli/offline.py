@@ -8,6 +8,8 @@ import click
 
 from .common import CONTEXT, DEFAULT_MEMORY_MIB, memory_option, set_threads, threads_option
 
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
+
 
 @click.command(context_settings=CONTEXT)
 @click.argument("cache_path", metavar="CACHE", type=click.Path(dir_okay=False))

@@ -15,6 +15,8 @@ from .common import (
     runs_engine_options,
 )
 
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
+
 
 @click.command(context_settings=CONTEXT)
 @click.argument("sweep_file", required=False, type=click.Path(dir_okay=False))

@@ -19,6 +19,8 @@ from .common import (
     threads_option,
 )
 
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
+
 
 @click.command(context_settings=CONTEXT)
 @click.option(

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import math
+import warnings
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from .common import (
     CKPT_HELP,
@@ -32,6 +35,8 @@ from .common import (
     threshold_option,
     verify_cache_option,
 )
+
+# hookmech's modules (and torch) are imported inside the commands: `hookmech --help` loads neither
 
 #: options of one kind of page, refused with the other (name shown, click parameter name)
 CHECKPOINT_ONLY: tuple[tuple[str, str], ...] = (
@@ -236,8 +241,6 @@ class _RunsBar:
 
 def _given_options() -> set[str]:
     """Return the parameter names given on the command line (not left at their defaults)."""
-    from click.core import ParameterSource
-
     context = click.get_current_context()
     return {
         name
@@ -266,10 +269,6 @@ def _checkpoint_data(
     """Return (page data, title) of a checkpoint's page: its task's examples (`--n`, `--seed`;
     `task_choice` is --task, --task-opt and --data) or the cache's rows and task, patched in
     chunks within `memory` MiB (the per-row arrays left in temporary files for `write_page`)."""
-    import math
-    import warnings
-    from pathlib import Path
-
     from hookmech.cache import CacheFile, UnverifiedCacheWarning
     from hookmech.view import checkpoint_page_data, default_positions
     from hookmech.view.checkpoint import page_chunk_rows

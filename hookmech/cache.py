@@ -203,6 +203,25 @@ def write_cache(
     nothing is written. Returns the path written.
     """
     hooks = _hook_names(model, hooks)
+    chunk = _check_cache_request(model, batch, hooks, dtype, chunk)
+    aliases = _stored_once(model, hooks)
+    with atomic_h5(path) as h5:
+        _write_attributes(h5, model, model_sha256, model_source, task_spec)
+        # every dataset stays referenced until the file closes (see atomic_h5: one freed while
+        # the disk is full cannot report its failed flush)
+        written = _write_columns(h5, batch)
+        datasets = _write_runs(h5, model, batch, hooks, list(aliases), chunk, dtype, compression, progress)
+        for hook, same in aliases.items():
+            for which in ("clean", "corrupt"):
+                h5[f"acts/{which}/{hook}"] = datasets[f"acts/{which}/{same}"]  # an HDF5 hard link
+    del written  # after the file is closed
+    return Path(path)
+
+
+def _check_cache_request(model, batch: Batch, hooks: list[str], dtype: str, chunk: int | None) -> int:
+    """Return the rows per forward pass of `write_cache`'s arguments (`chunk`, or
+    `default_chunk`); a UsageError (or a HookmechError for weights that are not finite) for
+    arguments it refuses."""
     if dtype not in ACTIVATION_DTYPES:
         raise UsageError(f"dtype {dtype!r}: the format stores activations as {' or '.join(ACTIVATION_DTYPES)}")
     if len(batch) == 0:
@@ -214,63 +233,80 @@ def write_cache(
             raise UsageError(
                 f"{hook} has no position axis (it does not depend on the input): nothing to cache per example"
             )
-    aliases = _stored_once(model, hooks)
-    n_rows, n_pos = batch.tokens.shape
     if chunk is None:
-        chunk = default_chunk(n_rows, n_pos)
+        chunk = default_chunk(*batch.tokens.shape)
     if chunk < 1:
         raise UsageError(f"chunk must be >= 1 rows, got {chunk}")
-    device = next(model.parameters()).device
-    with atomic_h5(path) as h5:
-        h5.attrs.update(
-            {
-                "format": FORMAT,
-                "format_version": FORMAT_VERSION,
-                "model_hash": model_hash(model),
-                "model_sha256": model_sha256,
-                "model_config": model.cfg.to_json(),
-                "task": json.dumps(task_spec or {}, sort_keys=True),
-                "hookmech_version": __version__,
-                # only where given, so that caches of checkpoint files keep their bytes
-                **({"model_source": model_source} if model_source else {}),
-            }
-        )
-        # every dataset stays referenced until the file closes (see atomic_h5: one freed while
-        # the disk is full cannot report its failed flush)
-        columns = {
-            "tokens/clean": batch.tokens,
-            "tokens/corrupt": batch.corrupt_tokens,
-            **{name: getattr(batch, name) for name in ("lengths", "answers", "doc_index")},
-            **{f"roles/{role}": positions for role, positions in batch.roles.items()},
+    return chunk
+
+
+def _write_attributes(h5: h5py.File, model, model_sha256: str, model_source: str, task_spec: dict | None) -> None:
+    """Write the cache's root attributes (format, model identity and config, task); return None."""
+    h5.attrs.update(
+        {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "model_hash": model_hash(model),
+            "model_sha256": model_sha256,
+            "model_config": model.cfg.to_json(),
+            "task": json.dumps(task_spec or {}, sort_keys=True),
+            "hookmech_version": __version__,
+            # only where given, so that caches of checkpoint files keep their bytes
+            **({"model_source": model_source} if model_source else {}),
         }
-        written = [h5.create_dataset(name, data=value.numpy().astype(np.int32)) for name, value in columns.items()]
-        # One thread writes while the next forward runs: torch computes without holding the
-        # GIL, so the file writes (about as long as the forwards on CPU) overlap with them.
-        with ThreadPoolExecutor(max_workers=1) as io, _ChunkWriter(h5, n_rows, chunk, compression, io) as writer:
-            for rows in run_chunks(n_rows, chunk):
-                for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
-                    p_answer, acts = forward_rows(
-                        model, tokens[rows], batch.query_pos[rows], batch.answers[rows], hooks, device
-                    )
-                    refuse_non_finite_run(model, p_answer, tokens[rows], which, rows.start)
-                    probabilities = p_answer.cpu().numpy()
-                    writer.put(f"p_answer/{which}", rows, probabilities)
-                    for hook in hooks:
-                        if hook not in acts:
-                            raise HookmechError(f"hook {hook} did not fire in the forward pass")
-                        if hook not in aliases:
-                            values = acts[hook].to("cpu", getattr(torch, dtype)).numpy()
-                            _refuse_non_finite_output(values, hook, which, rows.start, dtype)
-                            writer.put(f"acts/{which}/{hook}", rows, values)
-                    writer.flush()
-                writer.wait_for_previous_chunk()
-                if progress is not None:
-                    progress(rows.stop - rows.start)
-        for hook, same in aliases.items():
-            for which in ("clean", "corrupt"):
-                h5[f"acts/{which}/{hook}"] = writer.datasets[f"acts/{which}/{same}"]  # an HDF5 hard link
-    del written  # after the file is closed
-    return Path(path)
+    )
+
+
+def _write_columns(h5: h5py.File, batch: Batch) -> list[h5py.Dataset]:
+    """Write `batch`'s integer columns (tokens of both runs, lengths, answers, document indices,
+    role positions) as int32; return their datasets."""
+    columns = {
+        "tokens/clean": batch.tokens,
+        "tokens/corrupt": batch.corrupt_tokens,
+        **{name: getattr(batch, name) for name in ("lengths", "answers", "doc_index")},
+        **{f"roles/{role}": positions for role, positions in batch.roles.items()},
+    }
+    return [h5.create_dataset(name, data=value.numpy().astype(np.int32)) for name, value in columns.items()]
+
+
+def _write_runs(
+    h5: h5py.File,
+    model,
+    batch: Batch,
+    hooks: list[str],
+    aliases: list[str],
+    chunk: int,
+    dtype: str,
+    compression: str | None,
+    progress,
+) -> dict[str, h5py.Dataset]:
+    """Run `batch` clean and corrupt through `model` `chunk` rows at a time and write p(answer) and
+    the activations of `hooks` (as `dtype`) but `aliases` (linked to their equivalent hook's after);
+    return the datasets written, by name."""
+    n_rows = len(batch.tokens)
+    device = next(model.parameters()).device
+    # One thread writes while the next forward runs: torch computes without holding the
+    # GIL, so the file writes (about as long as the forwards on CPU) overlap with them.
+    with ThreadPoolExecutor(max_workers=1) as io, _ChunkWriter(h5, n_rows, chunk, compression, io) as writer:
+        for rows in run_chunks(n_rows, chunk):
+            for which, tokens in (("clean", batch.tokens), ("corrupt", batch.corrupt_tokens)):
+                p_answer, acts = forward_rows(
+                    model, tokens[rows], batch.query_pos[rows], batch.answers[rows], hooks, device
+                )
+                refuse_non_finite_run(model, p_answer, tokens[rows], which, rows.start)
+                writer.put(f"p_answer/{which}", rows, p_answer.cpu().numpy())
+                for hook in hooks:
+                    if hook not in acts:
+                        raise HookmechError(f"hook {hook} did not fire in the forward pass")
+                    if hook not in aliases:
+                        values = acts[hook].to("cpu", getattr(torch, dtype)).numpy()
+                        _refuse_non_finite_output(values, hook, which, rows.start, dtype)
+                        writer.put(f"acts/{which}/{hook}", rows, values)
+                writer.flush()
+            writer.wait_for_previous_chunk()
+            if progress is not None:
+                progress(rows.stop - rows.start)
+    return writer.datasets
 
 
 def _hook_names(model, specs: str | Iterable[str]) -> list[str]:

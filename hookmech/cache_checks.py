@@ -19,9 +19,12 @@ import h5py
 import numpy as np
 import torch
 
+from .config import ModelConfig
 from .errors import HookmechError, UsageError
 from .hook_names import parse_hook
 from .validate import allows_minus_inf, first_non_finite, value_at
+
+# .hooks, .model and .mixers.allow_list are imported where used: they load TransformerLens, which this module does not
 
 FORMAT = "hookmech-cache"
 FORMAT_VERSION = 1
@@ -231,7 +234,6 @@ def model_hook_points(model_config: dict[str, Any]) -> dict[str, Any]:
     """Return the hook points of the model `model_config` describes, built on the meta device
     (shapes only, no weights), or {} when no model builds from it or it names a plug-in mixer:
     reading a cache never imports code its config names."""
-    from .config import ModelConfig
     from .mixers.allow_list import plug_ins
     from .model import HookedLM  # TransformerLens: only for hooks inside a sublayer
 

@@ -21,6 +21,7 @@ from .fileio import atomic_path
 from .identity import state_hash
 from .mixers.allow_list import plug_ins, require_allowed
 from .model import HookedLM
+from .pretrained import from_pretrained, is_pretrained
 from .sizes import check_fits
 
 _PICKLE_MAGIC = b"\x80"  # pickle protocol >= 2 starts with PROTO, then the protocol number
@@ -174,7 +175,6 @@ def load(
     UsageError says how to allow it (`hookmech.mixers.allow_list`).
     """
     check_device(device)
-    from .pretrained import from_pretrained, is_pretrained
 
     # folders and hub names first: `_checkpoint_path` takes files only
     if isinstance(path, (str, os.PathLike)):

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from . import schema
 from .errors import UsageError, unknown
 
+# .mixers is imported where used: it loads torch, which a config does not need
+
 if TYPE_CHECKING:
     from .mixers.mixer_spec import MixerSpec
 

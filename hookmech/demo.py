@@ -11,6 +11,7 @@ from typing import Any
 from .cache import write_cache
 from .checkpoint import load
 from .errors import HookmechError, unknown
+from .evaluate.verdict import MIN_EFFECT, verdict
 from .fileio import sha256_of
 from .patching import patch
 from .seeds import EXAMPLES_SEED
@@ -70,8 +71,6 @@ def explain(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
     association was stored at the value by layer 0), query = direct retrieval by layer 0,
     key = direct retrieval deferred to layer 1.
     """
-    from .evaluate.verdict import MIN_EFFECT
-
     by_pos = {r["pos"]: r for r in records if r["site"] == site}
     first = next(iter(by_pos.values()))
     if not first["passes_filter"]:
@@ -104,8 +103,6 @@ def mechanism(records: list[dict[str, Any]], site: str = DEMO_SITE) -> str:
     """Return the mechanism the records of `site` point to: "induction" (value), "direct
     retrieval" (query or key), or "unclear" (filter failed, both, or no position dominates), by
     `hookmech.evaluate.verdict`'s rules."""
-    from .evaluate.verdict import verdict
-
     at_site = [r for r in records if r["site"] == site]
     if not any(r["passes_filter"] for r in at_site):
         return "unclear"

@@ -8,6 +8,8 @@ import os
 
 from .errors import UsageError
 
+# torch is imported where used: this module loads without it
+
 
 def check_device(device) -> str:
     """Return `device` (a string or ``torch.device``) as a string if torch can use it here; raise

@@ -28,6 +28,8 @@ from typing import Any
 
 from .errors import HookmechError
 
+# h5py is imported where used: the other files' readers and writers load without it
+
 #: the temporary files atomic_path makes: ``.<name>.<pid>@<host>.<8 random chars>.tmp``
 TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)@(?P<host>[A-Za-z0-9-]*)\.[a-z0-9_]{8}\.tmp$")
 

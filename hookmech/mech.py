@@ -16,6 +16,8 @@ from typing import Any
 
 from .errors import UsageError
 
+# torch, the model and the patching engine are imported where used: this module loads without torch
+
 #: seed stream of the mechanistic batch; the trainer uses streams 0-3 (train, dev, fresh, order)
 MECH_STREAM = 4
 DEFAULT_SITES = ("L1.block_in",)

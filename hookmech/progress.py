@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+# tqdm is imported where a bar is drawn: this module loads without it
+
 #: a log gets a progress line of a run at most this often (at its evaluations)
 LINE_EVERY_S = 30.0
 #: a sweep's driver gets a run's progress at most this often between evaluations

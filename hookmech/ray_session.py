@@ -12,6 +12,8 @@ from typing import Any
 
 from .errors import HookmechError, UsageError
 
+# ray is optional: imported where used
+
 
 def import_ray():
     """Return the `ray` module, or raise a UsageError saying how to install it."""

@@ -49,7 +49,13 @@ from .fileio import (
     temp_prefix,
     write_text_atomic,
 )
+from .mech import evaluate_mechanism, mech_batch
+from .run_weights import run_weights
 from .seeds import EXAMPLES_SEED
+from .sweep import read_results
+
+# matplotlib, .tasks and .checkpoint are imported where used: reading and tabulating results loads neither
+# matplotlib nor torch
 
 SWEPT = ("d_model", "lr", "seed")
 POSITIONS = ("key", "value", "query")
@@ -81,8 +87,6 @@ def read_sweep_results(runs_dir: str | Path) -> list[dict[str, Any]]:
     its run's d_model from ``runs_dir/<run_id>/run.json`` (`runs_d_model`), so that a sweep of
     one width reports it.
     """
-    from .sweep import read_results
-
     path = Path(runs_dir) / "results.csv"
     if not path.is_file():
         raise HookmechError(f"{path} does not exist (run `hookmech sweep` first)")
@@ -650,8 +654,6 @@ def heatmap_records(run_dir: Path, n: int, seed: int) -> list[dict[str, Any]]:
     (`hookmech report` keeps them in its own folder: `_report_heatmap`)."""
     from . import tasks
     from .checkpoint import load
-    from .mech import evaluate_mechanism, mech_batch
-    from .run_weights import run_weights
 
     checkpoint = run_weights(run_dir)
     if checkpoint is None:
@@ -670,7 +672,6 @@ def no_heatmap_reason(run_dir: Path, row: dict[str, Any]) -> str | None:
         return f"results.csv names it but {run_dir} does not exist"
     if row["status"] != "finished":
         return f"its status is {row['status']}, not finished"
-    from .run_weights import run_weights
 
     if run_weights(run_dir) is None:
         return (
@@ -951,8 +952,6 @@ class _Report:
         """Return the heatmap records of a run (`heatmap_records`): the earlier report's
         ``heatmap_<run>.json`` when it is of the same model file, n and seed, else computed;
         kept as ``heatmap_<run>.json`` in this report."""
-        from .run_weights import run_weights
-
         weights = run_weights(run_dir)  # no_heatmap_reason has checked that it has some
         assert weights is not None
         key = {"n": self.n, "seed": self.seed, "model_sha256": sha256_of(weights)}

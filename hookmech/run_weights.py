@@ -15,8 +15,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .config import ModelConfig
 from .errors import HookmechError
 from .fileio import read_json
+
+# .checkpoint and .demo are imported where used: they load torch, which this module does not
 
 #: what a fixture's training summary must share with the run's summary.json (older records)
 MATCHED_SUMMARY = ("status", "steps", "dev_acc", "dev_p_answer")
@@ -56,8 +59,6 @@ def fixture_of(run_dir: str | Path, fixtures: str | Path | None = None) -> Path 
 
 def _same_run(metadata: dict[str, Any], record: dict[str, Any], summary: dict[str, Any]) -> bool:
     """True when a fixture's header has the run's config, task and final training numbers."""
-    from .config import ModelConfig
-
     fixture_summary = metadata.get("summary") or {}
     try:
         config = ModelConfig.from_json(_json(record.get("model_config")))

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import UsageError
+
 #: the largest seed: torch.manual_seed takes unsigned 64-bit values
 MAX_SEED = 2**64 - 1
 
@@ -73,8 +75,6 @@ class Field:
     def check(self, name: str, value: Any) -> None:
         """Raise a UsageError "NAME must be WHAT, got VALUE" when `value` does not fit; return None."""
         if not self.fits(value):
-            from .errors import UsageError
-
             raise UsageError(f"{name} must be {self.describe()}, got {value!r}")
 
 

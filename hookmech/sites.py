@@ -35,6 +35,8 @@ from .hook_names import (
     parse_hook,
 )
 
+# .hooks is imported where used: it loads TransformerLens, which parsing site names does not need
+
 __all__ = [
     "BLOCK_SITES",
     "GLOBAL_SITES",

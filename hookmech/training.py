@@ -46,6 +46,7 @@ from .allocator import keep_freed_memory
 from .cache import answer_probs, run_chunks
 from .checkpoint import read_metadata, save
 from .config import ModelConfig
+from .datasets import check_batch
 from .devices import check_device
 from .errors import HookmechError, UsageError
 from .fileio import atomic_path, disk_full_as_error, read_json, write_text_atomic
@@ -360,8 +361,6 @@ def train(
     check_fits(model_config, device, copies=4)  # weights, gradients, AdamW's two moments
     log = log or (lambda message: print(message, file=sys.stderr))
     if train_set is not None:
-        from .datasets import check_batch
-
         check_batch(train_set, task, "train_set")
         if len(train_set) != config.n_train:
             raise UsageError(f"the training set has {len(train_set)} rows, but n_train is {config.n_train}")

@@ -14,6 +14,7 @@ from . import schema
 from .config import ModelConfig
 from .errors import HookmechError, UsageError
 from .hook_names import parse_hook
+from .sites import hook_to_site
 
 #: the largest seed every random stream of hookmech takes (numpy's SeedSequence, torch's Generator:
 #: unsigned 64-bit), one range for every command (`schema.SEED`)
@@ -94,8 +95,6 @@ def refuse_non_finite_run(model, values: Tensor, tokens: Tensor, which: str, fir
     if found is None:  # the output alone (never seen: the hooks cover the model up to its logits)
         where = f"its output holds {value_at(values, index)}"
     else:
-        from .sites import hook_to_site
-
         hook, value = found
         site = hook_to_site(hook)
         where = f"{hook if site == hook else f'{site} ({hook})'} is the first hook to hold {value}"

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
+from ..sweep import build_run
+
+# torch, the model and training are imported where used: this module loads without torch
 
 #: optimizer steps timed per task, after WARMUP_STEPS uncounted ones
 PROBE_STEPS = 20
@@ -48,7 +51,6 @@ def step_seconds(
     import torch
 
     from ..model import HookedLM
-    from ..sweep import build_run
     from ..training import DataStream, answer_loss
 
     task, model_config, train_config = build_run(run)

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from ..fileio import write_text_atomic
+from ..sweep import read_results
 from .budget import Planned
 from .references import pending_references, references
 from .suites import Suite
 from .verdict import MIN_EFFECT, PATCH_FILTER, PRESENT, STRONG, verdict
+
+# .tasks is imported where used: it loads torch, which this module does not
 
 #: the learning-rate window: the rates whose dev accuracy is within this of the best rate's
 WINDOW = 0.05
@@ -31,8 +34,6 @@ VERDICT_SITE = "L1.block_in"
 
 def task_rows(runs_dir: Path) -> list[dict[str, Any]]:
     """Return the rows of a task's ``results.csv`` (none when the task has not run)."""
-    from ..sweep import read_results
-
     return read_results(runs_dir / "results.csv") if (runs_dir / "results.csv").exists() else []
 
 

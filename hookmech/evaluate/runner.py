@@ -21,15 +21,30 @@ from typing import Any
 from ..errors import HookmechError, UsageError, unknown
 from ..fileio import read_json, write_text_atomic
 from ..locking import FolderLocked, folder_lock
+from ..mech import mech_batch
 from ..option_pairs import parse_layer_options
 from ..progress import duration_text
 from ..ray_session import check_ray_address, import_ray
+from ..sweep import (
+    MECH_DEFAULTS,
+    MODEL_KEYS,
+    Sweep,
+    build_run,
+    expand,
+    read_results,
+    run_is_complete,
+    run_sweep,
+    validate,
+    write_results,
+)
 from ..sweep.driver import check_gpus_per_run
 from ..sweep.engines import default_threads
 from ..sweep.grid import canonical_mixers
 from .budget import Planned, check_budget, next_run, plan, run_seconds, step_seconds, wall_seconds
 from .card import best_row, build_card, task_rows, write_card
 from .suites import Suite, SuiteTask, suite, with_rates, with_steps, with_tasks
+
+# torch, the tasks, the model and its modules are imported where used: this module loads without torch
 
 #: the examples the attributions are measured on (every run), as the sweep presets' [mech]
 MECH_N, MECH_SEED = 320, 0
@@ -111,8 +126,6 @@ def evaluate(
 def _refuse_model_keys(options: dict[str, Any]) -> None:
     """Raise a UsageError for a --mixer-opt that is a model setting of the suite (d_model,
     mixer, …): the suite fixes those, so that cards and references compare."""
-    from ..sweep import MODEL_KEYS
-
     for key in options:
         if key.rpartition(".")[2] in MODEL_KEYS:
             raise UsageError(
@@ -191,8 +204,6 @@ def _task_sweep(chosen: Suite, task: SuiteTask, model_key: dict[str, Any], optio
     """Return (the `Sweep` of one task, every learning rate of the suite, checked; the suite's
     mixer options left out because the evaluated mixers do not take them). Its sites are every
     ``L{l}.block_in`` with l >= 1 and the mixers' inside hooks, its positions the task's roles."""
-    from ..sweep import MODEL_KEYS, Sweep, expand, validate
-
     settings = {key: value for key, value in task.model.items() if key in MODEL_KEYS}
     suite_options = {key: value for key, value in task.model.items() if key not in MODEL_KEYS}
     # a layer the suite's models lack, in this command's words (the sweep's would name its file's tables)
@@ -231,8 +242,6 @@ def _options_taken(model_key: dict[str, Any], n_layers: int) -> set[str]:
 
 
 def _mech(sites: list[str], positions: list[str]) -> dict[str, Any]:
-    from ..sweep import MECH_DEFAULTS
-
     return {**MECH_DEFAULTS, "sites": sites, "positions": positions, "n": MECH_N, "seed": MECH_SEED}
 
 
@@ -245,7 +254,6 @@ def _mech_sites(run: dict[str, Any]) -> tuple[list[str], list[str]]:
     from ..hooks import pos_axis_of
     from ..model import HookedLM
     from ..sites import hook_to_site, resolve_sites
-    from ..sweep import build_run
 
     task, model_config, _ = build_run(run)
     with torch.random.fork_rng(devices=[]):
@@ -267,8 +275,6 @@ def _plan(
     """Return the plan of every run of the `selected` tasks: round k holds every task's k-th
     learning rate (`budget.plan`). With a budget, log what one run of each task costs here,
     what is kept, and what the next run left out would need."""
-    from ..sweep import build_run, expand, run_is_complete
-
     by_task = {name: expand(sweep) for name, sweep in sweeps.items()}
     tasks = [task for task in chosen.tasks if task.name in selected]
     step_time: dict[str, float] = {}
@@ -330,8 +336,6 @@ def _round_up(hours: float) -> float:
 def _run(chosen: Suite, sweeps, planned, out: Path, engine, workers, threads, device, address, gpus_per_run, log):
     """Run each task's kept runs (one task after another; up to `workers` runs of a task at
     once); return ``{task: error message}`` of tasks whose runs failed."""
-    from ..sweep import read_results, run_sweep, write_results
-
     errors: dict[str, str] = {}
     for task in chosen.tasks:
         lrs = [p.lr for p in planned if p.task == task.name and p.kept]
@@ -383,7 +387,6 @@ def _write_view(run_dir: Path, page: Path, device: str, mixers: list[str]) -> No
     """Write the checkpoint page of the run in `run_dir`: its task's MECH_N examples of the card."""
     from .. import tasks
     from ..checkpoint import load, read_metadata
-    from ..mech import mech_batch
     from ..view import checkpoint_page_data, write_page
 
     checkpoint = run_dir / "model.safetensors"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError, unknown
+from ..sweep import load_preset
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,6 @@ def _quick() -> Suite:
 
 def _paper_task(name: str, preset: str, lrs: tuple[float, ...]) -> SuiteTask:
     """A task of the paper suite: preset `preset` without its [grid] (its architectures and rates)."""
-    from ..sweep import load_preset
-
     sweep = load_preset(preset)
     model = {key: value for key, value in sweep.model.items() if key not in ("arch", "mixer")}
     return SuiteTask(name, dict(sweep.task), dict(sweep.train), model, lrs, dict(sweep.mixer_options))

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from ..errors import HookmechError, UsageError
 
+# hookmech.mixers is imported where used: it imports this module before it defines SPECS (a cycle)
+
 #: the environment variable listing the plug-in mixers stored configs may import (comma-separated)
 ENV_VAR = "HOOKMECH_ALLOW_MIXERS"
 

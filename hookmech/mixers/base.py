@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -16,6 +17,7 @@ from ..errors import HookmechError, UsageError, suggest
 from ..hook_names import hook_attribute
 from ..hooks import AxisHookPoint
 from ..hooks import hook_in_use as hook_in_use  # the one "is this hook in use"; also importable here
+from ..option_pairs import check_option_types
 from ..shapes import Context, KeptWindow, Resid, RowInts, RunResid, Window
 from .capabilities import CAPABILITY_OF, missing_capability
 
@@ -136,6 +138,23 @@ class Mixer(nn.Module):
 PATCH_BLOCK_BYTES = 16 << 20
 
 
+def one_pass(
+    hooked_forward: Callable[..., tuple[RunResid, Context | None]],
+    x: RunResid,
+    hooked: bool,
+    unhooked: Callable[[RunResid], tuple[RunResid, Context]] | None = None,
+) -> tuple[RunResid, Context]:
+    """Return ``(forward(x), prefix_context(x))`` (`Mixer.fused_forward_with_context`) of a mixer
+    whose ``hooked_forward(x, with_context=True)`` gives its run's context too: from it when an
+    inside hook is in use (`hooked`: the hooks fire) or no `unhooked` is given, else from
+    ``unhooked(x)``, the same pass without the hook points."""
+    if hooked or unhooked is None:
+        out, context = hooked_forward(x, with_context=True)
+        assert context is not None  # with_context=True always makes one
+        return out, context
+    return unhooked(x)
+
+
 def row_blocks(n_rows: int, bytes_per_row: int) -> list[slice]:
     """Return slices covering ``range(n_rows)`` in blocks of rows whose tensors of `bytes_per_row`
     bytes per row stay within `PATCH_BLOCK_BYTES` (at least one row per block)."""
@@ -229,8 +248,6 @@ def mixer_options(cls: type[Mixer]) -> dict[str, Any]:
 def check_mixer_options(name: str, cls: type[Mixer], kwargs: dict[str, Any]) -> None:
     """Raise a UsageError naming the mixer if `cls` takes no ``d_model`` or `kwargs` holds an
     option `cls` does not take."""
-    from ..option_pairs import check_option_types
-
     parameters = inspect.signature(cls.__init__).parameters
     if "d_model" not in parameters and not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         raise UsageError(

@@ -41,7 +41,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, needs_grad, replay_before, state_before
+from .base import Mixer, kept, needs_grad, one_pass, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
 from .mixer_spec import Heads, MixerSpec
 from .short_conv import ShortConv
@@ -235,13 +235,8 @@ class DeltaNet(Mixer, PathRoutes, EffectiveAttentionMap):
         return self._output_and_context(x)[1]
 
     def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
-        """Return ``(forward(x), prefix_context(x))`` from one pass (with an inside hook in use,
-        the hooked forward gives the context too)."""
-        if hooked:
-            out, context = self._hooked_forward(x, with_context=True)
-            assert context is not None
-            return out, context
-        return self._output_and_context(x)
+        """Return ``(forward(x), prefix_context(x))`` from one pass (`one_pass`)."""
+        return one_pass(self._hooked_forward, x, hooked, self._output_and_context)
 
     def _output_and_context(self, x: RunResid) -> tuple[RunResid, Context]:
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)

@@ -38,7 +38,7 @@ from torch.nn import functional as F
 from ..errors import UsageError
 from ..hooks import AxisHookPoint, hook_in_use
 from ..shapes import Context, EffectiveAttention, KeptWindow, Resid, RowInts, RunActs, RunMask, RunResid, Window
-from .base import Mixer, kept, needs_grad, replay_before, state_before
+from .base import Mixer, kept, needs_grad, one_pass, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
 from .mixer_spec import Heads, MixerSpec
 from .selective_scan import linear_scan
@@ -262,12 +262,10 @@ class GatedLinearAttention(Mixer, PathRoutes, EffectiveAttentionMap):
         return {**projected, "keys": k, "values": v, "log_decay": log_decay, "state": every}
 
     def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
-        """Return ``(forward(x), prefix_context(x))`` from one pass (with an inside hook in use, the
-        hooked forward gives the context too)."""
-        if hooked:
-            out, context = self._hooked_forward(x, with_context=True)
-            assert context is not None
-            return out, context
+        """Return ``(forward(x), prefix_context(x))`` from one pass (`one_pass`)."""
+        return one_pass(self._hooked_forward, x, hooked, self._output_and_context)
+
+    def _output_and_context(self, x: RunResid) -> tuple[RunResid, Context]:
         (q, k, v, log_decay), projected = self._inputs(x)
         return self._output(x, self._outputs(q, k, v, log_decay)), self._context(k, v, log_decay, projected)
 

@@ -43,13 +43,15 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, state_before
+from .base import Mixer, kept, one_pass, state_before
 from .decay_exp import decay_exp_
 from .mamba_effects import MambaPatchEffects
 from .mamba_routes import MambaRoutes
 from .mixer_spec import MixerSpec
 from .selective_scan import linear_scan, selective_scan, strided_selective_scan
 from .state_patch import hook_state_with_propagation
+
+# the fused CUDA kernels are optional: imported where used, when installed
 
 # The optional CUDA kernels, bound on first use by `fused_kernels_available` (tests replace them).
 causal_conv1d_fn: Callable[..., Tensor] | None = None
@@ -230,12 +232,11 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         return self._states(x)[0]
 
     def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
-        """Return ``(forward(x), prefix_context(x))`` from one pass: the output is read from the
-        states; with inside hooks in use, the hooked forward keeps its states."""
-        if hooked:
-            out, context = self._hooked_forward(x, with_context=True)
-            assert context is not None
-            return out, context
+        """Return ``(forward(x), prefix_context(x))`` from one pass (`one_pass`; without hooks, the
+        output read from the states)."""
+        return one_pass(self._hooked_forward, x, hooked, self._output_and_context)
+
+    def _output_and_context(self, x: RunResid) -> tuple[RunResid, Context]:
         context, y = self._states(x)
         return self.out_proj(y), context
 

@@ -41,7 +41,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, needs_grad, replay_before, state_before
+from .base import Mixer, kept, needs_grad, one_pass, replay_before, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
 from .mixer_spec import Heads, MixerSpec
 from .operators import causal_decay
@@ -436,13 +436,8 @@ class Mamba2(Mixer, PathRoutes, EffectiveAttentionMap):
         return self._output_and_context(u)[1]
 
     def fused_forward_with_context(self, u: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
-        """Return ``(forward(u), prefix_context(u))`` from one pass (with an inside hook in use,
-        the hooked forward gives the context too)."""
-        if hooked:
-            out, context = self._hooked_forward(u, with_context=True)
-            assert context is not None
-            return out, context
-        return self._output_and_context(u)
+        """Return ``(forward(u), prefix_context(u))`` from one pass (`one_pass`)."""
+        return one_pass(self._hooked_forward, u, hooked, self._output_and_context)
 
     def _output_and_context(self, u: RunResid) -> tuple[RunResid, Context]:
         z, xbc, dt = self._in_proj(u)

@@ -40,7 +40,7 @@ from ..shapes import (
     RunResid,
     Window,
 )
-from .base import Mixer, kept, needs_grad, state_before
+from .base import Mixer, kept, needs_grad, one_pass, state_before
 from .capabilities import EffectiveAttentionMap, PathRoutes
 from .mixer_spec import Heads, MixerSpec
 from .operators import causal_decay
@@ -293,11 +293,9 @@ class RWKV6(Mixer, PathRoutes, EffectiveAttentionMap):
         return self._output(self.hook_output(out), g), context
 
     def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
-        """Return ``(forward(x), prefix_context(x))`` from one pass, the hooked forward's (whether or
-        not an inside hook is in use)."""
-        out, context = self._hooked_forward(x, with_context=True)
-        assert context is not None
-        return out, context
+        """Return ``(forward(x), prefix_context(x))`` from one pass, the hooked forward's (`one_pass`),
+        whether or not an inside hook is in use."""
+        return one_pass(self._hooked_forward, x, hooked)
 
     def effective_attention(self, x: Resid) -> EffectiveAttention:
         """Return M ``[batch, head, query_pos, key_pos]`` (float32): the WKV operator before

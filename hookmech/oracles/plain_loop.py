@@ -8,6 +8,7 @@ takes, the corrupted answer). Frozen: bench/patch_engine.py times the engine aga
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -70,48 +71,13 @@ def plain_loop_patch(
     noising = ablate is not None or direction == "noise"
     base_tokens = batch.tokens if noising else batch.corrupt_tokens
     source_cache = corrupt_cache if direction == "noise" else clean_cache
-    resample = resample_order(len(batch), ablate_seed)
+    replacement = _Replacement(
+        source_cache, clean_cache, ablate, resample_order(len(batch), ablate_seed), batch.lengths
+    )
     results = {}
     for site in patch_sites:
         for patch_spec in patches:
-            hooks: list[tuple[str, Any]] = []
-            for target in site.targets:
-                point = model.hook_dict[target.hook]
-                pos_axis = point.pos_axis
-                head_axis = point.axes.split().index("head") if target.head is not None else None
-
-                def patch_hook(
-                    activation,
-                    hook,
-                    mask=patch_spec.mask,
-                    name=target.hook,
-                    pos_axis=pos_axis,
-                    head_axis=head_axis,
-                    head=target.head,
-                ):
-                    activation = activation.clone()
-                    clean = clean_cache[name]
-                    for row, position in mask.nonzero().tolist():
-                        index: Any = [slice(None)] * activation.dim()  # a list, then the tuple that indexes
-                        index[0], index[pos_axis] = row, position
-                        if head is not None:
-                            index[head_axis] = head
-                        index = tuple(index)
-                        if ablate is None:
-                            activation[index] = source_cache[name][index]
-                        elif ablate == "zero":
-                            activation[index] = 0.0
-                        elif ablate == "resample":
-                            donor = list(index)
-                            donor[0] = int(resample[row])
-                            activation[index] = clean[tuple(donor)]
-                        else:  # mean over the rows that have this position
-                            have = [r for r in range(len(batch)) if position < int(batch.lengths[r])]
-                            total = sum(clean[(r, *index[1:])] for r in have)
-                            activation[index] = total / len(have)
-                    return activation
-
-                hooks.append((target.hook, patch_hook))
+            hooks = [(target.hook, _patch_hook(model, target, patch_spec.mask, replacement)) for target in site.targets]
             logits = model.run_with_hooks(base_tokens, fwd_hooks=hooks)
             p_patched, m_patched = score(logits[rows, query])
             results[site.hook, patch_spec.label] = {
@@ -123,3 +89,49 @@ def plain_loop_patch(
                 "metric_patched": m_patched,
             }
     return results
+
+
+def _patch_hook(model, target, mask, replacement: _Replacement):
+    """Return the forward hook that replaces `target`'s activation at the (row, position) pairs
+    of `mask` ``[N, T]``, one element at a time, by `replacement`'s value."""
+    point = model.hook_dict[target.hook]
+    pos_axis = point.pos_axis
+    head_axis = point.axes.split().index("head") if target.head is not None else None
+
+    def patch_hook(activation, hook):
+        activation = activation.clone()
+        for row, position in mask.nonzero().tolist():
+            index: Any = [slice(None)] * activation.dim()  # a list, then the tuple that indexes
+            index[0], index[pos_axis] = row, position
+            if target.head is not None:
+                index[head_axis] = target.head
+            index = tuple(index)
+            activation[index] = replacement.value(target.hook, index, position)
+        return activation
+
+    return patch_hook
+
+
+@dataclass(frozen=True)
+class _Replacement:
+    """Where a patched element's new value comes from: the source run's cache (`ablate` None) or
+    an ablation of the clean run's (zero, `resample`'s partner row, the mean over the rows that
+    have the position, of `lengths` ``[N]``)."""
+
+    source_cache: Any
+    clean_cache: Any
+    ablate: str | None
+    resample: Any
+    lengths: Any
+
+    def value(self, name: str, index: tuple, position: int) -> Any:
+        """Return the new value of element `index` (at `position`) of hook `name`'s activation."""
+        clean = self.clean_cache[name]
+        if self.ablate is None:
+            return self.source_cache[name][index]
+        if self.ablate == "zero":
+            return 0.0
+        if self.ablate == "resample":
+            return clean[(int(self.resample[index[0]]), *index[1:])]
+        have = [r for r in range(len(self.lengths)) if position < int(self.lengths[r])]  # the mean over them
+        return sum(clean[(r, *index[1:])] for r in have) / len(have)

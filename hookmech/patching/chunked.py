@@ -29,6 +29,7 @@ from ..errors import HookmechError, UsageError
 from ..hook_names import block_hook
 from ..hooks import pos_axis_of
 from ..row_chunks import DEFAULT_MEMORY_MIB, MIB, bytes_per_row, plan_row_chunks, rows_per_chunk
+from ..tasks.batch import Batch
 from .metrics import attribution_score
 from .plans import patch_mask
 from .protocol import PatchableModel
@@ -166,6 +167,36 @@ def in_chunks(
     if progress is not None and round(owed[0]) > reported[0]:
         progress(round(owed[0]) - reported[0])
     return sums.result()
+
+
+#: what patches a source's rows: ``run_rows(rows, progress)`` gives the records of `rows` (a
+#: `Batch`, a cache or one of its windows), calling `progress(k)` as k records are done
+RunRows = Callable[[Any, Callable[[int], None] | None], list[dict[str, Any]]]
+
+
+def chunked_records(
+    source: Batch | CacheFile | str | Path,
+    memory: int | None,
+    chunks: Callable[[CacheFile, int], list[slice]],
+    runner: Callable[[CacheFile | None, list[slice] | None], RunRows],
+    threshold: float,
+    sink: RowsSink | None,
+    progress: Callable[[int], None] | None,
+    partial: bool = False,
+) -> list[dict[str, Any]]:
+    """Return the records of all rows of `source` (`patch`'s and `path_patch`'s outline): all rows
+    at once where `memory` is None, `source` a `Batch` or the cache's `chunks(cache, memory)` one chunk,
+    else each chunk's records added up (`in_chunks`; `threshold`, `sink`, `progress`, `partial` as
+    there). `runner(cache, slices)` gives the `RunRows` (`slices`: the chunks, None for all rows
+    at once; `cache`: the open cache, None for a `Batch` or memory None)."""
+    if memory is None or isinstance(source, Batch):
+        rows = slice(0, len(source) if isinstance(source, Batch) else None)
+        return take_rows(runner(None, None)(source, progress), rows, sink)
+    with opened(source) as cache:
+        slices = chunks(cache, memory)
+        if len(slices) == 1:
+            return take_rows(runner(cache, None)(cache, progress), slice(0, cache.n), sink)
+        return in_chunks(cache, slices, runner(cache, slices), threshold, sink, progress, partial=partial)
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from ..sites import as_specs
 from ..tasks.batch import Batch
 from .atp import attribution_patch, positional_hooks
 from .atp_star import atp_star_patch
-from .chunked import DEFAULT_MEMORY, RowsSink, in_chunks, opened, plan, row_bytes, take_rows
+from .chunked import DEFAULT_MEMORY, RowsSink, RunRows, chunked_records, plan, row_bytes
 from .chunked import clean_means as chunk_means
 from .exact import run_exact
 from .forwards import hooks_to_start
@@ -99,47 +100,103 @@ def patch(
         ablate=ablate,
         ablate_seed=ablate_seed,
     )
-    positions = as_specs(positions, "position")
-    if graddrop is not None and options.method != "atp-star":
-        raise UsageError(f"graddrop={graddrop} is an option of method 'atp-star' (AtP*), not of {options.method!r}")
-    if options.method in ("atp", "atp-star"):
-        _check_atp_options(options)
-    check_patchable(model)
-    patch_sites = parse_sites(sites, model)  # once: every step below takes the parsed sites
-    if options.method in ("atp", "atp-star") and not all(is_plain(site) for site in patch_sites):
-        raise UsageError(
-            f"method {options.method!r} takes plain sites (no joint 'a+b' or per-head '[h]' sites); use method 'exact'"
-        )
+    request = _NodePatch.checked(model, sites, positions, options, graddrop, partial)
+    runner = request.runner(clean_means)
+    return chunked_records(source, memory, request.chunks, runner, threshold, rows_sink, progress, partial)
 
-    def run_rows(
-        rows_source: Batch | CacheFile | str | Path,
-        rows_progress: Callable[[int], None] | None,
-        means: dict[str, Tensor] | None,
-        chunk: bool,
+
+@dataclass(frozen=True)
+class _NodePatch:
+    """What every row chunk of one `patch` call runs: its sites parsed once, its checked options."""
+
+    model: PatchableModel
+    sites: list[PatchSite]
+    positions: list[str]
+    options: PatchOptions
+    graddrop: bool
+    partial: bool  # AtP*'s records keep their per-layer GradDrop means (`chunked.RecordSums`)
+
+    @classmethod
+    def checked(
+        cls,
+        model: PatchableModel,
+        sites: SiteSpecs,
+        positions: str | Iterable[str],
+        options: PatchOptions,
+        graddrop: bool | None,
+        partial: bool,
+    ) -> _NodePatch:
+        """Return the request of `patch`'s arguments, the sites parsed (once: every step below takes
+        them parsed); a UsageError for options the method does not take."""
+        position_specs = as_specs(positions, "position")
+        if graddrop is not None and options.method != "atp-star":
+            raise UsageError(f"graddrop={graddrop} is an option of method 'atp-star' (AtP*), not of {options.method!r}")
+        if options.method in ("atp", "atp-star"):
+            _check_atp_options(options)
+        check_patchable(model)
+        patch_sites = parse_sites(sites, model)
+        if options.method in ("atp", "atp-star") and not all(is_plain(site) for site in patch_sites):
+            raise UsageError(
+                f"method {options.method!r} takes plain sites (no joint 'a+b' or per-head '[h]' sites); "
+                "use method 'exact'"
+            )
+        return cls(model, patch_sites, position_specs, options, bool(graddrop), partial)
+
+    def runner(
+        self, clean_means: dict[str, Tensor] | None
+    ) -> Callable[[CacheFile | None, list[slice] | None], RunRows]:
+        """Return `chunked.chunked_records`'s runner: over several chunks of a cache, a mean
+        ablation's means come from a first pass over all of them (unless `clean_means` gives them)."""
+
+        def run_rows(cache: CacheFile | None, slices: list[slice] | None) -> RunRows:
+            if slices is None:
+                return lambda rows, progress: self.rows(rows, progress, clean_means, self.partial)
+            means = clean_means
+            if self.options.ablate == "mean" and means is None:
+                assert cache is not None
+                hooks = ablated_hooks(self.model, self.sites)
+                means = chunk_means(self.model, cache, hooks, slices, self.options.max_batch)
+            return lambda window, progress: self.rows(window, progress, means, True)
+
+        return run_rows
+
+    def chunks(self, cache: CacheFile, memory: int) -> list[slice]:
+        """Return the row chunks of `cache` at `memory` bytes of row data (`patch_chunks`)."""
+        return patch_chunks(self.model, cache, self.sites, self.positions, self.options, memory)
+
+    def rows(
+        self,
+        source: Batch | CacheFile | str | Path,
+        progress: Callable[[int], None] | None,
+        clean_means: dict[str, Tensor] | None,
+        partial: bool,
     ) -> list[dict[str, Any]]:
-        return _patch_rows(
-            model, rows_source, patch_sites, positions, options, bool(graddrop), rows_progress, means, partial or chunk
-        )
-
-    if memory is None or isinstance(source, Batch):
-        n_rows = len(source) if isinstance(source, Batch) else None
-        return take_rows(run_rows(source, progress, clean_means, False), slice(0, n_rows), rows_sink)
-    with opened(source) as cache:
-        slices = patch_chunks(model, cache, patch_sites, positions, options, memory)
-        if len(slices) == 1:
-            return take_rows(run_rows(cache, progress, clean_means, False), slice(0, cache.n), rows_sink)
-        means = clean_means
-        if options.ablate == "mean" and means is None:
-            means = chunk_means(model, cache, ablated_hooks(model, patch_sites), slices, max_batch)
-        return in_chunks(
-            cache,
-            slices,
-            lambda window, window_progress: run_rows(window, window_progress, means, True),
-            threshold,
-            rows_sink,
-            progress,
-            partial=partial,
-        )
+        """Return `patch`'s records of all rows of `source` at once (`partial`: AtP*'s records keep
+        their per-layer GradDrop means, to be added to other rows')."""
+        options = self.options
+        if options.method == "exact":
+            return run_exact(self.model, source, self.sites, self.positions, options, progress, clean_means)
+        threshold, max_batch, per_example = options.threshold, options.max_batch, options.per_example
+        if options.method == "atp":
+            records = attribution_patch(
+                self.model, source, self.sites, self.positions, threshold, max_batch, per_example
+            )
+        else:
+            records = atp_star_patch(
+                self.model,
+                source,
+                self.sites,
+                self.positions,
+                threshold=threshold,
+                max_batch=max_batch,
+                per_example=per_example,
+                graddrop=self.graddrop,
+                context_memory=options.context_memory,
+                graddrop_layers=partial,
+            )
+        if progress is not None:
+            progress(len(records))
+        return records
 
 
 def _check_source_and_memory(source: object, memory: object) -> None:
@@ -151,49 +208,6 @@ def _check_source_and_memory(source: object, memory: object) -> None:
         isinstance(memory, bool) or not isinstance(memory, (int, float)) or not (math.isfinite(memory) and memory > 0)
     ):
         raise UsageError(f"memory must be a number of bytes > 0 (or None: all rows at once), got {memory!r}")
-
-
-def _patch_rows(
-    model: PatchableModel,
-    source: Batch | CacheFile | str | Path,
-    sites: list[PatchSite],
-    positions: list[str],
-    options: PatchOptions,
-    graddrop: bool,
-    progress: Callable[[int], None] | None,
-    clean_means: dict[str, Tensor] | None,
-    partial: bool,
-) -> list[dict[str, Any]]:
-    """Return `patch`'s records of all rows of `source` at once (`partial`: AtP*'s records keep
-    their per-layer GradDrop means, to be added to other rows')."""
-    if options.method == "atp":
-        records = attribution_patch(
-            model,
-            source,
-            sites,
-            positions,
-            threshold=options.threshold,
-            max_batch=options.max_batch,
-            per_example=options.per_example,
-        )
-    elif options.method == "atp-star":
-        records = atp_star_patch(
-            model,
-            source,
-            sites,
-            positions,
-            threshold=options.threshold,
-            max_batch=options.max_batch,
-            per_example=options.per_example,
-            graddrop=graddrop,
-            context_memory=options.context_memory,
-            graddrop_layers=partial,
-        )
-    else:
-        return run_exact(model, source, sites, positions, options, progress, clean_means)
-    if progress is not None:
-        progress(len(records))
-    return records
 
 
 def patch_chunks(

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..cache import CacheFile
+from ..checkpoint import load
 from ..errors import HookmechError, UsageError
 from ..mixers.allow_list import allowed_specs
 from ..ray_session import check_ray_address, ray_session
@@ -36,7 +37,7 @@ from ..row_chunks import shard_rows
 from .chunked import RecordSums, RowsSink, add_sums, clean_sums, means_of
 from .dispatch import ablated_hooks, patch, patch_chunks
 from .options import PatchOptions
-from .paths import path_chunks, path_patch
+from .paths import EndpointSpecs, path_chunks, path_patch
 from .protocol import PatchableModel
 from .targets import SiteSpecs, parse_sites
 
@@ -59,8 +60,6 @@ def run_shard(
     `chunked.clean_sums` of ``request["hooks"]``). Returns ``{"chunks": [...], "rows": n,
     "load_s": s, "patch_s": s}``: "chunks" holds one sums dict per chunk, or one list of records
     for all of them (added up, partial); then the seconds loading the model, and patching."""
-    from ..checkpoint import load
-
     started = time.perf_counter()
     torch.set_num_threads(threads)
     model = load(ckpt, device=device, allow_mixers=allow_mixers)
@@ -166,8 +165,8 @@ class RayPatchEngine:
         self,
         model: PatchableModel,
         cache: CacheFile,
-        sender: list[str],
-        receiver: list[str],
+        sender: EndpointSpecs,
+        receiver: EndpointSpecs,
         via: str,
         *,
         memory: int,

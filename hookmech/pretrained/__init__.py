@@ -20,9 +20,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..devices import check_device
 from ..errors import HookmechError, UsageError
 from .folder import CONFIG_FILE, PretrainedFolder, is_pretrained_folder, read_folder, tokenizer_file
 from .weights import WeightsMismatch
+
+# huggingface_hub (optional) and the model (TransformerLens) are imported where used
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -93,7 +96,6 @@ def from_pretrained(
     HookmechError names the file at fault: ``config.json`` (missing, not JSON, a model_type or
     option hookmech does not load) or the weights file (missing, unreadable, or not what the
     config describes: names missing or left over, other shapes)."""
-    from ..devices import check_device
     from ..model import HookedLM
     from ..sizes import check_fits
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from ..errors import HookmechError
 
@@ -118,8 +119,6 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as handle:
             return {name: handle.get_tensor(name) for name in handle.keys()}

@@ -17,6 +17,8 @@ from typing import Any
 
 from ..progress import LINE_EVERY_S, RunProgress, duration_text
 
+# tqdm is imported where a bar is drawn: this module loads without it
+
 
 class SweepDisplay:
     """The progress of a sweep of `total` runs, `to_run` of them left to train: `update` with a

@@ -4,12 +4,17 @@ raises gets an error row and the others go on."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import queue
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 from .worker import collect_row, execute_run
+
+# ray is optional: imported where used
 
 ENGINES = ("local", "ray")
 
@@ -38,8 +43,6 @@ def run_local(todo, runs_dir, workers, threads, device, done: Callable[[dict, di
                 row = _error_row(run, error)
             done(run, row)
         return
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     # spawn, not fork: a forked child inherits the parent's OpenMP pool state and may hang
     context = multiprocessing.get_context("spawn")
@@ -79,8 +82,6 @@ def _execute_in_pool(run, runs_dir, threads, device):
 
 def _drain(events, progress) -> None:
     """Hand every event waiting in queue `events` (multiprocessing's) to `progress`."""
-    import queue
-
     if events is None or progress is None:
         return
     while True:

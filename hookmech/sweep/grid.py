@@ -17,9 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import build_config
 from ..errors import HookmechError, UsageError
 from ..fileio import sha256_of
+from ..mech import check_sites_and_positions, mech_batch
+from ..option_pairs import parse_layer_options, split_list
 from .spec import MODEL_DEFAULTS, MODEL_KEYS, TRAIN_DATA, Sweep, train_keys
+
+# torch, the tasks, the model and training are imported where used: a sweep's grid loads without torch
 
 #: short forms of the common grid keys in run ids
 _ID_PREFIX = {"arch": "", "mixer": "", "d_model": "d", "n_layers": "L", "lr": "lr", "seed": "s"}
@@ -136,8 +141,6 @@ def expand(sweep: Sweep) -> list[Run]:
 def build_run(run: dict[str, Any]):
     """Return ``(task, model_config, train_config)`` of a run dict (validates everything)."""
     from .. import tasks
-    from ..config import build_config
-    from ..option_pairs import parse_layer_options, split_list
     from ..training import TrainConfig
 
     task = tasks.from_spec(run["task"])
@@ -233,7 +236,6 @@ def validate(runs: Iterable[Run]) -> None:
     import torch
 
     from .. import tasks
-    from ..mech import check_sites_and_positions, mech_batch
     from ..model import HookedLM
     from ..sizes import check_fits
 

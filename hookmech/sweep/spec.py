@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import schema
+from ..config import INIT_CHOICES, POS_EMBS
 from ..errors import UsageError, unknown
+
+# .training is imported where used: it loads torch, which reading a sweep spec does not need
 
 #: model keys a sweep may fix or vary; anything else in [model] or [grid] is a mixer option
 MODEL_KEYS = (
@@ -59,8 +62,6 @@ MODEL_DEFAULTS = {
 def model_fields() -> dict[str, schema.Field]:
     """Return what each [model] key may be (MODEL_KEYS): sizes are integers >= 1, flags true or
     false, names non-empty strings."""
-    from ..config import INIT_CHOICES, POS_EMBS
-
     return {
         "arch": schema.name("a model preset name"),
         "mixer": schema.names("a mixer name"),

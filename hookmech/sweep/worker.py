@@ -13,9 +13,12 @@ from typing import Any
 from ..errors import HookmechError
 from ..fileio import read_json, write_text_atomic
 from ..locking import folder_lock
+from ..mech import evaluate_mechanism, mech_batch, mech_callback
 from ..progress import RunProgress
 from .grid import build_run, needs_test_split, training_data
 from .results import RESULT_COLUMNS
+
+# torch, the tasks, training and checkpoints are imported where used: this module loads without torch
 
 
 def _read_json(path: Path) -> Any:
@@ -61,8 +64,6 @@ def execute_run(
     mech_config = run["mech"]
     on_eval = None
     if mech_config is not None and mech_config.get("every"):
-        from ..mech import mech_callback
-
         on_eval = mech_callback(
             task,
             model_config,
@@ -122,8 +123,6 @@ def _finish_run(run: dict[str, Any], out: Path, task, train_config, device: str,
     if mech_config is not None:
         existing = _read_json(out / "mech.json")
         if existing is None or existing.get("config") != mech_config:
-            from ..mech import evaluate_mechanism, mech_batch
-
             model = model or load(out / "model.safetensors", device=device, allow_mixers=mixers)
             batch = mech_batch(task, mech_config["seed"], mech_config["n"])
             records, columns = evaluate_mechanism(

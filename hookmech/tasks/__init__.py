@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HookmechError, UsageError, unknown
+from ..pretrained import is_pretrained
 from ..seeds import EXAMPLES_SEED
 from .ar import AssociativeRecall
 from .atr import AssociativeTreecall
@@ -20,6 +21,8 @@ from .induction import Induction
 from .mqar import MultiQueryAR
 from .nl_ar import NaturalLanguageAR
 from .prompts import Prompts
+
+# .checkpoint is imported where used: it loads TransformerLens, which the tasks do not need
 
 REGISTRY: dict[str, type[Task]] = {
     "ar": AssociativeRecall,
@@ -53,7 +56,6 @@ def from_checkpoint(path: str | Path) -> Task:
     """Rebuild the task stored in a checkpoint's metadata. A Hugging Face model folder stores
     none: a UsageError says a task must be given."""
     from ..checkpoint import read_metadata
-    from ..pretrained import is_pretrained
 
     if is_pretrained(path):
         raise UsageError(f"{path} is a Hugging Face model folder, which stores no task: give the task (--task)")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ..errors import HookmechError, UsageError, suggest
+from ..option_pairs import check_option_types
 from .batch import Batch
 
 
@@ -62,8 +63,6 @@ class Task(abc.ABC):
 
 def check_task_options(cls: type[Task], options: dict[str, Any]) -> None:
     """Raise a UsageError naming the task if `options` holds a key `cls` does not take."""
-    from ..option_pairs import check_option_types
-
     known = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     for key in options:
         if key not in known:

@@ -26,6 +26,8 @@ from typing import Any
 from ..errors import HookmechError, UsageError
 from ..fileio import sha256_of
 
+# tokenizers is imported where used: the built-in tasks do not need it
+
 TOKENIZER_FILE = "tokenizer.json"
 BPE_FILES = ("vocab.json", "merges.txt")
 #: read beside the tokenizer files, where present, for the names of its special tokens

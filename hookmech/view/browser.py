@@ -10,6 +10,8 @@ from typing import Any
 
 from ..errors import HookmechError
 
+# selenium is optional: imported where used
+
 
 def browser_missing() -> str | None:
     """Return why no headless Chromium can run here (a sentence), or None when one can."""

@@ -37,6 +37,8 @@ from ..tasks.batch import Batch
 from .encode import pack_floats, pack_ints
 from .spill import Spill, materialize
 
+# the patching engine and .effective_attention are imported where used: they load TransformerLens
+
 #: rows whose effective attention is embedded, at most (the first rows of the examples)
 MAP_EXAMPLES = 8
 #: bytes of float32 map values embedded at most (at least one example is always embedded)

@@ -19,6 +19,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import unknown
+from ..report import (
+    SELECTION_RULE,
+    attribution_bars,
+    attribution_site,
+    grid_keys,
+    heatmap_records,
+    lr_curves,
+    no_heatmap_reason,
+    read_metrics,
+    read_sweep_results,
+    select_runs,
+    series_of,
+    summarise,
+    sweep_title,
+    value_query_points,
+)
+from ..run_weights import run_weights
 from ..seeds import EXAMPLES_SEED
 
 #: the metrics.jsonl fields the dynamics panels draw (besides ``step`` and ``attr:*``)
@@ -46,19 +63,6 @@ def sweep_page_data(
     its files are checked as `hookmech report` checks them (`report.read_sweep_results`).
     `progress(done, total)` is called before the first selected run and as each is done.
     """
-    from ..report import (
-        SELECTION_RULE,
-        attribution_bars,
-        attribution_site,
-        grid_keys,
-        lr_curves,
-        read_sweep_results,
-        select_runs,
-        summarise,
-        sweep_title,
-        value_query_points,
-    )
-
     runs_dir = Path(runs_dir)
     log = log or (lambda message: None)
     rows = read_sweep_results(runs_dir)
@@ -102,9 +106,6 @@ def _selected_run(runs_dir: Path, row, keys, counter: str, n: int, seed, heatmap
     """Return one selected run's entry of the page: its label, its heatmap records (`n` examples
     drawn with `seed`, when `heatmaps` and its weights are found; else ``no_heatmap`` says why, also
     to `log`) and its dynamics; `counter` ("2/5") numbers the heatmap's log line."""
-    from ..report import heatmap_records, no_heatmap_reason, read_metrics, series_of
-    from ..run_weights import run_weights
-
     run_dir = runs_dir / row["run_id"]
     entry: dict[str, Any] = {
         "run_id": row["run_id"],

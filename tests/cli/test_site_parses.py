@@ -1,6 +1,7 @@
 """One parse per site per command (issue 44 §1): `hookmech patch` parses its --site values once
 and passes the parsed sites to the progress bar's count, the row-chunk plan, the mean ablation and
-every row chunk of the engine, instead of parsing them again at each step."""
+every row chunk of the engine, instead of parsing them again at each step; a path patch does the
+same with its --sender and --receiver sites."""
 from __future__ import annotations
 
 import json
@@ -59,3 +60,13 @@ def test_atp_star_parses_each_site_once(cache_path, parses, capsys):
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     assert sorted(parses) == ["L0.block_out", "L1.block_in"]
+
+
+def test_path_patch_parses_each_endpoint_site_once_over_many_row_chunks(cache_path, parses, capsys):
+    # the endpoints used to be parsed for the bar's count and again by every row chunk
+    argv = ["patch", "--ckpt", FIXTURE, "--cache", str(cache_path), "--sender", "L0.mixer.z[*]@key",
+            "--receiver", "L1.mixer.q@query,L1.mixer.k@key", "--via", "head", "--memory", "0.05", "--json"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert len(json.loads(out)) == 2  # every head of z (the fixture has one), to each receiver
+    assert sorted(parses) == ["L0.mixer.z[*]", "L1.mixer.k", "L1.mixer.q"]
