@@ -15,9 +15,8 @@ from hookmech.mixers import selective_scan as scan_module
 from hookmech.mixers.attention import Attention
 from hookmech.mixers.mamba import Mamba
 from hookmech.mixers.selective_scan import selective_scan
-from hookmech.patching import forwards
 from hookmech.oracles import plain_loop_patch
-from hookmech.patching import patch
+from hookmech.patching import forwards, patch
 from hookmech.patching.forwards import gathers_head, waste_floor, width_chunks
 
 from helpers import ENGINE_TOL, make_model, unit_variance
