@@ -468,9 +468,7 @@ class HookedLM(TransformerLensCompat[Block]):
 
     def unembed_resid(self, resid: Tensor) -> Tensor:
         """Return logits ``[..., d_vocab]`` of a final-normed residual ``[..., d_model]``."""
-        if self.cfg.tie_embeddings:
-            return resid @ self.embed.weight.T
-        return self.unembed(resid)
+        return resid @ self.embed.weight.T if self.cfg.tie_embeddings else self.unembed(resid)
 
     def forward(
         self,
@@ -556,8 +554,10 @@ class HookedLM(TransformerLensCompat[Block]):
         rows: RowInts,
         start: RowInts,
         query: RowInts,
+        unembed: bool = True,
     ) -> QueryLogits:
-        """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window.
+        """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window (`unembed`
+        False: the final-normed residual there ``[B, d_model]``, for `unembed_resid`).
 
         `resid` ``[B, W, d_model]`` is the residual entering block `start_at_layer`
         (`n_layers` = the final norm's input) at positions ``start[i] .. start[i] + W - 1`` of
@@ -577,7 +577,8 @@ class HookedLM(TransformerLensCompat[Block]):
             resid = block.forward_from(resid, contexts[layer], rows, start, keep_here, base_input=base_input)
         if start_at_layer == self.cfg.n_layers:
             resid = take_window(resid, keep, 1)
-        return self.unembed_resid(self.ln_final(resid)[:, 0])
+        normed = self.ln_final(resid)[:, 0]
+        return self.unembed_resid(normed) if unembed else normed
 
     def state_reader(self, hook_name: str) -> Callable[[Context, RowInts, RowInts], Tensor] | None:
         """Return a reader of state hook `hook_name` (``blocks.{l}.mixer.hook_<state>``, one of the

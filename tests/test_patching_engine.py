@@ -304,7 +304,7 @@ def test_resumed_runs_recompute_only_from_the_patch_to_the_query(ar_task, monkey
     batch = ar_task.sample(10, seed=12)
     windows, full_rows = [], []
     resume, forward = model.resume, model.forward
-    monkeypatch.setattr(model, "resume", lambda resid, *a: windows.append(resid.shape[:2]) or resume(resid, *a))
+    monkeypatch.setattr(model, "resume", lambda resid, *a, **k: windows.append(resid.shape[:2]) or resume(resid, *a, **k))
     monkeypatch.setattr(model, "forward", lambda x, **kw: full_rows.append(len(x)) or forward(x, **kw))
     patch(model, batch, ["L0.mixer_out"], ["query"])
     assert windows and all(width == 1 for _, width in windows)
@@ -328,8 +328,8 @@ def test_inside_hooks_resume_from_the_patched_position(ar_task, mixer, monkeypat
     windows, starts = [], []
     resume = model.resume
     monkeypatch.setattr(model, "resume",
-                        lambda resid, layer, *a: windows.append(resid.shape[1]) or starts.append(layer)
-                        or resume(resid, layer, *a))
+                        lambda resid, layer, *a, **k: windows.append(resid.shape[1]) or starts.append(layer)
+                        or resume(resid, layer, *a, **k))
     mixer_class = type(model.blocks[0].mixer)
     if mixer_class.window_hooks:
         def refuse(*args, **kwargs):
@@ -352,7 +352,7 @@ def test_block_output_is_patched_once_as_the_next_block_input(ar_task, monkeypat
     batch = ar_task.sample(10, seed=13)
     starts = []
     resume = model.resume
-    monkeypatch.setattr(model, "resume", lambda resid, layer, *a: starts.append(layer) or resume(resid, layer, *a))
+    monkeypatch.setattr(model, "resume", lambda resid, layer, *a, **k: starts.append(layer) or resume(resid, layer, *a, **k))
     out, into = patch(model, batch, ["L0.block_out", "L1.block_in"], ["key"])
     assert set(starts) == {1} and out["p_patched"] == into["p_patched"]
     assert (out["site"], into["site"]) == ("L0.block_out", "L1.block_in")
@@ -365,7 +365,7 @@ def test_contexts_over_the_memory_budget_fall_back_to_full_runs(ar_task, mixer, 
     batch = ar_task.sample(10, seed=14)
     resumed = []
     resume = model.resume
-    monkeypatch.setattr(model, "resume", lambda *a: resumed.append(1) or resume(*a))
+    monkeypatch.setattr(model, "resume", lambda *a, **k: resumed.append(1) or resume(*a, **k))
     small = patch(model, batch, ["all"], ["key", "value"], context_memory=1, max_batch=4)
     assert not resumed
     roomy = patch(model, batch, ["all"], ["key", "value"], max_batch=4)

@@ -10,11 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from hookmech.mixers import mamba as mamba_module
 from hookmech.mixers import selective_scan as scan_module
+from hookmech.mixers.attention import Attention
 from hookmech.mixers.mamba import Mamba
 from hookmech.mixers.selective_scan import selective_scan
-from hookmech.patching import forwards
-from hookmech.patching.forwards import waste_floor, width_chunks
+from hookmech.oracles import plain_loop_patch
+from hookmech.patching import forwards, patch
+from hookmech.patching.forwards import gathers_head, waste_floor, width_chunks
+
+from helpers import ENGINE_TOL, make_model, unit_variance
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,6 +95,39 @@ def test_mambas_replay_computes_only_its_live_positions_with_the_same_bytes():
         assert torch.equal(mixer._replayed_state(kept_state, conv, dead), kept_state)
 
 
+def test_mambas_replay_by_blocks_of_rows_gives_the_same_bytes(monkeypatch):
+    """The replay runs a block of rows at a time once a row's state exceeds ROW_BLOCK_BYTES (one row
+    a block here): the bytes of the replay of every row at once."""
+    torch.manual_seed(0)
+    mixer = Mamba(d_model=8, d_state=4).eval()
+    stride = mixer.STATE_STRIDE
+    generator = torch.Generator().manual_seed(2)
+    conv = torch.randn(4, stride - 1, mixer.d_inner, generator=generator)
+    kept_state = torch.randn(4, mixer.d_inner, mixer.d_state, generator=generator)
+    live = torch.arange(stride - 1)[None, :] >= torch.tensor([0, 3, 9, 14])[:, None]
+    with torch.no_grad():
+        whole = mixer._replayed_state(kept_state, conv, live)
+        monkeypatch.setattr(mamba_module, "ROW_BLOCK_BYTES", mixer.d_inner * mixer.d_state * 4)
+        blocked = mixer._replayed_state(kept_state, conv, live)
+    assert torch.equal(blocked, whole)
+    assert torch.equal(whole, _full_replay(mixer, kept_state, conv, live))
+
+
+def test_attentions_base_run_projects_once_for_its_output_and_its_context(monkeypatch):
+    """`Attention.fused_forward_with_context`: one qkv projection gives the forward's output and the
+    context, the bytes of the two calls apart; with an inside hook in use, the two run apart."""
+    torch.manual_seed(0)
+    mixer = Attention(d_model=16, n_heads=2, rotary_pct=0.5).eval()
+    x = torch.randn(3, 9, 16)
+    calls = []
+    mixer.Wqkv.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    with torch.no_grad():
+        out, context = mixer.forward_with_context(x)
+        assert len(calls) == 1
+        assert torch.equal(out, mixer(x)) and torch.equal(context["qkv"], mixer.prefix_context(x)["qkv"])
+        assert mixer.fused_forward_with_context(x, hooked=True) is None
+
+
 def test_the_waste_floor_shrinks_with_d_model_squared_past_128(monkeypatch):
     """`waste_floor`: WASTE_FLOOR up to d_model 128, then WASTE_FLOOR x (128 / d_model)²; at 768 a
     key's windows of 6 to 60 positions no longer share one chunk."""
@@ -99,3 +137,43 @@ def test_the_waste_floor_shrinks_with_d_model_squared_past_128(monkeypatch):
     assert [(c.start, c.stop) for c in width_chunks(widths, 256, waste_floor(768))] == [(0, 2), (2, 3), (3, 5), (5, 8)]
     monkeypatch.setattr(forwards, "WASTE_FLOOR", 0)
     assert waste_floor(768) == 0
+
+
+def test_a_large_head_is_gathered_and_a_small_one_is_not():
+    """`gathers_head`: Pythia-160m's head (50304 x 768 float32, 154 MB) unembeds several chunks at
+    once; the CPU fixtures' (67 x 64) keeps one product per chunk."""
+    assert gathers_head(50304, torch.zeros(1, 768))
+    assert not gathers_head(67, torch.zeros(1, 64))
+    assert not gathers_head(50304, torch.zeros(1, 768, dtype=torch.float16)[..., :20])
+
+
+@pytest.mark.parametrize("mixer", ["attention", "mamba"])
+def test_a_gathered_head_gives_the_plain_loops_numbers(ar_task, monkeypatch, mixer):
+    """With the head gathered (HEAD_GATHER_BYTES 0), resumed chunks (one per window width here) are
+    unembedded in groups of at most 8 rows (fewer products than with one per chunk, never more rows
+    than `max_batch`): the records equal the plain loop's to ENGINE_TOL and the per-chunk head's to
+    float32 rounding, for p(answer) and for a metric read from the logits (logit_diff)."""
+    model = unit_variance(make_model(ar_task, mixers=mixer, d_model=16))
+    batch = ar_task.sample(9, seed=21)
+    sites, positions = ["L0.block_in", "L1.mixer_in", "L1.block_out"], ["key", "value", "query"]
+    products: list[int] = []
+    resumed: list[bool] = []
+    unembed, resume = model.unembed_resid, model.resume
+    monkeypatch.setattr(forwards, "WASTE_FLOOR", 0)  # a chunk per window width: many small chunks
+    monkeypatch.setattr(forwards, "WIDTH_GROWTH", 1.0)
+    monkeypatch.setattr(model, "unembed_resid", lambda resid: products.append(len(resid)) or unembed(resid))
+    monkeypatch.setattr(model, "resume", lambda *a, **k: resumed.append(k.get("unembed", True)) or resume(*a, **k))
+    per_chunk = patch(model, batch, sites, positions, max_batch=8, metric="logit_diff")
+    per_chunk_products, products[:] = len(products), []
+    assert resumed and all(resumed)  # the fixtures' head: one product per chunk
+    resumed.clear()
+    monkeypatch.setattr(forwards, "HEAD_GATHER_BYTES", 0)
+    gathered = patch(model, batch, sites, positions, max_batch=8, metric="logit_diff")
+    assert resumed and not any(resumed)  # every chunk left its head to the groups
+    assert len(products) < per_chunk_products and max(products) <= 8
+    reference = plain_loop_patch(model, batch, sites, positions, metric="logit_diff")
+    for record, chunked in zip(gathered, per_chunk, strict=True):
+        for key in ("p_patched", "metric_patched"):
+            assert abs(record[key] - reference[record["hook"], record["pos"]][key]) <= ENGINE_TOL
+            assert record[key] == pytest.approx(chunked[key], rel=1e-6, abs=1e-7)
+    assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in gathered) > 2 * ENGINE_TOL  # patches move p

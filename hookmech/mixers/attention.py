@@ -106,15 +106,28 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
 
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
-        batch, n_pos, _ = x.shape
-        projected = dict(zip("qkv", self.Wqkv(x).chunk(3, dim=-1), strict=True))
+        return self._mixed(self.Wqkv(x))
+
+    def fused_forward_with_context(self, x: RunResid, hooked: bool) -> tuple[RunResid, Context] | None:
+        """Return ``(forward(x), prefix_context(x))`` with the projection computed once for both
+        (the base run of the engine computed it twice: a quarter of a block's products); None
+        with an inside hook in use (a hook may edit q, k or v in place, views of the projection)."""
+        if hooked:
+            return None
+        projected = self.Wqkv(x)
+        return self._mixed(projected), {"qkv": projected}
+
+    def _mixed(self, qkv: Tensor) -> Resid:
+        """Return the mixed sequence ``[batch, pos, d_model]`` of the projections `qkv` ``[batch, pos, 3 d_model]``."""
+        batch, n_pos, _ = qkv.shape
+        projected = dict(zip("qkv", qkv.chunk(3, dim=-1), strict=True))
         for name, conv in self.convs.items():
             projected[name] = conv(projected[name])
         q, k, v = (projected[c].view(batch, n_pos, self.n_heads, self.d_head) for c in "qkv")
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        q, k = self._rotated(q, k, torch.arange(n_pos, device=x.device))
+        q, k = self._rotated(q, k, torch.arange(n_pos, device=qkv.device))
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
-        scores = self.hook_attn_scores(scores.masked_fill(~self._mask(n_pos, x.device), float("-inf")))
+        scores = self.hook_attn_scores(scores.masked_fill(~self._mask(n_pos, qkv.device), float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.out_proj(z.reshape(batch, n_pos, -1))

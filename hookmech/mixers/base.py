@@ -155,10 +155,10 @@ def one_pass(
     return unhooked(x)
 
 
-def row_blocks(n_rows: int, bytes_per_row: int) -> list[slice]:
+def row_blocks(n_rows: int, bytes_per_row: int, block_bytes: int = PATCH_BLOCK_BYTES) -> list[slice]:
     """Return slices covering ``range(n_rows)`` in blocks of rows whose tensors of `bytes_per_row`
-    bytes per row stay within `PATCH_BLOCK_BYTES` (at least one row per block)."""
-    size = max(1, PATCH_BLOCK_BYTES // max(1, bytes_per_row))
+    bytes per row stay within `block_bytes` (at least one row per block)."""
+    size = max(1, block_bytes // max(1, bytes_per_row))
     return [slice(start, min(n_rows, start + size)) for start in range(0, n_rows, size)]
 
 

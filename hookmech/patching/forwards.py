@@ -98,13 +98,39 @@ def resumed_pairs(
     positions from its first patched one to its query (`PatchableModel.resume`).
 
     Pairs are sorted by that width and chunked where it grows (`width_chunks`), so that a chunk's
-    common window (`resume_window`) wastes little.
+    common window (`resume_window`) wastes little. A large LM head (`gathers_head`) runs once
+    on several chunks' query rows, at most `max_batch` of them (`unembedded_in_groups`).
     """
+    resid = runs.acts(model.resid_hook(layer), base)
+    if not gathers_head(model.cfg.d_vocab, resid):
+        yield from _resumed_chunks(model, runs, plans, masks, patch_index, row_index, layer, contexts, resid, max_batch)
+        return
+    chunks = _resumed_chunks(
+        model, runs, plans, masks, patch_index, row_index, layer, contexts, resid, max_batch, unembed=False
+    )
+    yield from unembedded_in_groups(model, chunks, max_batch)
+
+
+def _resumed_chunks(
+    model: PatchableModel,
+    runs: CleanCorruptRuns,
+    plans: list[TargetPlan],
+    masks: Tensor,
+    patch_index: Tensor,
+    row_index: Tensor,
+    layer: int,
+    contexts: dict[int, dict[str, Tensor]],
+    resid: Tensor,
+    max_batch: int,
+    unembed: bool = True,
+) -> Pairs:
+    """Yield `resumed_pairs`' chunks from the base run's residual entering block `layer`,
+    `resid` ``[N, T, d_model]``: (patch index, row, query logits), or with `unembed` False the
+    final-normed residual at the query ``[k, d_model]`` in place of the logits."""
     query = runs.batch.query_pos.to(runs.device)
     first = masks[patch_index, row_index].int().argmax(dim=-1)
     widths = window_widths(first, query[row_index])
     order = torch.sort(widths, stable=True).indices
-    resid = runs.acts(model.resid_hook(layer), base)
     patchers = [WindowPatch(plan) for plan in plans]
     n_pos = masks.shape[-1]
     # hooks are installed once and pointed at each chunk: adding and removing them per chunk
@@ -118,8 +144,42 @@ def resumed_pairs(
             for patcher in patchers:
                 patcher.point_at(rows, masks[which_patch, rows], (window_index(start, width), query[rows, None], every))
             resid_window = window_of(resid, rows, start, width)  # not whole rows: windows are short
-            logits = model.resume(resid_window, layer, contexts, rows, start, query[rows])
-            yield which_patch, rows, logits
+            out = model.resume(resid_window, layer, contexts, rows, start, query[rows], unembed=unembed)
+            yield which_patch, rows, out
+
+
+#: an LM head whose weight is larger than this (bytes) unembeds several chunks' rows at once
+#: (`gathers_head`): one matrix product then reads the weight once for all of them, where a
+#: chunk of a few rows reads Pythia-160m's 154 MB head from memory for each (9 % of the
+#: engine's time at its shape, bench/pretrained_engine.py). A head that fits in a core's cache
+#: costs the same per row either way, and keeps its per-chunk products (and roundings).
+HEAD_GATHER_BYTES = 4 << 20
+
+
+def gathers_head(d_vocab: int, resid: Tensor) -> bool:
+    """Return whether the LM head of a model with `d_vocab` words and residuals like `resid`
+    (its width and dtype) is larger than HEAD_GATHER_BYTES (`resumed_pairs`)."""
+    return d_vocab * resid.shape[-1] * resid.element_size() > HEAD_GATHER_BYTES
+
+
+def unembedded_in_groups(model: PatchableModel, chunks: Pairs, max_rows: int) -> Pairs:
+    """Yield (patch index, row, query logits) of `chunks`' (patch index, row, final-normed
+    residual at the query ``[k, d_model]``), unembedded (`PatchableModel.unembed_resid`) in
+    groups of consecutive chunks of at most `max_rows` rows (a larger chunk alone)."""
+    group: list[tuple[Tensor, Tensor, Tensor]] = []
+    for chunk in chunks:
+        if group and sum(len(rows) for _, rows, _ in group) + len(chunk[1]) > max_rows:
+            yield _unembedded(model, group)
+            group = []
+        group.append(chunk)
+    if group:
+        yield _unembedded(model, group)
+
+
+def _unembedded(model: PatchableModel, group: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+    """Return one (patch index, row, logits) of a group of (patch index, row, normed residual)."""
+    which_patch, rows, normed = (torch.cat(parts) for parts in zip(*group, strict=True))
+    return which_patch, rows, model.unembed_resid(normed)
 
 
 #: how much wider than its narrowest row a chunk's window may grow (`width_chunks`)

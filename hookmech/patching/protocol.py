@@ -142,8 +142,14 @@ class PatchableModel(HookedModel, Protocol):
         rows: Tensor,
         start: Tensor,
         query: Tensor,
+        unembed: bool = True,
     ) -> Tensor:
-        """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window of positions."""
+        """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window of positions
+        (with `unembed` False, the final-normed residual there ``[B, d_model]``, for `unembed_resid`)."""
+        ...
+
+    def unembed_resid(self, resid: Tensor) -> Tensor:
+        """Return logits ``[..., d_vocab]`` of a final-normed residual ``[..., d_model]``."""
         ...
 
     def state_reader(self, hook_name: str) -> Callable[[dict[str, Tensor], Tensor, Tensor], Tensor] | None:
