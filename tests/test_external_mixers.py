@@ -364,3 +364,13 @@ def test_a_spawned_sweep_worker_imports_the_mixer_by_its_canonical_name(tmp_path
     assert recorded == (f"{path.resolve()}:RunningMean",) * 2
     assert (tmp_path / "spawned" / run["run_id"] / "model.safetensors").read_bytes() == \
         (tmp_path / "here" / run["run_id"] / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize("declared", ["block_hook_aliases = {'attn.hook_z': 'mixer.hook_y'}", "def hook_aliases(self): return {}"])
+def test_a_plug_in_declaring_aliases_the_old_way_is_refused_in_one_line(tmp_path, declared):
+    """TransformerLens's names now come from a MixerSpec (tl_attention, tl_mixer_out): a plug-in
+    stating them as the class once did would lose them without a word, so it is refused."""
+    source = MIXER_SOURCE + f"\n\nclass OldAliases(RunningMean):\n    {declared}\n"
+    path = _write(tmp_path, text=source)
+    with pytest.raises(UsageError, match="no longer reads: state TransformerLens's names in its MixerSpec"):
+        spec_of(f"{path}:OldAliases")

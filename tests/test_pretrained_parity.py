@@ -273,6 +273,8 @@ def test_loading_draws_no_random_weights(folders, case, monkeypatch):
     assert model_hash(loaded) == model_hash(drawn_first)
     tokens = _tokens(2, 9)
     assert torch.equal(loaded(tokens), drawn_first(tokens))
+    flags = [{name: dict(vars(parameter)) for name, parameter in model.named_parameters()} for model in (loaded, drawn_first)]
+    assert flags[0] == flags[1]  # Mamba's _no_weight_decay and _no_reinit on A_log, D, dt's bias
 
 
 def test_a_model_with_constructed_buffers_is_built_the_ordinary_way():

@@ -183,10 +183,21 @@ def _canonical(cls: type[Mixer], module, name: str) -> str:
     return name.strip()  # defined somewhere it cannot be named from (a function's local class): as given
 
 
+#: what a mixer class once declared for its block's TransformerLens names, now `MixerSpec.tl_attention`
+#: and `tl_mixer_out`
+RETIRED_ALIASES = ("block_hook_aliases", "hook_aliases")
+
+
 def _spec_of(cls: type[Mixer], canonical: str) -> MixerSpec:
     """Return the spec of `cls` under `canonical` (module docstring): its module's `MixerSpec` of
     it, or a plain one with the block fields of its nearest base class that has one; with the
     block fields `cls` states as class attributes on top."""
+    retired = [name for name in RETIRED_ALIASES if hasattr(cls, name)]
+    if retired:  # read silently before: a plug-in's TransformerLens names would vanish without a word
+        raise UsageError(
+            f"mixer {canonical!r} declares {retired[0]}, which hookmech no longer reads: state TransformerLens's "
+            "names in its MixerSpec (tl_attention, tl_mixer_out; docs/your_mixer.md)"
+        )
     spec = _declared_spec(cls)
     if spec is None:
         base = next(filter(None, map(_declared_spec, cls.__mro__[1:])), None)

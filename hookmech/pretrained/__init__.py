@@ -133,7 +133,12 @@ def _unfilled_model(model_class: type[HookedLM], cfg: ModelConfig) -> HookedLM:
         model = model_class(cfg)
     if set(dict(model.named_buffers())) - set(model.state_dict()):
         return model_class(cfg)
-    return model.to_empty(device="cpu")
+    # to_empty makes new Parameters: the flags a mixer set on its own (Mamba's _no_weight_decay) go on them
+    flags = {name: dict(vars(parameter)) for name, parameter in model.named_parameters()}
+    model = model.to_empty(device="cpu")
+    for name, parameter in model.named_parameters():
+        vars(parameter).update(flags[name])
+    return model
 
 
 def _converted_state(module: ModuleType, folder: PretrainedFolder) -> dict[str, torch.Tensor]:

@@ -262,3 +262,19 @@ def test_a_wrong_folder_is_one_line_naming_its_file(tmp_path):
         load(folder)
     assert "\n" not in str(error.value) and str(error.value).startswith(f"{folder / 'model.safetensors'}: ")
     assert "unexpected backbone.layers.0.mixer.conv1d.bias" in str(error.value)
+
+
+def test_loading_undrawn_keeps_the_flags_mamba_sets_on_its_parameters(tmp_path, monkeypatch):
+    """from_pretrained builds the model undrawn (the meta device) and fills it: the flags Mamba sets
+    on A_log, D and dt's bias (`_no_weight_decay`, `_no_reinit`) stay, as in a model drawn first,
+    and torch's global generator is left as it was."""
+    import hookmech.pretrained as pretrained
+
+    folder, _ = mamba_folder(tmp_path)
+    before = torch.random.get_rng_state()
+    undrawn = load(folder)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    monkeypatch.setattr(pretrained, "_unfilled_model", lambda model_class, cfg: model_class(cfg))
+    drawn = load(folder)
+    flags = [{name: dict(vars(p)) for name, p in model.named_parameters() if vars(p)} for model in (undrawn, drawn)]
+    assert flags[0] == flags[1] and any("_no_weight_decay" in flag for flag in flags[0].values())
