@@ -26,6 +26,8 @@ CALIBRATION = [
     ("ar-table/d64-mamba-lr1e-2-s1/mamba_lr0.01_s1_d4327f", "direct retrieval", "direct retrieval at layer 0"),
     ("ar-table/d64-mamba-lr3e-3-s0/mamba_lr0.003_s0_ce8adf", "direct retrieval", "direct retrieval at layers 0 and 1"),
     ("ar-table/d32-mamba-lr1e-2-s0/mamba_lr0.01_s0_432a19", "direct retrieval", "direct retrieval at layer 0"),
+    ("ar-table/d32-mamba-lr1e-2-s0-tinylang-data/mamba_lr0.01_s0_432a19", "direct retrieval", "direct retrieval at layer 0"),
+    ("ar-table/d32-mamba-lr1e-2-s0-hf-schedule/mamba_lr0.01_s0_432a19", "direct retrieval", "direct retrieval at layer 0"),
     ("ar-table/d64-h3-lr1e-3-s0/h3_lr0.001_s0_09826e", "neither", "neither"),
     ("ar-table/d64-hyena-lr1e-3-s0/hyena_lr0.001_s0_c87741", "neither", "neither"),
     ("ar-table/d64-baseconv-lr1e-3-s0/baseconv_lr0.001_s0_6ae320", "neither", "neither"),
