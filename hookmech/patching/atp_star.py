@@ -48,7 +48,8 @@ several positions sums their Δλ (the estimate stays first order across positio
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -398,7 +399,7 @@ class _Estimator:
             return add_zero
 
         points = [model.hook_dict[hook] for hook in self.hooks]
-        with torch.enable_grad(), gradients_follow_edits(points):
+        with torch.enable_grad(), gradients_follow_edits(points), _parameters_frozen(model):
             logits = model.run_with_hooks(
                 corrupt_input,
                 start_at_layer=self.start,
@@ -526,6 +527,21 @@ class _Estimator:
             if variant is not None and variant < layer:
                 effects[index] = found[0]
         return effects
+
+
+@contextmanager
+def _parameters_frozen(model: PatchableModel) -> Iterator[None]:
+    """Within the `with` block no parameter of `model` requires a gradient, then each as it was:
+    the backward passes ask for gradients of activations only, and an operation whose inputs
+    include a parameter that requires one (the selective scan's A) computes that one too."""
+    required = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
+    try:
+        for parameter, _ in required:
+            parameter.requires_grad_(False)
+        yield
+    finally:
+        for parameter, was in required:
+            parameter.requires_grad_(was)
 
 
 def _inside_name(hook: str) -> str:
