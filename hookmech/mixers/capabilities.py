@@ -75,13 +75,18 @@ class PatchMemo:
     `MixerMemo` per block, made when the block is first asked for (the engine makes one per chunk
     and passes it to every `AtpStarModel` call of that chunk)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gifts: Callable[[int], list[tuple[Tensor, dict[str, Tensor]]]] | None = None) -> None:
         self._by_layer: dict[int, MixerMemo] = {}
+        #: ``gifts(layer)``: what a block's memo is given when made (`MixerMemo.give`'s arguments)
+        self._gifts = gifts
 
     def of_layer(self, layer: int) -> MixerMemo:
-        """Return the memo of block `layer`'s mixer."""
+        """Return the memo of block `layer`'s mixer, given ``gifts(layer)`` when first made."""
         if layer not in self._by_layer:
-            self._by_layer[layer] = MixerMemo()
+            memo = MixerMemo()
+            for mixer_in, reads in self._gifts(layer) if self._gifts is not None else []:
+                memo.give(mixer_in, reads)
+            self._by_layer[layer] = memo
         return self._by_layer[layer]
 
     def forget(self, layer: int) -> None:

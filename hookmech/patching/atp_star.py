@@ -314,13 +314,12 @@ class _Estimator:
             if self.start is None
             else base(block_hook(self.start, "resid_pre"))
         )
-        self.memo = PatchMemo()
+        self.memo = PatchMemo(lambda layer: self._reads_of(layer, acts, base))
         self.query_step.new_chunk(self.memo)
         query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
         log_odds, p_answer, grads = self._backward(corrupt_input, query, answers, captured, base)
         self.p_corrupt[rows] = p_answer
         chunk_acts.update({(hook, "corrupt"): activation for hook, activation in captured.items()})
-        self._give_reads(acts, base)
         variants = self.variants
         with torch.no_grad():
             # every backward pass's gradient of each mixer's output, stacked: [V, n, T, d_model]
@@ -341,19 +340,19 @@ class _Estimator:
                     estimates[variant][hook] = estimate
         return log_odds, estimates
 
-    def _give_reads(self, acts, base) -> None:
-        """Give each block's mixer memo (`MixerMemo.give`) the activations of its `reads` on the
-        chunk's corrupt mixer input and, with `clean_reads`, on the clean one (a block-level patch's
-        mixer input at its own block)."""
-        for layer, names in self.reads.items():
-            if not names:
-                continue
-            memo = self.memo.of_layer(layer)
-            short = {name: _inside_name(name) for name in names}
-            mixer_in = block_hook(layer, "mixer_in")
-            memo.give(base(mixer_in), {short[name]: base(name) for name in names})
-            if self.clean_reads:
-                memo.give(acts(mixer_in, "clean"), {short[name]: acts(name, "clean") for name in names})
+    def _reads_of(self, layer: int, acts, base) -> list[tuple[Tensor, dict[str, Tensor]]]:
+        """Return what block `layer`'s mixer memo is given when made (`PatchMemo`'s gifts,
+        `MixerMemo.give`): its `reads` on the chunk's corrupt mixer input and, with `clean_reads`,
+        on the clean one (a block-level patch's mixer input at its own block)."""
+        names = self.reads.get(layer, [])
+        if not names:
+            return []
+        short = {name: _inside_name(name) for name in names}
+        mixer_in = block_hook(layer, "mixer_in")
+        gifts = [(base(mixer_in), {short[name]: base(name) for name in names})]
+        if self.clean_reads:
+            gifts.append((acts(mixer_in, "clean"), {short[name]: acts(name, "clean") for name in names}))
+        return gifts
 
     def _query_log_odds(self, hook: str | None, start: Tensor, clean: Tensor, query: Tensor, answers: Tensor) -> Tensor:
         """Return λ ``[n]`` of the logits at the query when only position-wise computation is left:
