@@ -116,17 +116,15 @@ class MambaPatchEffects(ExactPatchEffects):
         grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
         n_pos, reach = x.shape[1], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
-        h = state_before(states, rows, positions)  # h_{s-1}: [P, d_inner, d_state]
         moved = grad_out.new_zeros(*grad_out.shape[:-3], len(rows), dtype=torch.float64)  # per pair
-        steps, h = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, h)
+        steps, moved_state = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, states)
         for j, at, gated_j in steps:
             inside = (positions + j < n_pos).double()
             moved += (grad_gated[..., rows, at, :] * (gated_j - gated[rows, at])).sum(-1).double() * inside
         # After r = s + reach - 1 the state's change decays through the base run's fixed decays:
         # Σ_{t > r} ĝ_t · C_t (Π decay) Δh_r = Δh_r · μ_r with the adjoint state
         # μ_{r-1} = decay_r ⊙ (μ_r + ĝ_r ⊗ C_r), μ_{T-1} = 0, swept backwards once (ĝ: ∂m/∂y).
-        last = positions + reach - 1
-        moved_state = h - states[rows, last.clamp(max=n_pos - 1)]  # Δh at s + reach - 1
+        last = positions + reach - 1  # where `moved_state`, Δh, is
         read = grad_gated * gate  # ĝ: [..., N, T, d_inner]
         for lo, adjoints in self._adjoint_sweep(read, C, decay, reach - 1):
             here = ((last >= lo) & (last < lo + adjoints.shape[-3])).nonzero(as_tuple=True)[0]
@@ -199,9 +197,8 @@ class MambaPatchEffects(ExactPatchEffects):
         A = self._A()
         query, reach = at[rows], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
-        h = state_before(states, rows, positions)
         moved = change.new_zeros(len(rows), change.shape[-1])  # Δ(gated y) at the query, per pair
-        steps, h = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, h)
+        steps, moved_state = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, states)
         for j, at_j, gated_j in steps:
             hit = positions + j == query
             moved[hit] = (gated_j - gated[rows, at_j])[hit]
@@ -210,7 +207,7 @@ class MambaPatchEffects(ExactPatchEffects):
         if len(far):  # the state's change after the reach, carried by fixed decays to the query
             summed = delta.double().cumsum(1)
             span = (summed[rows[far], query[far]] - summed[rows[far], last[far]]).to(delta.dtype)  # [F, d_inner]
-            carried = (span[..., None] * A).exp_().mul_(h[far] - states[rows[far], last[far]])
+            carried = (span[..., None] * A).exp_().mul_(moved_state[far])
             read = (carried @ C[rows[far], query[far]][..., None])[..., 0]
             moved[far] = read * gate[rows[far], query[far]]
         out[rows, positions] = moved @ self.out_proj.weight.T  # the output projection's bias cancels
@@ -253,16 +250,17 @@ class MambaPatchEffects(ExactPatchEffects):
         change: Tensor,
         run: tuple[Tensor, Tensor, Tensor | None, Tensor],
         A: Tensor,
-        h: Tensor,
+        states: Tensor,
     ) -> tuple[list[tuple[int, Tensor, Tensor]], Tensor]:
-        """Return ``([(j, at, y'·gate') for j = 0 .. reach − 1], h')``: with the SSM branch's input at
-        ``positions[i]`` of row ``rows[i]`` moved by `change` ``[P, d_inner]``, the gated output
+        """Return ``([(j, at, y'·gate') for j = 0 .. reach − 1], Δh)``: with the SSM branch's input
+        at ``positions[i]`` of row ``rows[i]`` moved by `change` ``[P, d_inner]``, the gated output
         ``[P, d_inner]`` at ``at = positions + j`` (clamped to the last position: callers drop
-        those past it), and h' ``[P, d_inner, d_state]`` the state after the reach's last
-        position, from the state `h` before s. `run` holds the base run's (convolved in_x, patched
-        in_x, patched z or None, gate). The projections of each step take every pair at once; the
-        recurrence then runs a block of pairs at a time through all the steps (`PAIR_BLOCK_BYTES`:
-        the block's states stay in cache from one step to the next)."""
+        those past it), and Δh ``[P, d_inner, d_state]`` the change of the state after the reach's
+        last position (clamped as ``at``), from the base run's `states` ``[N, T, d_inner, d_state]``.
+        `run` holds the base run's (convolved in_x, patched in_x, patched z or None, gate). The
+        projections of each step take every pair at once; the recurrence then runs a block of
+        pairs at a time from the state before s through all the steps (`PAIR_BLOCK_BYTES`: the
+        block's states, read, updated and compared with the base run's, stay in cache)."""
         conv, new_in_x, new_z, gate = run
         n_pos = conv.shape[1]
         inputs = []  # per step j: (at, u_j, Δ_j, B_j, C_j, gate_j)
@@ -275,11 +273,12 @@ class MambaPatchEffects(ExactPatchEffects):
             gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
             inputs.append((at, *self._ssm_inputs(conv_j, convolved=True), gate_j))
         gated = [change.new_empty(change.shape) for _ in inputs]
-        after = torch.empty_like(h)
-        block = max(1, PAIR_BLOCK_BYTES // (h[0].numel() * h.element_size()))
+        moved = states.new_empty(len(rows), *states.shape[2:])
+        last = (positions + len(inputs) - 1).clamp(max=n_pos - 1)
+        block = max(1, PAIR_BLOCK_BYTES // (states[0, 0].numel() * states.element_size()))
         for start in range(0, len(rows), block):
             pairs = slice(start, start + block)
-            state = h[pairs]
+            state = state_before(states, rows[pairs], positions[pairs])  # h_{s-1}
             for j, (_, u_j, delta_j, B_j, C_j, gate_j) in enumerate(inputs):
                 # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [block, d_inner, d_state] temporary
                 delta_p = delta_j[pairs]
@@ -287,8 +286,8 @@ class MambaPatchEffects(ExactPatchEffects):
                 state.addcmul_((delta_p * u_j[pairs])[..., None], B_j[pairs, None, :])
                 y_j = (state @ C_j[pairs, :, None])[..., 0] + u_j[pairs] * self.D
                 gated[j][pairs] = y_j * gate_j[pairs]
-            after[pairs] = state
-        return [(j, step[0], gated[j]) for j, step in enumerate(inputs)], after
+            torch.sub(state, states[rows[pairs], last[pairs]], out=moved[pairs])
+        return [(j, step[0], gated[j]) for j, step in enumerate(inputs)], moved
 
     def patch_context(self, x: RunResid, memo: MixerMemo) -> Context:
         """Return `prefix_context(x)` from the base branch the patch computations keep in `memo`
