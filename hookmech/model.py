@@ -24,6 +24,7 @@ from .hook_names import (
     block_aliases,
     block_hook,
     block_path,
+    mixer_hook,
     parse_hook,
 )
 from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
@@ -683,6 +684,16 @@ class HookedLM(TransformerLensCompat[Block]):
             if local is None:
                 return False
         return mixer.patches_exactly(local)
+
+    def mixer_patch_reads(self, layer: int) -> list[str]:
+        """Return the hooks inside block `layer`'s mixer (``blocks.{layer}.mixer.hook_in_x``) whose
+        activations on a run `mixer_patch_effects`, `mixer_patch_outputs` and `layer_patch_context`
+        read from their memo where the caller gives them (`ExactPatchEffects.patch_reads`,
+        `MixerMemo.give` with the short names); none for a mixer without `ExactPatchEffects`."""
+        mixer = self.blocks[layer].mixer
+        if not isinstance(mixer, ExactPatchEffects):
+            return []
+        return [mixer_hook(layer, name) for name in mixer.patch_reads()]
 
     def mixer_patch_outputs(
         self,

@@ -139,11 +139,23 @@ def test_based_position_effects_equal_patched_forwards(train_view, hook, rows_at
     torch.testing.assert_close(effects, reference, atol=FLOAT64_TOL, rtol=0)
 
 
+@pytest.fixture(params=["whole", "small"])
+def mamba_blocks(request, monkeypatch):
+    """Mamba's patched steps on every pair at once and its adjoint sweep in one segment, or one
+    pair per block and segments of 3 positions (`PAIR_BLOCK_BYTES`, `SWEEP_POSITIONS`)."""
+    from hookmech.mixers import mamba_effects
+
+    if request.param == "small":
+        monkeypatch.setattr(mamba_effects, "PAIR_BLOCK_BYTES", 1)
+        monkeypatch.setattr(mamba_effects, "SWEEP_POSITIONS", 3)
+    return request.param
+
+
 # the last options are those a pretrained folder may have (hookmech.pretrained.mamba): biases, no conv bias
 @pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False},
                                      {"bias": True, "conv_bias": False, "d_conv": 3}])
 @pytest.mark.parametrize("hook", [None, "in_x"])
-def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_once):
+def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_once, mamba_blocks):
     """Mamba: Δ, B, C and the state recomputed over the convolution's reach, the adjoint state
     after it, against a forward of the mixer with position s patched (float64); all rows at once,
     or a row at a time (`PATCH_BLOCK_BYTES`)."""
@@ -186,7 +198,7 @@ def test_mamba_position_effects_equal_patched_forwards(options, hook, rows_at_on
 # the last options are those a pretrained folder may have (hookmech.pretrained.mamba): biases, no conv bias
 @pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False},
                                      {"bias": True, "conv_bias": False, "d_conv": 3}])
-def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, rows_at_once):
+def test_mamba_position_outputs_equal_patched_forwards_at_the_query(options, rows_at_once, mamba_blocks):
     """Mamba's output change at each row's query `at` for a patch at every s: within the
     convolution's reach of s, beyond it (the state carried by the base run's decays) and after
     the query (zero), against a forward of the mixer with position s patched (float64); all rows
@@ -249,6 +261,49 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
         torch.testing.assert_close(made[name], context[name], atol=FLOAT64_TOL, rtol=0)
     assert torch.equal(together[0], alone[0]) and torch.equal(together[2], alone[1])
     assert torch.equal(together[1], alone[2]) and alone[2].abs().max() > 0  # the inside hook's patch
+
+
+def test_mamba_patch_computations_read_the_projections_they_are_given(monkeypatch):
+    """Given in_proj's outputs on the base input and on the patched one (`MixerMemo.give`, as
+    AtP* gives what its runs computed), the computations read them instead of projecting again,
+    and give the numbers of calls without them, bit for bit; reads given for another input (one
+    element apart) are not used."""
+    from hookmech.mixers.mamba import Mamba
+
+    torch.manual_seed(5)
+    mixer = Mamba(16, d_state=4).double()
+    x, patched = torch.randn(3, 7, 16, dtype=torch.float64), torch.randn(3, 7, 16, dtype=torch.float64)
+    grads, at = torch.randn(2, 3, 7, 16, dtype=torch.float64), torch.tensor([6, 2, 4])
+    with torch.no_grad():
+        alone = mixer.position_patch_effects(x, grads, patched), mixer.position_patch_outputs(x, patched, at)
+        context = mixer.patch_context(x, MixerMemo())
+
+        def reads(values):
+            in_x, z = mixer._split(mixer.in_proj(values))
+            return {"in_x": in_x, "gate": z}
+
+        memo, other = MixerMemo(), x.clone()
+        other[2, 6, 0] += 1
+        memo.give(other, reads(other))
+        memo.give(x.clone(), reads(x))  # an equal tensor, not the same object
+        memo.give(patched, reads(patched))
+        projections = []
+        forward = mixer.in_proj.forward
+        monkeypatch.setattr(mixer.in_proj, "forward", lambda values: projections.append(1) or forward(values))
+        given = (
+            mixer.position_patch_effects(x, grads, patched, memo=memo),
+            mixer.position_patch_outputs(x, patched, at, memo=memo),
+        )
+        made = mixer.patch_context(x, memo)
+        assert projections == []
+        memo = MixerMemo()
+        memo.give(other, reads(other))
+        projections.clear()
+        mixer.position_patch_effects(x, grads, patched, memo=memo)
+    assert len(projections) == 2  # the base input and the patched one, projected
+    assert torch.equal(given[0], alone[0]) and torch.equal(given[1], alone[1])
+    assert all(torch.equal(made[name], context[name]) for name in context)
+    assert alone[0].abs().max() > 0.1
 
 
 def test_position_effects_are_absent_where_a_mixer_has_no_exact_form(ar_task):
@@ -599,6 +654,70 @@ def test_verify_top_checks_graddrop_flagged_cells_first(ar_model, ar_task):
     (reference,) = patch(ar_model, batch, [flagged["site"]], [flagged["pos"]])
     assert verified[0]["p_patched_exact"] == pytest.approx(reference["p_patched"], abs=ENGINE_TOL)
     assert verified[0]["method"] == "atp-star"
+
+
+@pytest.mark.parametrize("mixers", ["mamba", "attention"])
+def test_verify_top_runs_the_clean_and_corrupt_runs_once(monkeypatch, ar_task, mixers):
+    """From tokens, `verify_top` patches the cells of every hook on one pair of clean and corrupt
+    runs (it made them once per hook), and its exact figures are `patch`'s, hook by hook."""
+    from hookmech.patching import exact as exact_module
+
+    model = make_model(ar_task, mixers=mixers, n_layers=3)
+    batch = ar_task.sample(8, seed=11)
+    records = atp_star_patch(model, batch, ["L*.block_in", "L1.mixer_out"], ["key", "value", "query", "all"])
+    made = []
+    runs = exact_module.CleanCorruptRuns
+    monkeypatch.setattr(exact_module, "CleanCorruptRuns", lambda *args, **kwargs: made.append(1) or runs(*args, **kwargs))
+    verified = verify_top(model, batch, records, 9)
+    assert len(made) == 1 and len({r["hook"] for r in verified}) > 2
+    for record in verified:
+        (reference,) = patch(model, batch, [record["hook"]], [record["pos"]])
+        assert record["p_patched_exact"] == reference["p_patched"]
+        assert record["attribution_exact"] == reference["attribution"]
+
+
+def test_atp_star_leaves_the_parameters_as_they_were(ar_task):
+    """The backward passes run with every parameter frozen (no parameter gradient computed) and
+    give the estimates of a model whose parameters require none; each parameter's requires_grad is
+    as it was after, an error included."""
+    model = make_model(ar_task, mixers="mamba", n_layers=2)
+    batch = ar_task.sample(6, seed=12)
+    frozen = next(model.parameters())
+    frozen.requires_grad_(False)
+    wanting = atp_star_patch(model, batch, ["L*.block_in"], ["key", "all"], graddrop=True)
+    assert not frozen.requires_grad and all(p.requires_grad for p in list(model.parameters())[1:])
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    none = atp_star_patch(model, batch, ["L*.block_in"], ["key", "all"], graddrop=True)
+    assert [(r["p_patched"], r["graddrop"]) for r in wanting] == [(r["p_patched"], r["graddrop"]) for r in none]
+    for parameter in model.parameters():
+        parameter.requires_grad_(True)
+    with pytest.raises(HookmechError):
+        atp_star_patch(model, batch, ["L0.block_in", "L1.mixer.nonexistent"], ["key"])
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_atp_star_reads_the_mixer_projections_off_its_runs(monkeypatch, ar_task):
+    """From tokens, Mamba's patch computations read in_proj's outputs of the corrupt and clean
+    mixer inputs off AtP*'s own runs (`mixer_patch_reads`), projecting neither again, and give
+    the estimates of computations that project them, bit for bit."""
+    from hookmech.mixers.mamba_effects import MambaPatchEffects
+
+    model = make_model(ar_task, mixers="mamba", n_layers=3)
+    batch = ar_task.sample(8, seed=13)
+    sites, positions = ["L*.block_in", "L1.mixer.in_x"], ["key", "value", "all"]
+    found = []
+    projected = MambaPatchEffects._projected
+    monkeypatch.setattr(
+        MambaPatchEffects, "_projected", lambda self, x, reads, rows: found.append(reads is not None) or projected(self, x, reads, rows)
+    )
+    read = atp_star_patch(model, batch, sites, positions)
+    assert found and all(found)
+    monkeypatch.setattr(type(model), "mixer_patch_reads", lambda self, layer: [])
+    found.clear()
+    computed = atp_star_patch(model, batch, sites, positions)
+    assert found and not any(found)
+    assert [r["p_patched"] for r in read] == [r["p_patched"] for r in computed]
 
 
 def test_bad_arguments_are_usage_errors(ar_model, ar_task):

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
+import torch
 from torch import Tensor
 from transformer_lens import FactoredMatrix
 
@@ -44,6 +45,21 @@ class MixerMemo:
 
     def __init__(self) -> None:
         self._by_rows: dict[tuple[int, int], tuple[Tensor, ...]] = {}
+        self._given: list[tuple[Tensor, dict[str, Tensor]]] = []
+
+    def give(self, mixer_in: Tensor, reads: dict[str, Tensor]) -> None:
+        """Keep `reads` ``{short hook name: [N, T, ...]}``: the activations of the mixer's inside
+        hooks (`ExactPatchEffects.patch_reads`) on the input `mixer_in` ``[N, T, d_model]``, which
+        the caller's runs computed already (the mixer's computations then read them, `given`)."""
+        self._given.append((mixer_in, reads))
+
+    def given(self, mixer_in: Tensor) -> dict[str, Tensor] | None:
+        """Return the reads kept (`give`) for an input equal to `mixer_in`, None where none is:
+        only an input with the same bytes has the same activations."""
+        for known, reads in self._given:
+            if known is mixer_in or (known.shape == mixer_in.shape and torch.equal(known, mixer_in)):
+                return reads
+        return None
 
     def of_rows(self, rows: slice, compute: Callable[[], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
         """Return what ``compute()`` returns for the rows `rows` of the base run: computed by the
@@ -59,13 +75,18 @@ class PatchMemo:
     `MixerMemo` per block, made when the block is first asked for (the engine makes one per chunk
     and passes it to every `AtpStarModel` call of that chunk)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gifts: Callable[[int], list[tuple[Tensor, dict[str, Tensor]]]] | None = None) -> None:
         self._by_layer: dict[int, MixerMemo] = {}
+        #: ``gifts(layer)``: what a block's memo is given when made (`MixerMemo.give`'s arguments)
+        self._gifts = gifts
 
     def of_layer(self, layer: int) -> MixerMemo:
-        """Return the memo of block `layer`'s mixer."""
+        """Return the memo of block `layer`'s mixer, given ``gifts(layer)`` when first made."""
         if layer not in self._by_layer:
-            self._by_layer[layer] = MixerMemo()
+            memo = MixerMemo()
+            for mixer_in, reads in self._gifts(layer) if self._gifts is not None else []:
+                memo.give(mixer_in, reads)
+            self._by_layer[layer] = memo
         return self._by_layer[layer]
 
     def forget(self, layer: int) -> None:
@@ -97,6 +118,13 @@ class ExactPatchEffects:
         False where AtP* keeps the first-order estimate. AtP* asks before its backward passes, to
         skip the gradients these patches do not need. Default: nowhere."""
         return False
+
+    def patch_reads(self) -> tuple[str, ...]:
+        """Return the short names of the inside hooks whose activations on a run's input the
+        mixer's patch computations read from their memo where the caller gives them
+        (`MixerMemo.give`: AtP* records them in the runs it makes anyway), instead of computing
+        them again. Default: none."""
+        return ()
 
     def exact_patch_effects(
         self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None

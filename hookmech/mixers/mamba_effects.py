@@ -27,12 +27,19 @@ from .capabilities import ExactPatchEffects, MixerMemo
 from .decay_exp import decay_exp_
 from .selective_scan import linear_scan
 
+#: bytes of one block of (row, position) pairs' states in the patched steps (`_patched_reach`):
+#: a block runs through the d_conv steps while its states stay in cache
+PAIR_BLOCK_BYTES = 6 << 20
+#: positions of the adjoint states one step of the sweep keeps at once (`_adjoint_sweep`)
+SWEEP_POSITIONS = 16
+
 
 class MambaPatchEffects(ExactPatchEffects):
     """`ExactPatchEffects` of the Mamba-1 mixer (`mamba.Mamba` inherits it; module docstring)."""
 
     if TYPE_CHECKING:  # the Mamba mixer's members these methods read (`mamba.Mamba` defines them)
         STATE_STRIDE: int  # positions between the states a resume context keeps
+        gate: bool
         in_proj: nn.Linear
         out_proj: nn.Linear
         conv1d: nn.Conv1d
@@ -49,6 +56,18 @@ class MambaPatchEffects(ExactPatchEffects):
 
         def _causal_conv(self, x: Tensor) -> Tensor: ...
 
+    def patch_reads(self) -> tuple[str, ...]:
+        """Return in_proj's outputs, ``("in_x", "gate")`` (``("in_x",)`` without the gate): a
+        run's in_proj is most of the projections these computations would repeat."""
+        return ("in_x", "gate") if self.gate else ("in_x",)
+
+    def _projected(self, x: RunResid, reads: dict[str, Tensor] | None, rows: slice) -> tuple[Tensor, Tensor | None]:
+        """Return (in_x, z) of in_proj on the rows `rows` of an input, `x` those rows: read from
+        `reads` (`MixerMemo.given` of that input) where the caller gave them, else computed."""
+        if reads is None:
+            return self._split(self.in_proj(x))
+        return reads["in_x"][rows], reads["gate"][rows] if self.gate else None
+
     def patches_exactly(self, hook: str | None = None) -> bool:
         """Return True for the input and the SSM branch's in_x (`position_patch_effects`)."""
         return hook in (None, "in_x")
@@ -63,19 +82,28 @@ class MambaPatchEffects(ExactPatchEffects):
         nonlinear); after them the state's change moves on through fixed decays, so its effect is
         the change of the state times the adjoint state of the later read-outs (exact as well).
         Computed a block of rows at a time (`_row_blocks`)."""
+        reads = (None, None) if memo is None else (memo.given(x), None if hook is not None else memo.given(patched))
         parts = [
-            self._row_effects(x[rows], grad_out[..., rows, :, :], patched[rows], hook, memo, rows)
+            self._row_effects(x[rows], grad_out[..., rows, :, :], patched[rows], hook, memo, rows, reads)
             for rows in self._row_blocks(x)
         ]
         return torch.cat(parts, dim=-2)
 
     def _row_effects(
-        self, x: RunResid, grad_out: Gradients, patched: Tensor, hook: str | None, memo: MixerMemo | None, block: slice
+        self,
+        x: RunResid,
+        grad_out: Gradients,
+        patched: Tensor,
+        hook: str | None,
+        memo: MixerMemo | None,
+        block: slice,
+        reads: tuple[dict[str, Tensor] | None, dict[str, Tensor] | None] = (None, None),
     ) -> PositionEffects:
-        """`position_patch_effects` of the block of rows `block` (`x` and the rest: those rows)."""
-        in_x, z = self._split(self.in_proj(x))
+        """`position_patch_effects` of the block of rows `block` (`x` and the rest: those rows;
+        `reads`: what the memo was given of the base input and of `patched`, `_projected`)."""
+        in_x, z = self._projected(x, reads[0], block)
         if hook is None:
-            new_in_x, new_z = self._split(self.in_proj(patched))
+            new_in_x, new_z = self._projected(patched, reads[1], block)
         else:
             new_in_x, new_z = patched, z
         effect = grad_out.new_zeros(grad_out.shape[:-1], dtype=torch.float64)
@@ -88,30 +116,49 @@ class MambaPatchEffects(ExactPatchEffects):
         grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
         n_pos, reach = x.shape[1], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
-        h = state_before(states, rows, positions)  # h_{s-1}: [P, d_inner, d_state]
         moved = grad_out.new_zeros(*grad_out.shape[:-3], len(rows), dtype=torch.float64)  # per pair
-        steps = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, h)
-        for j, at, gated_j, after in steps:
+        steps, moved_state = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, states)
+        for j, at, gated_j in steps:
             inside = (positions + j < n_pos).double()
             moved += (grad_gated[..., rows, at, :] * (gated_j - gated[rows, at])).sum(-1).double() * inside
-            h = after  # the state after s + j; after the loop, after the reach's last position
         # After r = s + reach - 1 the state's change decays through the base run's fixed decays:
         # Σ_{t > r} ĝ_t · C_t (Π decay) Δh_r = Δh_r · μ_r with the adjoint state
         # μ_{r-1} = decay_r ⊙ (μ_r + ĝ_r ⊗ C_r), μ_{T-1} = 0, swept backwards once (ĝ: ∂m/∂y).
-        last = positions + reach - 1
-        moved_state = h - states[rows, last.clamp(max=n_pos - 1)]  # Δh at s + reach - 1
+        last = positions + reach - 1  # where `moved_state`, Δh, is
         read = grad_gated * gate  # ĝ: [..., N, T, d_inner]
-        adjoint = read.new_zeros(*read.shape[:-2], *states.shape[-2:])  # μ_r: [..., N, d_inner, d_state]
-        for r in range(n_pos - 1, reach - 2, -1):
-            here = (last == r).nonzero(as_tuple=True)[0]
+        for lo, adjoints in self._adjoint_sweep(read, C, decay, reach - 1):
+            here = ((last >= lo) & (last < lo + adjoints.shape[-3])).nonzero(as_tuple=True)[0]
             if len(here):
                 moved[..., here] += torch.einsum(
-                    "pij,...pij->...p", moved_state[here], adjoint[..., rows[here], :, :]
+                    "pij,...pij->...p", moved_state[here], adjoints[..., rows[here], last[here] - lo, :, :]
                 ).double()
-            # in place: one [..., N, d_inner, d_state] buffer for the whole sweep
-            adjoint.addcmul_(read[..., r, :, None], C[:, r, None, :]).mul_(decay[:, r])
         effect[..., rows, positions] = moved
         return effect
+
+    def _adjoint_sweep(self, read: Tensor, C: Tensor, decay: Tensor, first: int) -> Iterator[tuple[int, Tensor]]:
+        """Yield ``(lo, μ)``, μ ``[..., N, K, d_inner, d_state]`` the adjoint states μ_lo .. μ_{lo+K-1}
+        (μ_{r-1} = decay_r ⊙ (μ_r + ĝ_r ⊗ C_r) from μ_{T-1} = 0, ĝ = `read` ``[..., N, T, d_inner]``),
+        a segment of at most SWEEP_POSITIONS positions at a time from the last down to `first`.
+        One segment's buffer is what the sweep holds; each position costs one multiply-add and one
+        multiply in place, and the read-outs of a segment's pairs take one contraction."""
+        n_pos = read.shape[-2]
+        carry = read.new_zeros(*read.shape[:-2], *decay.shape[-2:])  # μ_hi-1 entering the segment
+        for hi in range(n_pos, first, -SWEEP_POSITIONS):
+            lo = max(first, hi - SWEEP_POSITIONS)
+            adjoints = read.new_empty(*read.shape[:-2], hi - lo, *decay.shape[-2:])
+            adjoints[..., -1, :, :] = carry
+            for r in range(hi - 1, lo, -1):
+                torch.addcmul(
+                    adjoints[..., r - lo, :, :],
+                    read[..., r, :, None],
+                    C[:, r, None, :],
+                    out=adjoints[..., r - lo - 1, :, :],
+                ).mul_(decay[:, r])
+            if lo > first:
+                carry = torch.addcmul(adjoints[..., 0, :, :], read[..., lo, :, None], C[:, lo, None, :]).mul_(
+                    decay[:, lo]
+                )
+            yield lo, adjoints
 
     def position_patch_outputs(
         self, x: RunResid, patched: RunResid, at: RowInts, memo: MixerMemo | None = None
@@ -122,15 +169,23 @@ class MambaPatchEffects(ExactPatchEffects):
         beyond it the state's change decays through the base run's decays to ``at``: Π_r exp(Δ_r A)
         = exp(A · Σ_r Δ_r), then is read out by C and gated there. Computed a block of rows at a
         time (`_row_blocks`)."""
-        parts = [self._row_outputs(x[rows], patched[rows], at[rows], memo, rows) for rows in self._row_blocks(x)]
+        reads = (None, None) if memo is None else (memo.given(x), memo.given(patched))
+        parts = [self._row_outputs(x[rows], patched[rows], at[rows], memo, rows, reads) for rows in self._row_blocks(x)]
         return torch.cat(parts)
 
     def _row_outputs(
-        self, x: RunResid, patched: RunResid, at: RowInts, memo: MixerMemo | None, block: slice
+        self,
+        x: RunResid,
+        patched: RunResid,
+        at: RowInts,
+        memo: MixerMemo | None,
+        block: slice,
+        reads: tuple[dict[str, Tensor] | None, dict[str, Tensor] | None] = (None, None),
     ) -> RunResid:
-        """`position_patch_outputs` of the block of rows `block` (`x` and the rest: those rows)."""
-        in_x, z = self._split(self.in_proj(x))
-        new_in_x, new_z = self._split(self.in_proj(patched))
+        """`position_patch_outputs` of the block of rows `block` (`x` and the rest: those rows;
+        `reads` as `_row_effects`')."""
+        in_x, z = self._projected(x, reads[0], block)
+        new_in_x, new_z = self._projected(patched, reads[1], block)
         n_pos = x.shape[1]
         out = x.new_zeros(x.shape)
         changed = self._changed(in_x, z, new_in_x, new_z)
@@ -142,19 +197,17 @@ class MambaPatchEffects(ExactPatchEffects):
         A = self._A()
         query, reach = at[rows], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
-        h = state_before(states, rows, positions)
         moved = change.new_zeros(len(rows), change.shape[-1])  # Δ(gated y) at the query, per pair
-        steps = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, h)
-        for j, at_j, gated_j, after in steps:
+        steps, moved_state = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, states)
+        for j, at_j, gated_j in steps:
             hit = positions + j == query
             moved[hit] = (gated_j - gated[rows, at_j])[hit]
-            h = after  # the state after s + j; after the loop, after the reach's last position
         last = positions + reach - 1
         far = (last < query).nonzero(as_tuple=True)[0]
         if len(far):  # the state's change after the reach, carried by fixed decays to the query
             summed = delta.double().cumsum(1)
             span = (summed[rows[far], query[far]] - summed[rows[far], last[far]]).to(delta.dtype)  # [F, d_inner]
-            carried = (span[..., None] * A).exp_().mul_(h[far] - states[rows[far], last[far]])
+            carried = (span[..., None] * A).exp_().mul_(moved_state[far])
             read = (carried @ C[rows[far], query[far]][..., None])[..., 0]
             moved[far] = read * gate[rows[far], query[far]]
         out[rows, positions] = moved @ self.out_proj.weight.T  # the output projection's bias cancels
@@ -197,28 +250,44 @@ class MambaPatchEffects(ExactPatchEffects):
         change: Tensor,
         run: tuple[Tensor, Tensor, Tensor | None, Tensor],
         A: Tensor,
-        h: Tensor,
-    ) -> Iterator[tuple[int, Tensor, Tensor, Tensor]]:
-        """Yield ``(j, at, y'·gate', h')`` for j = 0 .. reach − 1: with the SSM branch's input at
-        ``positions[i]`` of row ``rows[i]`` moved by `change` ``[P, d_inner]``, the gated output
+        states: Tensor,
+    ) -> tuple[list[tuple[int, Tensor, Tensor]], Tensor]:
+        """Return ``([(j, at, y'·gate') for j = 0 .. reach − 1], Δh)``: with the SSM branch's input
+        at ``positions[i]`` of row ``rows[i]`` moved by `change` ``[P, d_inner]``, the gated output
         ``[P, d_inner]`` at ``at = positions + j`` (clamped to the last position: callers drop
-        those past it) and the state after it ``[P, d_inner, d_state]``, from the state `h` before
-        s. `run` holds the base run's (convolved in_x, patched in_x, patched z or None, gate)."""
+        those past it), and Δh ``[P, d_inner, d_state]`` the change of the state after the reach's
+        last position (clamped as ``at``), from the base run's `states` ``[N, T, d_inner, d_state]``.
+        `run` holds the base run's (convolved in_x, patched in_x, patched z or None, gate). The
+        projections of each step take every pair at once; the recurrence then runs a block of
+        pairs at a time from the state before s through all the steps (`PAIR_BLOCK_BYTES`: the
+        block's states, read, updated and compared with the base run's, stay in cache)."""
         conv, new_in_x, new_z, gate = run
         n_pos = conv.shape[1]
+        inputs = []  # per step j: (at, u_j, Δ_j, B_j, C_j, gate_j)
         for j in range(max(self.d_conv, 1)):
             at = (positions + j).clamp(max=n_pos - 1)
             if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
                 conv_j = conv[rows, at] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
             else:
                 conv_j = new_in_x[rows, positions]
-            u_j, delta_j, B_j, C_j = self._ssm_inputs(conv_j, convolved=True)
-            # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [P, d_inner, d_state] temporary
-            h = decay_exp_(delta_j[..., None] * A, factors=(delta_j, A)).mul_(h)
-            h.addcmul_((delta_j * u_j)[..., None], B_j[:, None, :])
-            y_j = (h @ C_j[..., None])[..., 0] + u_j * self.D
             gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
-            yield j, at, y_j * gate_j, h
+            inputs.append((at, *self._ssm_inputs(conv_j, convolved=True), gate_j))
+        gated = [change.new_empty(change.shape) for _ in inputs]
+        moved = states.new_empty(len(rows), *states.shape[2:])
+        last = (positions + len(inputs) - 1).clamp(max=n_pos - 1)
+        block = max(1, PAIR_BLOCK_BYTES // (states[0, 0].numel() * states.element_size()))
+        for start in range(0, len(rows), block):
+            pairs = slice(start, start + block)
+            state = state_before(states, rows[pairs], positions[pairs])  # h_{s-1}
+            for j, (_, u_j, delta_j, B_j, C_j, gate_j) in enumerate(inputs):
+                # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [block, d_inner, d_state] temporary
+                delta_p = delta_j[pairs]
+                state = decay_exp_(delta_p[..., None] * A, factors=(delta_p, A)).mul_(state)
+                state.addcmul_((delta_p * u_j[pairs])[..., None], B_j[pairs, None, :])
+                y_j = (state @ C_j[pairs, :, None])[..., 0] + u_j[pairs] * self.D
+                gated[j][pairs] = y_j * gate_j[pairs]
+            torch.sub(state, states[rows[pairs], last[pairs]], out=moved[pairs])
+        return [(j, step[0], gated[j]) for j, step in enumerate(inputs)], moved
 
     def patch_context(self, x: RunResid, memo: MixerMemo) -> Context:
         """Return `prefix_context(x)` from the base branch the patch computations keep in `memo`
@@ -226,8 +295,9 @@ class MambaPatchEffects(ExactPatchEffects):
         (each projected as `_row_effects` projects it, so both read the same numbers)."""
         states, inputs = [], []
         stride = self.STATE_STRIDE
+        reads = memo.given(x)
         for rows in self._row_blocks(x):
-            in_x, z = self._split(self.in_proj(x[rows]))
+            in_x, z = self._projected(x[rows], reads, rows)
             states.append(self._base_branch(in_x, z, memo, rows)[4][:, stride - 1 :: stride])
             inputs.append(in_x)
         return {"state": torch.cat(states), "in_x": torch.cat(inputs)}

@@ -196,7 +196,8 @@ class _SelectiveScan(torch.autograd.Function):
             grad_log_decay[1:].mul_(h[:-1])
             grad_log_decay[0].mul_(h0)
             torch.sum(grad_log_decay * A, dim=-1, out=grad_delta[part])
-            grad_A += (grad_log_decay * delta[part, :, :, None]).sum((0, 1))
+            if ctx.needs_input_grad[2]:  # A's (a parameter's): not asked for by a gradient to activations
+                grad_A += (grad_log_decay * delta[part, :, :, None]).sum((0, 1))
         grad_delta.addcmul_(grad_delta_u, u)
         grad_u = grad_delta_u * delta
         # the carry out of the first chunk is ∂L/∂h_{-1}, the initial state's gradient

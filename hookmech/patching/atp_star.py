@@ -48,7 +48,8 @@ several positions sums their Δλ (the estimate stays first order across positio
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -107,15 +108,26 @@ def atp_star_patch(
     blocks = range(0 if start is None else start, model.cfg.n_layers)
     context = _corrupt_hooks_read(model, hooks, blocks)
     with evaluating(model), open_source(source) as (batch, cache):
-        wanted = list(dict.fromkeys(hooks + context))
+        # From tokens, the mixers' patch computations read what the runs computed of their inputs
+        # (Mamba's in_proj outputs: `AtpStarModel.mixer_patch_reads`) off those runs: of the
+        # corrupt run each chunk's, of the clean run where the batch is one chunk (memory as the
+        # corrupt run's captures); from a cache, which need not hold them, they are computed.
+        reads = {layer: model.mixer_patch_reads(layer) for layer in blocks} if cache is None else {}
+        corrupt_reads = [hook for names in reads.values() for hook in names]
+        clean_reads = (
+            [hook for layer, names in reads.items() if names for hook in [block_hook(layer, "mixer_in"), *names]]
+            if len(batch) <= max_batch
+            else []
+        )
+        wanted = list(dict.fromkeys(hooks + context + corrupt_reads))
         # From tokens, the corrupt run's activations are read off the estimator's own corrupt
         # forward (the one its backward passes go through, then run from the tokens), not
-        # computed by a second forward; of the clean run only the patched hooks are read.
+        # computed by a second forward; of the clean run only the patched hooks (and reads).
         capture = wanted if cache is None else None
         runs = CleanCorruptRuns(
             model,
             batch,
-            hooks if capture else wanted,
+            list(dict.fromkeys(hooks + clean_reads)) if capture else wanted,
             cache,
             need_logits=False,
             max_batch=max_batch,
@@ -127,6 +139,7 @@ def atp_star_patch(
         patches = position_patches(as_specs(positions, "position"), batch.roles, batch.lengths, batch.tokens.shape[1])
         masks = torch.stack([p.mask for p in patches]).double()  # [P, N, T]
         estimator = _Estimator(model, runs, hooks, start, blocks, graddrop, max_batch, capture)
+        estimator.reads, estimator.clean_reads = reads, bool(clean_reads)
         shifts = {hook: torch.empty(len(patches), len(batch), dtype=torch.float64) for hook in hooks}
         dropped_shifts = {
             hook: torch.empty(len(estimator.dropped), len(patches), len(batch), dtype=torch.float64) for hook in hooks
@@ -223,6 +236,11 @@ class _Estimator:
         self.p_corrupt = torch.empty(len(runs.batch), dtype=torch.float64)
         #: what the mixers' patch computations share within a chunk (`AtpStarModel.mixer_patch_effects`)
         self.memo = PatchMemo()
+        #: per block, the hooks inside its mixer whose activations its patch computations read
+        #: where given (`AtpStarModel.mixer_patch_reads`; captured by the runs), and whether the
+        #: clean run holds them too
+        self.reads: dict[int, list[str]] = {}
+        self.clean_reads = False
         #: the last block's exact query step, resumed from the contexts of that forward's mixer inputs
         self.query_step = QueryStep(model, runs, max_batch, from_tokens=capture is not None)
         self.gradient_hooks = [block_hook(layer, "mixer_out") for layer in blocks]
@@ -296,7 +314,7 @@ class _Estimator:
             if self.start is None
             else base(block_hook(self.start, "resid_pre"))
         )
-        self.memo = PatchMemo()
+        self.memo = PatchMemo(lambda layer: self._reads_of(layer, acts, base))
         self.query_step.new_chunk(self.memo)
         query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
         log_odds, p_answer, grads = self._backward(corrupt_input, query, answers, captured, base)
@@ -321,6 +339,20 @@ class _Estimator:
                         estimate = skip[index] + (0 if variant == layer else effect[index])
                     estimates[variant][hook] = estimate
         return log_odds, estimates
+
+    def _reads_of(self, layer: int, acts, base) -> list[tuple[Tensor, dict[str, Tensor]]]:
+        """Return what block `layer`'s mixer memo is given when made (`PatchMemo`'s gifts,
+        `MixerMemo.give`): its `reads` on the chunk's corrupt mixer input and, with `clean_reads`,
+        on the clean one (a block-level patch's mixer input at its own block)."""
+        names = self.reads.get(layer, [])
+        if not names:
+            return []
+        short = {name: _inside_name(name) for name in names}
+        mixer_in = block_hook(layer, "mixer_in")
+        gifts = [(base(mixer_in), {short[name]: base(name) for name in names})]
+        if self.clean_reads:
+            gifts.append((acts(mixer_in, "clean"), {short[name]: acts(name, "clean") for name in names}))
+        return gifts
 
     def _query_log_odds(self, hook: str | None, start: Tensor, clean: Tensor, query: Tensor, answers: Tensor) -> Tensor:
         """Return λ ``[n]`` of the logits at the query when only position-wise computation is left:
@@ -366,7 +398,7 @@ class _Estimator:
             return add_zero
 
         points = [model.hook_dict[hook] for hook in self.hooks]
-        with torch.enable_grad(), gradients_follow_edits(points):
+        with torch.enable_grad(), gradients_follow_edits(points), _parameters_frozen(model):
             logits = model.run_with_hooks(
                 corrupt_input,
                 start_at_layer=self.start,
@@ -494,6 +526,28 @@ class _Estimator:
             if variant is not None and variant < layer:
                 effects[index] = found[0]
         return effects
+
+
+@contextmanager
+def _parameters_frozen(model: PatchableModel) -> Iterator[None]:
+    """Within the `with` block no parameter of `model` requires a gradient, then each as it was:
+    the backward passes ask for gradients of activations only, and an operation whose inputs
+    include a parameter that requires one (the selective scan's A) computes that one too."""
+    required = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
+    try:
+        for parameter, _ in required:
+            parameter.requires_grad_(False)
+        yield
+    finally:
+        for parameter, was in required:
+            parameter.requires_grad_(was)
+
+
+def _inside_name(hook: str) -> str:
+    """Return the short name of a hook inside a mixer (``blocks.1.mixer.hook_in_x`` -> ``in_x``)."""
+    parsed = parse_hook(hook)
+    assert parsed is not None and parsed.inside is not None  # `AtpStarModel.mixer_patch_reads`
+    return parsed.inside
 
 
 def _at(values: Tensor, pos_axis: int, positions: Tensor) -> Tensor:

@@ -62,14 +62,19 @@ def exact_patch(
     options: PatchOptions,
     progress: Callable[[int], None] | None = None,
     clean_means: dict[str, Tensor] | None = None,
+    site_positions: dict[PatchSite, list[str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Return one record per (site, position) (`records.patch_record`, plus ``ablate`` when
     ablating and, when `per_example`, ``[N]`` lists ``p_patched_rows`` (``metric_patched_rows``
     for another metric) and the unpatched runs' ``p_clean_rows``, ``p_corrupt_rows``, whose
     means are the record's ``p_clean``, ``p_corrupt``),
     patching every site of `patch_sites` at every position spec of `positions` on `batch`
-    (activations read from `cache` where it holds them); `progress(len(positions' patches))` after each site."""
-    patches = position_patches(positions, batch.roles, batch.lengths, batch.tokens.shape[1])
+    (activations read from `cache` where it holds them); `progress(len(positions' patches))` after each site.
+    `site_positions`: each site's own position specs instead of `positions` (one pair of clean
+    and corrupt runs for cells that are not a grid: `verify_top`)."""
+    n_pos = batch.tokens.shape[1]
+    specs_of = {site: positions for site in patch_sites} if site_positions is None else site_positions
+    patches_of = {site: position_patches(specs_of[site], batch.roles, batch.lengths, n_pos) for site in patch_sites}
     computed_sites = {site: equivalent_site(model, site) for site in patch_sites}
     hooks = [t.hook for s in patch_sites for t in s.targets]
     hooks += [t.hook for s in computed_sites.values() for t in s.targets]
@@ -83,7 +88,9 @@ def exact_patch(
         max_batch=options.max_batch,
         base=options.base,
         context_memory=options.context_memory,
-        read_at=_read_positions(patches, hooks, start_hooks, options),
+        read_at=_read_positions(
+            [patch for found in patches_of.values() for patch in found], hooks, start_hooks, options
+        ),
     )
     runs.clean_means = clean_means or {}
     metric = make_metric(options.metric, batch, runs.logits)
@@ -92,10 +99,11 @@ def exact_patch(
     gap = m_corrupt - m_clean if metric.lower_is_better else m_clean - m_corrupt
     records, results = [], {}
     for site in patch_sites:
-        computed = computed_sites[site]
-        if computed not in results:  # e.g. L0.block_out after L1.block_in: the same patch
-            results[computed] = patched_rows(model, runs, computed, patches, metric, options)
-        probs, values = results[computed]
+        computed, patches = computed_sites[site], patches_of[site]
+        key = computed, tuple(patch.label for patch in patches)
+        if key not in results:  # e.g. L0.block_out after L1.block_in: the same patch
+            results[key] = patched_rows(model, runs, computed, patches, metric, options)
+        probs, values = results[key]
         for patch_spec, row_probs, row_values in zip(patches, probs, values, strict=True):
             record = patch_record(
                 site.site,

@@ -217,6 +217,11 @@ class AtpStarModel(PatchableModel, Protocol):
         """Return `layer_context(layer, mixer_in)`, made from what `memo` keeps where the mixer can."""
         ...
 
+    def mixer_patch_reads(self, layer: int) -> list[str]:
+        """Return the hooks inside block `layer`'s mixer whose activations on a run its patch
+        computations read from `memo` where the caller gives them (`PatchMemo.of_layer(layer).give`)."""
+        ...
+
 
 @runtime_checkable
 class PathPatchableModel(PatchableModel, Protocol):
