@@ -288,17 +288,17 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
         return {"qkv": qkv} if self.convs else self._laid_out(*qkv.chunk(3, dim=-1)[1:])
 
     def _laid_out(self, k: Tensor, v: Tensor) -> Context:
-        """Return a run's keys `k`, rotated for their positions, ``{"k": [N, head, d_head, T]}`` and
-        its values `v` ``{"v": [N, head, T, d_head]}`` (both ``[N, T, d_model]``), laid out as the
-        scores' and the read-out's products take them. Kept as the context, a resumed chunk gathers
-        its rows and writes its window in, where it rotated and transposed every row's T keys and
-        values at each chunk and block (a third of a one-position window's time at Pythia-160m's
-        shape); rotation is position-wise, so the keys are the same bytes."""
+        """Return a run's keys `k`, rotated for their positions, and values `v` (both ``[N, T,
+        d_model]``) as ``{"k", "v"}`` ``[N, T, head, d_head]``, each contiguous. Kept as the context,
+        a resumed chunk gathers its rows and writes its window in, where it rotated every row's T
+        keys again at each chunk and block, gathered from the strided projections (together half
+        of a one-position window's attention at Pythia-160m's shape); rotation is position-wise,
+        so the keys are the same bytes."""
         n_rows, n_pos, _ = k.shape
         k, v = (t.reshape(n_rows, n_pos, self.n_heads, self.d_head) for t in (k, v))
         if self.rotary_dim:
             k = rotate(k, torch.arange(n_pos, device=k.device), self.rotary_dim, self.rotary_base)
-        return {"k": k.permute(0, 2, 3, 1).contiguous(), "v": v.transpose(1, 2).contiguous()}
+        return {"k": k.contiguous(), "v": v.contiguous()}
 
     window_hooks = True
 
@@ -325,33 +325,26 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
             for c in "qkv"
         }
         hooked["q"], hooked["k"] = self._rotated(hooked["q"], hooked["k"], window_index(start, width))
-        # keys [B, head, d_head, T] and values [B, head, T, d_head] at every position: the context
-        # run's, with the window's written in
+        # keys and values at every position: the context run's, with the window's written in
         run = self._laid_out(full["k"], full["v"]) if self.convs else context
-        k, v = (self._spliced(run[c], hooked[c], rows, start, bool(self.convs), c) for c in "kv")
-        n_keys = k.shape[-1]
+        k, v = (self._spliced(run[c], hooked[c], rows, start, bool(self.convs)) for c in "kv")
+        n_keys = k.shape[1]
         q = hooked["q"] if keep is None else take_window(hooked["q"], keep, 1)
         queries = window_index(start, width) if keep is None else (start + keep)[:, None]  # [B, Q] positions
-        # q [B, head, Q, d_head] @ k: the product `einsum("bqhd,bkhd->bhqk")` makes (the same bytes)
-        scores = torch.matmul(q.transpose(1, 2), k) / math.sqrt(self.d_head)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
         allowed = self._allowed(queries[:, :, None], torch.arange(n_keys, device=x.device))
         scores = self.hook_attn_scores(scores.masked_fill(~allowed[:, None], float("-inf")))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
-        z = self.hook_z(torch.matmul(pattern, v).transpose(1, 2))
+        z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.out_proj(z.reshape(batch, queries.shape[1], -1))
 
-    def _spliced(self, run: Tensor, window: Tensor, rows: Tensor, start: Tensor, selected: bool, name: str) -> Tensor:
-        """Return `run` (the context's keys ``[N, head, d_head, T]`` or values ``[N, head, T, d_head]``
-        (`name` "k" or "v"), or, when `selected`, the chunk's own ``[B, ...]``, written into) at
-        rows `rows`, with `window` ``[B, W, head, d_head]`` written at each row's window."""
+    def _spliced(self, run: Tensor, window: Tensor, rows: Tensor, start: Tensor, selected: bool) -> Tensor:
+        """Return ``[B, T, head, d_head]``: `run` (the context's keys or values ``[N, T, head,
+        d_head]`` (`_laid_out`), or, when `selected`, the chunk's own ``[B, ...]``, written into)
+        at rows `rows`, with `window` ``[B, W, head, d_head]`` written at each row's window."""
         # index_select, not run[rows]: several times faster on CPU, and a new tensor to write into
         chosen = run if selected else run.index_select(0, rows)
-        batch_index = torch.arange(len(rows), device=rows.device)[:, None]
-        positions = window_index(start, window.shape[1])
-        if name == "k":  # the advanced indices first: the target is [B, W, head, d_head], as `window`
-            chosen[batch_index, :, :, positions] = window
-        else:
-            chosen[batch_index, :, positions] = window
+        chosen[torch.arange(len(rows), device=rows.device)[:, None], window_index(start, window.shape[1])] = window
         return chosen
 
     def _allowed(self, query: Tensor, key: Tensor) -> Tensor:
