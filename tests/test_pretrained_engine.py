@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import hookmech
 from hookmech.mixers import mamba as mamba_module
 from hookmech.mixers import selective_scan as scan_module
 from hookmech.mixers.attention import Attention
@@ -22,8 +23,6 @@ from hookmech.patching.forwards import gathers_head, waste_floor, width_chunks
 
 from helpers import ENGINE_TOL, make_model, unit_variance
 from pretrained_folders import folder_of
-
-import hookmech
 
 REPO = Path(__file__).resolve().parents[1]
 
