@@ -178,16 +178,17 @@ def test_attention_resumed_from_its_laid_out_context_gives_the_per_chunk_bytes(r
     """`Attention.forward_from` reads the run's keys rotated once (`prefix_context`, and the base
     run's `fused_forward_with_context`), keys and values each contiguous: the same bytes as rotating
     the chunk's context keys at every chunk and multiplying with einsums (the path it replaces),
-    on windows at different starts (0 among them), with every query or one kept per row (one head:
-    the einsums' operands are then views, not copies, and a product of another layout rounds
-    otherwise)."""
+    on windows at different starts (0 among them), with every query or one kept per row, one head
+    (the einsums then multiply views, not copies) or four."""
     torch.manual_seed(0)
-    mixer = Attention(d_model=32, n_heads=n_heads, rotary_pct=rotary_pct).eval()
+    mixer = Attention(d_model=64, n_heads=n_heads, rotary_pct=rotary_pct).eval()  # the fixture's width
     generator = torch.Generator().manual_seed(1)
-    run_x = torch.randn(5, 13, 32, generator=generator)
-    rows, start, width = torch.tensor([3, 0, 3, 4, 1, 2]), torch.tensor([0, 4, 7, 2, 9, 5]), 4
-    x = torch.randn(len(rows), width, 32, generator=generator)
-    keep = torch.tensor([3, 0, 2, 1, 3, 0]) if kept else None
+    run_x = torch.randn(6, 11, 64, generator=generator)
+    rows, width = torch.randint(0, 6, (48,), generator=generator), 4
+    start = torch.randint(0, 11 - width + 1, (48,), generator=generator)
+    start[0] = 0
+    x = torch.randn(len(rows), width, 64, generator=generator)
+    keep = torch.randint(0, width, (48,), generator=generator) if kept else None
     with torch.no_grad():
         reference = _resumed_per_chunk(mixer, x, run_x, rows, start, keep)
         for context in (mixer.prefix_context(run_x), mixer.forward_with_context(run_x)[1]):
