@@ -4,12 +4,14 @@ bench/pretrained_engine.py's downstream-compute bound counted by hand."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import hookmech
 from hookmech.mixers import mamba as mamba_module
 from hookmech.mixers import selective_scan as scan_module
 from hookmech.mixers.attention import Attention
@@ -20,6 +22,7 @@ from hookmech.patching import forwards, patch
 from hookmech.patching.forwards import gathers_head, waste_floor, width_chunks
 
 from helpers import ENGINE_TOL, make_model, unit_variance
+from pretrained_folders import folder_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -124,8 +127,89 @@ def test_attentions_base_run_projects_once_for_its_output_and_its_context(monkey
     with torch.no_grad():
         out, context = mixer.forward_with_context(x)
         assert len(calls) == 1
-        assert torch.equal(out, mixer(x)) and torch.equal(context["qkv"], mixer.prefix_context(x)["qkv"])
+        apart = mixer.prefix_context(x)
+        assert torch.equal(out, mixer(x)) and context.keys() == apart.keys()
+        assert all(torch.equal(context[name], apart[name]) for name in apart)
         assert mixer.fused_forward_with_context(x, hooked=True) is None
+
+
+def _rotate_half(x: torch.Tensor, positions: torch.Tensor, dim: int, base: float) -> torch.Tensor:
+    """GPT-NeoX's rotary embedding as transformers writes it (``rotate_half``, concatenations)."""
+    if dim == 0:
+        return x
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    angles = positions.to(torch.float32)[..., None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)[..., None, :]
+    turning, passing = x[..., :dim], x[..., dim:]
+    rotated_half = torch.cat((-turning[..., dim // 2 :], turning[..., : dim // 2]), dim=-1)
+    return torch.cat((turning * angles.cos() + rotated_half * angles.sin(), passing), dim=-1)
+
+
+def _resumed_per_chunk(mixer: Attention, x, run_x, rows, start, keep):
+    """The resumed attention as the engine computed it before its context kept rotated keys: the
+    run's projections gathered for the chunk's rows, their keys rotated for every position at this
+    chunk, and the window spliced in."""
+    batch, width, _ = x.shape
+    n_pos = run_x.shape[1]
+
+    def heads(t):
+        return t.reshape(*t.shape[:2], mixer.n_heads, mixer.d_head)
+
+    window = start[:, None] + torch.arange(width)
+    q, k, v = (heads(t) for t in mixer.Wqkv(x).chunk(3, dim=-1))
+    q, k = (_rotate_half(t, window, mixer.rotary_dim, mixer.rotary_base) for t in (q, k))
+    _, run_k, run_v = (heads(t.index_select(0, rows)) for t in mixer.Wqkv(run_x).chunk(3, dim=-1))
+    run_k = _rotate_half(run_k, torch.arange(n_pos), mixer.rotary_dim, mixer.rotary_base)
+    run_k[torch.arange(batch)[:, None], window], run_v[torch.arange(batch)[:, None], window] = k, v
+    queries = window
+    if keep is not None:
+        q, queries = q[torch.arange(batch), keep][:, None], (start + keep)[:, None]
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, run_k) / math.sqrt(mixer.d_head)
+    allowed = torch.arange(n_pos) <= queries[..., None]
+    pattern = scores.masked_fill(~allowed[:, None], float("-inf")).softmax(dim=-1)
+    z = torch.einsum("bhqk,bkhd->bqhd", pattern, run_v)
+    return mixer.out_proj(z.reshape(batch, queries.shape[1], -1))
+
+
+@pytest.mark.parametrize("rotary_pct", [0.0, 0.25, 1.0])
+@pytest.mark.parametrize("kept", [False, True])
+@pytest.mark.parametrize("n_heads", [1, 4])
+def test_attention_resumed_from_its_laid_out_context_gives_the_per_chunk_bytes(rotary_pct, kept, n_heads):
+    """`Attention.forward_from` reads the run's keys rotated once (`prefix_context`, and the base
+    run's `fused_forward_with_context`), keys and values each contiguous: the same bytes as rotating
+    the chunk's context keys at every chunk and multiplying with einsums (the path it replaces),
+    on windows at different starts (0 among them), with every query or one kept per row, one head
+    (the einsums then multiply views, not copies) or four."""
+    torch.manual_seed(0)
+    mixer = Attention(d_model=64, n_heads=n_heads, rotary_pct=rotary_pct).eval()  # the fixture's width
+    generator = torch.Generator().manual_seed(1)
+    run_x = torch.randn(6, 11, 64, generator=generator)
+    rows, width = torch.randint(0, 6, (48,), generator=generator), 4
+    start = torch.randint(0, 11 - width + 1, (48,), generator=generator)
+    start[0] = 0
+    x = torch.randn(len(rows), width, 64, generator=generator)
+    keep = torch.randint(0, width, (48,), generator=generator) if kept else None
+    with torch.no_grad():
+        reference = _resumed_per_chunk(mixer, x, run_x, rows, start, keep)
+        for context in (mixer.prefix_context(run_x), mixer.forward_with_context(run_x)[1]):
+            assert torch.equal(mixer.forward_from(x, context, rows, start, keep), reference)
+
+
+@pytest.mark.parametrize("case", ["pythia", "pythia-sequential"])
+def test_the_engine_gives_the_plain_loops_numbers_on_a_gpt_neox_folder(tmp_path, case):
+    """A random GPT-NeoX folder (rotary on a quarter of each head and parallel residual; or on half,
+    sequential), loaded by `from_pretrained`: the engine's records at every block input and at the
+    rotated keys and the values equal the plain `run_with_hooks` loop's to ENGINE_TOL."""
+    pytest.importorskip("transformers")
+    model = unit_variance(hookmech.from_pretrained(folder_of(case, tmp_path)))
+    batch = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3).sample(12, seed=3)
+    sites, positions = ["L*.block_in", "L1.mixer.rot_k", "L0.mixer.v"], ["key", "value", "query"]
+    records = patch(model, batch, sites, positions)
+    reference = plain_loop_patch(model, batch, sites, positions)
+    assert len(records) == len(reference) == 4 * 3
+    for record in records:
+        assert abs(record["p_patched"] - reference[record["hook"], record["pos"]]["p_patched"]) <= ENGINE_TOL
+    assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in records) > 2 * ENGINE_TOL  # patches move p
 
 
 def test_the_waste_floor_shrinks_with_d_model_squared_past_128(monkeypatch):

@@ -33,7 +33,7 @@ from ..shapes import (
 from .base import Mixer, pattern_effects_by_rows, splice, take_window, window_index
 from .capabilities import AttentionWeights, EffectiveAttentionMap, ExactPatchEffects, MixerMemo, PathRoutes
 from .mixer_spec import Heads, MixerSpec
-from .rotary import rotary_dim, rotate
+from .rotary import rotary_dim, rotate, rotation
 from .short_conv import ShortConv
 
 #: the inside hooks of q and k after rotary embeddings -> the one each rotates
@@ -101,7 +101,8 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
         without rotary embeddings."""
         if not self.rotary_dim:
             return q, k
-        q, k = (rotate(t, positions, self.rotary_dim, self.rotary_base) for t in (q, k))
+        turns = rotation(positions, self.rotary_dim, self.rotary_base, q)
+        q, k = (rotate(t, positions, self.rotary_dim, self.rotary_base, turns) for t in (q, k))
         return (self.hook_rot_q(q), self.hook_rot_k(k)) if hooked else (q, k)
 
     def forward(self, x: Resid) -> Resid:
@@ -115,7 +116,7 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
         if hooked:
             return None
         projected = self.Wqkv(x)
-        return self._mixed(projected), {"qkv": projected}
+        return self._mixed(projected), self._context(projected)
 
     def _mixed(self, qkv: Tensor) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]`` of the projections `qkv` ``[batch, pos, 3 d_model]``."""
@@ -277,9 +278,27 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
 
     # -- resuming from a position (see `Mixer.forward_from`) -------------------------------
     def prefix_context(self, x: RunResid) -> Context:
-        """Return ``{"qkv": Wqkv(x)}`` ``[N, T, 3 d_model]``: the projections of every position
-        (before the optional short convolutions, which re-run on the spliced buffer)."""
-        return {"qkv": self.Wqkv(x)}
+        """Return what `forward_from` reads of a run on `x` ``[N, T, d_model]`` (`_context`)."""
+        return self._context(self.Wqkv(x))
+
+    def _context(self, qkv: Tensor) -> Context:
+        """Return the context of a run whose projections are `qkv` ``[N, T, 3 d_model]``: with short
+        convolutions ``{"qkv": qkv}`` (they re-run on the spliced buffer), else `_laid_out`'s keys
+        and values."""
+        return {"qkv": qkv} if self.convs else self._laid_out(*qkv.chunk(3, dim=-1)[1:])
+
+    def _laid_out(self, k: Tensor, v: Tensor) -> Context:
+        """Return a run's keys `k`, rotated for their positions, and values `v` (both ``[N, T,
+        d_model]``) as ``{"k", "v"}`` ``[N, T, head, d_head]``, each contiguous. Kept as the context,
+        a resumed chunk gathers its rows and writes its window in, where it rotated every row's T
+        keys again at each chunk and block, gathered from the strided projections (together half
+        of a one-position window's attention at Pythia-160m's shape); rotation is position-wise,
+        so the keys are the same bytes."""
+        n_rows, n_pos, _ = k.shape
+        k, v = (t.reshape(n_rows, n_pos, self.n_heads, self.d_head) for t in (k, v))
+        if self.rotary_dim:
+            k = rotate(k, torch.arange(n_pos, device=k.device), self.rotary_dim, self.rotary_base)
+        return {"k": k.contiguous(), "v": v.contiguous()}
 
     window_hooks = True
 
@@ -301,14 +320,14 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
             parts = {c: take_window(full[c], start, width) for c in "qkv"}
         else:
             parts = dict(zip("qkv", window.chunk(3, dim=-1), strict=True))
-            full = dict(zip("qkv", context["qkv"].chunk(3, dim=-1), strict=True))
         hooked = {
             c: getattr(self, hook_attribute(c))(parts[c].reshape(batch, width, self.n_heads, self.d_head))
             for c in "qkv"
         }
         hooked["q"], hooked["k"] = self._rotated(hooked["q"], hooked["k"], window_index(start, width))
-        # keys and values at every position: the context run's, with the window's spliced in
-        k, v = (self._spliced(full[c], hooked[c], rows, start, bool(self.convs), c == "k") for c in "kv")
+        # keys and values at every position: the context run's, with the window's written in
+        run = self._laid_out(full["k"], full["v"]) if self.convs else context
+        k, v = (self._spliced(run[c], hooked[c], rows, start, bool(self.convs)) for c in "kv")
         n_keys = k.shape[1]
         q = hooked["q"] if keep is None else take_window(hooked["q"], keep, 1)
         queries = window_index(start, width) if keep is None else (start + keep)[:, None]  # [B, Q] positions
@@ -319,20 +338,14 @@ class Attention(Mixer, ExactPatchEffects, PathRoutes, EffectiveAttentionMap, Att
         z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
         return self.out_proj(z.reshape(batch, queries.shape[1], -1))
 
-    def _spliced(
-        self, run: Tensor, window: Tensor, rows: Tensor, start: Tensor, selected: bool, keys: bool = False
-    ) -> Tensor:
-        """Return ``[B, T, head, d_head]``: `run` (the context run's ``[N, T, d_model]``, or, when
-        `selected`, the chunk's own ``[B, T, d_model]``, written into) with `window`
-        ``[B, W, head, d_head]`` at each row's window. `keys`: `run` holds keys, which are rotated
-        for their positions first (with rotary embeddings; `window` is rotated already)."""
+    def _spliced(self, run: Tensor, window: Tensor, rows: Tensor, start: Tensor, selected: bool) -> Tensor:
+        """Return ``[B, T, head, d_head]``: `run` (the context's keys or values ``[N, T, head,
+        d_head]`` (`_laid_out`), or, when `selected`, the chunk's own ``[B, ...]``, written into)
+        at rows `rows`, with `window` ``[B, W, head, d_head]`` written at each row's window."""
         # index_select, not run[rows]: several times faster on CPU, and a new tensor to write into
         chosen = run if selected else run.index_select(0, rows)
-        full = chosen.reshape(*chosen.shape[:2], self.n_heads, self.d_head)
-        if keys and self.rotary_dim:
-            full = rotate(full, torch.arange(full.shape[1], device=full.device), self.rotary_dim, self.rotary_base)
-        full[torch.arange(len(rows), device=rows.device)[:, None], window_index(start, window.shape[1])] = window
-        return full
+        chosen[torch.arange(len(rows), device=rows.device)[:, None], window_index(start, window.shape[1])] = window
+        return chosen
 
     def _allowed(self, query: Tensor, key: Tensor) -> Tensor:
         """True where a query at position `query` may attend a key at `key` (broadcast):

@@ -28,17 +28,29 @@ def rotary_dim(d_head: int, fraction: float) -> int:
     return dim
 
 
-def rotate(x: Tensor, positions: Tensor, dim: int, base: float) -> Tensor:
+def rotate(x: Tensor, positions: Tensor, dim: int, base: float, turns: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """Return `x` ``[..., pos, head, d_head]`` with its first `dim` channels of each head rotated
     for its position: `positions` holds the absolute position of each of x's ``pos`` entries,
-    ``[pos]`` or ``[batch, pos]`` (broadcast against x's leading axes)."""
+    ``[pos]`` or ``[batch, pos]`` (broadcast against x's leading axes). `turns`: `rotation`'s
+    (cos, sin) of those positions, when the caller rotates several tensors by them (q and k)."""
     if dim == 0:
         return x
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=x.device) / dim))
+    cos, sin = rotation(positions, dim, base, x) if turns is None else turns
+    half = dim // 2
+    first, second = x[..., :half], x[..., half:dim]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # channel i turns with channel i + dim/2 (``rotate_half``): x cos + (-x_{i+dim/2}, x_i) sin,
+    # written as one difference and one sum per half (the same roundings: a + (-b) is a - b)
+    out[..., :half] = first * cos[..., :half] - second * sin[..., :half]
+    out[..., half:dim] = second * cos[..., half:] + first * sin[..., half:]
+    out[..., dim:] = x[..., dim:]
+    return out
+
+
+def rotation(positions: Tensor, dim: int, base: float, like: Tensor) -> tuple[Tensor, Tensor]:
+    """Return (cos, sin) ``[..., pos, 1 (head), dim]`` of the angles of `positions` (as `rotate`
+    takes them) in `like`'s dtype and device, each half of the last axis the same."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=like.device) / dim))
     angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., pos, dim/2]
     angles = torch.cat((angles, angles), dim=-1)[..., None, :]  # [..., pos, 1 (head), dim]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    turning, passing = x[..., :dim], x[..., dim:]
-    half = dim // 2
-    rotated_half = torch.cat((-turning[..., half:], turning[..., :half]), dim=-1)
-    return torch.cat((turning * cos + rotated_half * sin, passing), dim=-1)
+    return angles.cos().to(like.dtype), angles.sin().to(like.dtype)
