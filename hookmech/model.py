@@ -24,11 +24,11 @@ from .hook_names import (
     block_aliases,
     block_hook,
     block_path,
-    mixer_hook,
     parse_hook,
 )
 from .hooks import AxisHookPoint, declare_sizes, hooks_silenced
 from .initialisation import initialise
+from .mixer_patch_effects import MixerPatchEffects
 from .mixers import build_mixer, spec_of
 from .mixers.base import Mixer, hook_in_use, take_window, window_of
 from .mixers.capabilities import AttentionWeights, ExactPatchEffects, MissingCapability, MixerMemo, PatchMemo
@@ -36,10 +36,8 @@ from .path_routes import ActsReader, PathEnds, path_change, path_ends
 from .shapes import (
     Acts,
     Context,
-    Gradients,
     HeadResults,
     KeptWindow,
-    PositionEffects,
     QueryLogits,
     Resid,
     RowInts,
@@ -392,7 +390,7 @@ class TiedUnembed(nn.Module):
         return resid @ self.embed.weight.T
 
 
-class HookedLM(TransformerLensCompat[Block]):
+class HookedLM(TransformerLensCompat[Block], MixerPatchEffects):
     """A causal language model whose every intermediate activation is a named hook.
 
     A TransformerLens `HookedRootModule` whose ``cfg`` answers what TransformerLens's code reads
@@ -556,6 +554,7 @@ class HookedLM(TransformerLensCompat[Block]):
         start: RowInts,
         query: RowInts,
         unembed: bool = True,
+        joining: list[int] | None = None,
     ) -> QueryLogits:
         """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window (`unembed`
         False: the final-normed residual there ``[B, d_model]``, for `unembed_resid`).
@@ -569,13 +568,25 @@ class HookedLM(TransformerLensCompat[Block]):
         hook fire on the window (``[B, W, ...]``), or, after the last mixer, on the query
         only (``[B, 1, ...]``); hooks inside a mixer fire on the window too
         (`Mixer.window_hooks`), or, for a mixer without, on the whole run's T positions.
+
+        `joining` ``[n_layers - start_at_layer]``: rows that join at later blocks (several
+        patches' runs in one forward): block l runs the first ``joining[l - start_at_layer]``
+        rows, and row i's `resid` is its residual entering the first block that runs it.
         """
         keep = query - start
         last = self.cfg.n_layers - 1
+        joined = resid if joining is None else resid[: joining[0]]
         for layer in range(start_at_layer, self.cfg.n_layers):
-            block = self.blocks[layer]
-            keep_here, base_input = (keep if layer == last else None), layer == start_at_layer
-            resid = block.forward_from(resid, contexts[layer], rows, start, keep_here, base_input=base_input)
+            block, n_rows = self.blocks[layer], len(joined)
+            if joining is not None and joining[layer - start_at_layer] > n_rows:
+                n_rows = joining[layer - start_at_layer]
+                joined = torch.cat([joined, resid[len(joined) : n_rows]])
+            # only the first block's rows all enter it with the base run's own residual
+            keep_here, base_input = (keep[:n_rows] if layer == last else None), layer == start_at_layer
+            joined = block.forward_from(
+                joined, contexts[layer], rows[:n_rows], start[:n_rows], keep_here, base_input=base_input
+            )
+        resid = joined
         if start_at_layer == self.cfg.n_layers:
             resid = take_window(resid, keep, 1)
         normed = self.ln_final(resid)[:, 0]
@@ -595,7 +606,6 @@ class HookedLM(TransformerLensCompat[Block]):
             return None
         return lambda context, rows, positions: mixer.state_from_context(name, context, rows, positions)
 
-    # -- one position patched, through the next mixer exactly (AtP*) ----------------------
     def patch_to_next_mixer(
         self, hook_name: str, values: Tensor, base: Callable[[str], Tensor], at: RowInts | None = None
     ) -> tuple[int, RunResid, RunResid | None] | None:
@@ -646,73 +656,6 @@ class HookedLM(TransformerLensCompat[Block]):
         with self.hooks(fwd_hooks=[(block_hook(layer, name), lambda activation, hook=None: values)]):
             return block._after_mixer(resid, base(block_hook(layer, "mixer_out")))
 
-    def mixer_patch_effects(
-        self,
-        layer: int,
-        grad_mixer_out: Gradients,
-        patched: Tensor,
-        base: Callable[[str], Tensor],
-        hook_name: str | None = None,
-        memo: PatchMemo | None = None,
-    ) -> PositionEffects | None:
-        """Return block `layer`'s `ExactPatchEffects.position_patch_effects` ``[..., N, T]`` on the base
-        run (its mixer input read with `base`, as in `patch_to_next_mixer`): the exact change of the
-        mixer's output along `grad_mixer_out` ``[..., N, T, d_model]`` when one position's input becomes `patched`
-        (`hook_name` None) or one position of `hook_name`, a hook inside that mixer
-        (``blocks.{layer}.mixer.hook_k``), does. None where the mixer has none (no
-        `ExactPatchEffects`, or not for that patch), or `hook_name` is not inside that mixer.
-        `memo`: kept by the caller for its calls on one base run (this method's,
-        `mixer_patch_outputs`' and `layer_patch_context`'), where each mixer keeps what they share."""
-        mixer = self.blocks[layer].mixer
-        if not isinstance(mixer, ExactPatchEffects) or not self.mixer_patches_exactly(layer, hook_name):
-            return None
-        local = None if hook_name is None else _inside_of(layer, hook_name)
-        mixer_in = base(block_hook(layer, "mixer_in"))
-        kept = None if memo is None else memo.of_layer(layer)
-        return mixer.position_patch_effects(mixer_in, grad_mixer_out, patched, local, kept)
-
-    def mixer_patches_exactly(self, layer: int, hook_name: str | None = None) -> bool:
-        """Return True where `mixer_patch_effects(layer, ..., hook_name)` gives the exact effects,
-        False where it gives None (`ExactPatchEffects.patches_exactly`; a mixer without that
-        capability, or a hook outside that mixer: False)."""
-        mixer = self.blocks[layer].mixer
-        if not isinstance(mixer, ExactPatchEffects):
-            return False
-        local = None
-        if hook_name is not None:
-            local = _inside_of(layer, hook_name)
-            if local is None:
-                return False
-        return mixer.patches_exactly(local)
-
-    def mixer_patch_reads(self, layer: int) -> list[str]:
-        """Return the hooks inside block `layer`'s mixer (``blocks.{layer}.mixer.hook_in_x``) whose
-        activations on a run `mixer_patch_effects`, `mixer_patch_outputs` and `layer_patch_context`
-        read from their memo where the caller gives them (`ExactPatchEffects.patch_reads`,
-        `MixerMemo.give` with the short names); none for a mixer without `ExactPatchEffects`."""
-        mixer = self.blocks[layer].mixer
-        if not isinstance(mixer, ExactPatchEffects):
-            return []
-        return [mixer_hook(layer, name) for name in mixer.patch_reads()]
-
-    def mixer_patch_outputs(
-        self,
-        layer: int,
-        patched: RunResid,
-        base: Callable[[str], Tensor],
-        at: RowInts,
-        memo: PatchMemo | None = None,
-    ) -> RunResid | None:
-        """Return block `layer`'s `ExactPatchEffects.position_patch_outputs` on the base run (its mixer
-        input read with `base`): ``[N, T, d_model]``, the change of the mixer's output at ``at[n]``
-        when its input at position s alone becomes ``patched[n, s]``; None where the mixer has none
-        (`memo` as in `mixer_patch_effects`)."""
-        mixer = self.blocks[layer].mixer
-        if not isinstance(mixer, ExactPatchEffects):
-            return None
-        kept = None if memo is None else memo.of_layer(layer)
-        return mixer.position_patch_outputs(base(block_hook(layer, "mixer_in")), patched, at, kept)
-
     def resume_layer(self, hook_name: str) -> int | None:
         """Return the block whose resumed run fires `hook_name` (`resume`), `n_layers` for
         the final norm, None for hooks a resumed run does not fire (the embeddings)."""
@@ -751,15 +694,6 @@ class HookedLM(TransformerLensCompat[Block]):
         """Return the change ``[N, pos, ...]`` of `ends.patched` along the path `ends` with the sender
         clean at the `senders` positions ``[N, pos]`` (its head `head` only, if given; `path_routes.path_change`)."""
         return path_change(self, ends, acts, senders, head)
-
-
-def _inside_of(layer: int, hook_name: str) -> str | None:
-    """Return the short name of the hook inside block `layer`'s mixer that `hook_name` is (``k``,
-    as `ExactPatchEffects.patches_exactly` names it), None where the hook is not inside that mixer."""
-    parsed = parse_hook(hook_name)
-    if parsed is None or parsed.layer != layer or parsed.part != MIXER:
-        return None
-    return parsed.inside
 
 
 def _at_positions(base: Callable[[str], Tensor], at: RowInts) -> Callable[[str], Tensor]:

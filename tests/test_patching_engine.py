@@ -11,6 +11,7 @@ import hookmech.patching.exact
 from hookmech.config import build_config
 from hookmech.errors import UsageError
 from hookmech.mixers import REGISTRY
+from hookmech.patching import forwards
 from hookmech.patching import attribution_score, corrupt_answers, parse_sites, patch, resample_order
 from hookmech.oracles import plain_loop_patch
 
@@ -246,6 +247,32 @@ def test_resumed_runs_equal_plain_loop_on_rows_of_different_lengths(mixer):
     batch = task.sample(8, seed=2).trimmed()
     assert len(set(batch.query_pos.tolist())) > 2
     assert_matches_reference(model, batch, RESUMED_SITES, ["key", "value", "all"], max_batch=7, sensitive=True)
+
+
+@pytest.mark.parametrize("mixer", sorted(REGISTRY))
+def test_sites_resumed_together_give_the_plain_loops_numbers(ar_task, monkeypatch, mixer):
+    """With every width joining (JOIN_WIDTH 0), the resumed sites' pairs run together, each joining
+    the forward at its own block (`joined_pairs`), in chunks of at most 5 pairs: block sites of both
+    layers, the final norm (resumed apart), and the last layer's inside hooks (fired on the window,
+    or on whole runs by a mixer without window hooks) give the plain loop's records and the
+    per-site engine's to ENGINE_TOL (two engine paths)."""
+    model = unit_variance(make_model(ar_task, mixers=mixer, d_model=16))
+    batch = ar_task.sample(6, seed=11)
+    inside = [site for site in positional_inside_sites(model) if site.startswith("blocks.1.")][:3]
+    sites = ["L*.block_in", "L0.mixer_out", "L1.mixer_in", "L0.block_out", "final_norm", *inside]
+    positions = ["key", "value", "query", "-3"]
+    per_site = patch(model, batch, sites, positions, max_batch=5)
+    joinings: list[list[int]] = []
+    resume = model.resume
+    monkeypatch.setattr(model, "resume", lambda *a, **k: joinings.append(k.get("joining")) or resume(*a, **k))
+    monkeypatch.setattr(forwards, "JOIN_WIDTH", 0)
+    joined = patch(model, batch, sites, positions, max_batch=5)
+    assert any(joining is not None and joining[0] < joining[-1] for joining in joinings)  # rows joined late
+    reference = plain_loop_patch(model, batch, sites, positions)
+    for record, alone in zip(joined, per_site, strict=True):
+        assert abs(record["p_patched"] - reference[record["hook"], record["pos"]]["p_patched"]) <= ENGINE_TOL
+        assert abs(record["p_patched"] - alone["p_patched"]) <= ENGINE_TOL
+    assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in joined) > 2 * ENGINE_TOL  # patches move p
 
 
 def _count_probe_rows(monkeypatch) -> list[int]:

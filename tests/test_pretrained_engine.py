@@ -116,6 +116,40 @@ def test_mambas_replay_by_blocks_of_rows_gives_the_same_bytes(monkeypatch):
     assert torch.equal(whole, _full_replay(mixer, kept_state, conv, live))
 
 
+
+def test_mambas_resumed_rows_that_replay_alike_replay_once_with_the_same_bytes(monkeypatch):
+    """Rows of a resumed chunk with the same run row and start (several patches of one row, or
+    several sites' pairs joined) replay the same positions: the recurrence runs on one of each
+    (`Mamba._replayed_state`'s `alike`), and the window's output keeps the bytes of a replay of
+    every row, for starts before, at and after a kept state."""
+    torch.manual_seed(0)
+    mixer = Mamba(d_model=8, d_state=4).eval()
+    generator = torch.Generator().manual_seed(3)
+    run_x = torch.randn(3, 40, 8, generator=generator)
+    rows, start = torch.tensor([0, 2, 0, 1, 2, 0]), torch.tensor([17, 5, 17, 32, 5, 30])
+    x = torch.randn(6, 4, 8, generator=generator)
+    replayed_rows: list[int] = []
+    replay = Mamba._replayed_state
+    with torch.no_grad():
+        context = mixer.prefix_context(run_x)
+        every = lambda self, kept, conv, live, alike=None: replay(self, kept, conv, live)  # noqa: E731
+        monkeypatch.setattr(Mamba, "_replayed_state", every)
+        every_row = mixer.forward_from(x, context, rows, start)
+        monkeypatch.setattr(mamba_module, "_groups", _spied(mamba_module._groups, replayed_rows))
+        monkeypatch.setattr(Mamba, "_replayed_state", replay)
+        once_each = mixer.forward_from(x, context, rows, start)
+    assert replayed_rows == [4]  # (0, 17), (2, 5), (1, 32), (0, 30)
+    assert torch.equal(once_each, every_row)
+
+
+def _spied(groups, sizes: list[int]):
+    def spy(labels):
+        spread, one = groups(labels)
+        sizes.append(len(one))
+        return spread, one
+
+    return spy
+
 def test_attentions_base_run_projects_once_for_its_output_and_its_context(monkeypatch):
     """`Attention.fused_forward_with_context`: one qkv projection gives the forward's output and the
     context, the bytes of the two calls apart; with an inside hook in use, the two run apart."""
@@ -261,3 +295,16 @@ def test_a_gathered_head_gives_the_plain_loops_numbers(ar_task, monkeypatch, mix
             assert abs(record[key] - reference[record["hook"], record["pos"]][key]) <= ENGINE_TOL
             assert abs(record[key] - chunked[key]) <= ENGINE_TOL  # two engine paths: the contract
     assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in gathered) > 2 * ENGINE_TOL  # patches move p
+
+
+def test_a_chunk_of_joined_sites_computes_at_most_its_positions_cap():
+    """`width_chunks`' `max_positions` (`JOINED_POSITIONS` for sites resumed together): no chunk of
+    several pairs computes more positions (pairs x widest window) than the cap; a pair wider than
+    the cap is a chunk alone; without the cap the same widths make fewer, larger chunks."""
+    widths = [1] * 200 + [6] * 40 + [42] * 30 + [60] * 50 + [1500]
+    chunks = list(width_chunks(widths, 256, 14, 1024))
+    assert [i for chunk in chunks for i in range(chunk.start, chunk.stop)] == list(range(len(widths)))
+    for chunk in chunks:
+        assert chunk.stop - chunk.start == 1 or (chunk.stop - chunk.start) * widths[chunk.stop - 1] <= 1024
+    assert (chunks[-1].start, chunks[-1].stop) == (len(widths) - 1, len(widths))
+    assert len(list(width_chunks(widths, 256, 14))) < len(chunks)

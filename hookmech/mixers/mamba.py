@@ -280,10 +280,11 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
             return in_x
         return self._causal_conv(in_x)[:, self.d_conv - 1 :]
 
-    def _replayed_state(self, kept_state: Tensor, conv: Tensor, live: Tensor) -> Tensor:
+    def _replayed_state(self, kept_state: Tensor, conv: Tensor, live: Tensor, alike: Tensor | None = None) -> Tensor:
         """Return the state after the positions of `conv` ``[B, P, d_inner]`` (the convolution's
         output there) from `kept_state` ``[B, d_inner, d_state]``; positions not `live` ``[B, P]``
-        are no-ops (Δ = 0: decay 1, no input)."""
+        are no-ops (Δ = 0: decay 1, no input). `alike` ``[B]``: rows with the same number replay
+        the same positions of the same run (`_same_replay`), and one of them is replayed for all."""
         # the live positions end every row's replay: those before the longest run of them are
         # no-ops in every row, and the recurrence skips them (half the replay, on average); the
         # inputs are projected at every position, as before, since a projection of fewer rows may
@@ -294,6 +295,10 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         u, delta, B, _ = self._ssm_inputs(conv, convolved=True)
         first = conv.shape[1] - needed
         u, delta, B, live = u[:, first:], delta[:, first:], B[:, first:], live[:, first:]
+        spread = None
+        if alike is not None:  # the recurrence, elementwise, of one row per group: the same bytes
+            spread, one = _groups(alike)
+            u, delta, B, live, kept_state = u[one], delta[one], B[one], live[one], kept_state[one]
         delta = delta * live[..., None]
         A = self._A()
         h = kept_state.clone()
@@ -308,7 +313,7 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
             block = h[rows]
             for t in range(needed):
                 block.mul_(decay[:, t]).add_(drive[:, t])
-        return h
+        return h if spread is None else h[spread]
 
     window_hooks = True
 
@@ -335,7 +340,7 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = self.hook_delta(F.softplus(self.dt_proj(dt)))
         B, C = self.hook_B(B), self.hook_C(C)
-        h0 = self._replayed_state(kept_state, replayed, live)
+        h0 = self._replayed_state(kept_state, replayed, live, rows * (context["in_x"].shape[1] + 1) + start)
         y = self.hook_y(self._ssm(u, delta, self._A(), B, C, h0))
         if z is not None:  # the gate
             y = y * F.silu(z)
@@ -461,3 +466,11 @@ SPEC = MixerSpec(
     reference_init="mamba",  # mamba-ssm's _init_weights, which zoology applies to Mamba blocks
     tl_mixer_out=("ssm_out",),  # its Mamba bridge's ``mixer.hook_ssm_out``
 )
+
+
+def _groups(labels: Tensor) -> tuple[Tensor, Tensor]:
+    """Return ``(spread [B], one [G])`` of `labels` ``[B]``: ``one`` the first row of each of the G
+    distinct labels, and ``spread[i]`` the index into ``one`` of row i's label."""
+    distinct, spread = torch.unique(labels, return_inverse=True)
+    one = torch.full((len(distinct),), len(labels), device=labels.device)
+    return spread, one.scatter_reduce(0, spread, torch.arange(len(labels), device=labels.device), "amin")

@@ -11,6 +11,7 @@ into batched forwards of at most `max_batch` rows.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,18 @@ from ..cache import CacheFile, answer_probs
 from ..hook_names import block_hook
 from ..sites import PositionPatch, as_specs, position_patches
 from ..tasks.batch import Batch
-from .forwards import full_pairs, hooks_to_start, resume_layer, resumed_pairs, start_layer, window_widths
+from .forwards import (
+    ResumedSite,
+    full_pairs,
+    hooks_to_start,
+    joined_pairs,
+    joins_sites,
+    resume_layer,
+    resumed_pairs,
+    start_layer,
+    unembedded_in_groups,
+    window_widths,
+)
 from .metrics import Metric, make_metric
 from .options import PatchOptions
 from .plans import TargetPlan, changed_rows, plan_target
@@ -97,13 +109,13 @@ def exact_patch(
     p_clean, p_corrupt = (runs.p_answer[which].mean().item() for which in RUNS)
     m_clean, m_corrupt = (runs.unpatched_metric(metric, which).mean().item() for which in RUNS)
     gap = m_corrupt - m_clean if metric.lower_is_better else m_clean - m_corrupt
-    records, results = [], {}
+    keys = {site: (computed_sites[site], tuple(patch.label for patch in patches_of[site])) for site in patch_sites}
+    work = {key: (key[0], patches_of[site], None) for site, key in keys.items()}  # L0.block_out, L1.block_in: one
+    results = dict(zip(work, patched_rows_of(model, runs, list(work.values()), metric, options), strict=True))
+    records = []
     for site in patch_sites:
-        computed, patches = computed_sites[site], patches_of[site]
-        key = computed, tuple(patch.label for patch in patches)
-        if key not in results:  # e.g. L0.block_out after L1.block_in: the same patch
-            results[key] = patched_rows(model, runs, computed, patches, metric, options)
-        probs, values = results[key]
+        patches = patches_of[site]
+        probs, values = results[keys[site]]
         for patch_spec, row_probs, row_values in zip(patches, probs, values, strict=True):
             record = patch_record(
                 site.site,
@@ -157,6 +169,104 @@ def patched_rows(
 
     `plans`: what each target of `site` is patched with (default: the source run's activation, or
     the ablation, of `options`; a path patch gives its own values)."""
+    return patched_rows_of(model, runs, [(site, patches, plans)], metric, options)[0]
+
+
+@torch.no_grad()
+def patched_rows_of(
+    model: PatchableModel,
+    runs: CleanCorruptRuns,
+    work: list[tuple[PatchSite, list[PositionPatch], list[TargetPlan] | None]],
+    metric: Metric,
+    options: PatchOptions,
+) -> list[tuple[Tensor, Tensor]]:
+    """Return `patched_rows` of each (site, patches, plans) of `work`. The resumed sites of a wide
+    model run their pairs together (`forwards.joined_pairs`), the others each on its own."""
+    results: dict[int, tuple[Tensor, Tensor]] = {}
+    joinable = [i for i, (site, _, _) in enumerate(work) if _joinable(model, runs, site, options.base)]
+    if len(joinable) > 1:
+        together = {i: _site_pairs(model, runs, *work[i][:2], metric, options, work[i][2]) for i in joinable}
+        joined = [pairs for pairs in together.values() if pairs.contexts is not None and len(pairs.patch_index)]
+        if len(joined) > 1:
+            _run_joined(model, runs, joined, metric, options)
+        for i, pairs in together.items():
+            if len(joined) < 2 or pairs not in joined:
+                pairs.run(model, runs, metric, options)
+            results[i] = pairs.probs, pairs.values
+    for i, (site, patches, plans) in enumerate(work):
+        if i not in results:  # one site at a time: only its plans are held
+            alone = _site_pairs(model, runs, site, patches, metric, options, plans)
+            alone.run(model, runs, metric, options)
+            results[i] = alone.probs, alone.values
+    return [results[i] for i in range(len(work))]
+
+
+def _joinable(model: PatchableModel, runs: CleanCorruptRuns, site: PatchSite, base: str) -> bool:
+    """Whether `site`'s pairs may run with other sites' (`forwards.joined_pairs`): it resumes at a
+    block (not the final norm) of a model wide enough (`forwards.joins_sites`)."""
+    layer = resume_layer(model, site)
+    if layer is None or layer >= model.cfg.n_layers:
+        return False
+    return joins_sites(runs.acts(model.resid_hook(layer), base).shape[-1])
+
+
+def _run_joined(
+    model: PatchableModel, runs: CleanCorruptRuns, joined: list[_SitePairs], metric: Metric, options: PatchOptions
+) -> None:
+    """Run the pairs of the sites `joined` together (`forwards.joined_pairs`) and record them."""
+    contexts = min(joined, key=lambda site: site.layer).contexts
+    assert contexts is not None
+    site_of = torch.cat([torch.full_like(site.row_index, i) for i, site in enumerate(joined)])
+    patch_of = torch.cat([site.patch_index for site in joined])
+    chunks = joined_pairs(model, runs, joined, contexts, options.base, options.max_batch)
+    for pairs, rows, logits in unembedded_in_groups(model, chunks, options.max_batch):
+        for i, site in enumerate(joined):
+            at = site_of[pairs] == i
+            site.record(patch_of[pairs[at]], rows[at], logits[at], runs.batch, metric)
+
+
+@dataclass(eq=False)
+class _SitePairs(ResumedSite):
+    """One site's patches on a batch (`patched_rows_of`): the `ResumedSite` fields (the pairs whose
+    patched run must run; `layer` -1 where it cannot resume), where a full run starts (`start`,
+    from `resid` or `tokens`), the base run's `contexts` a resumed one starts from (None: it
+    cannot resume), and (p_answer, metric) of every pair ``[P, N]``."""
+
+    start: int | None
+    resid: Tensor | None
+    tokens: Tensor
+    contexts: dict[int, dict[str, Tensor]] | None
+    probs: Tensor
+    values: Tensor
+
+    def run(self, model: PatchableModel, runs: CleanCorruptRuns, metric: Metric, options: PatchOptions) -> None:
+        """Run this site's pairs on their own, resumed where it can, and record them."""
+        args = self.plans, self.masks, self.patch_index, self.row_index
+        if self.contexts is not None:
+            pairs = resumed_pairs(model, runs, *args, self.layer, self.contexts, options.base, options.max_batch)
+        else:
+            pairs = full_pairs(model, runs, *args, self.start, self.tokens, self.resid, options.max_batch)
+        for which_patch, rows, logits in pairs:
+            self.record(which_patch, rows, logits, runs.batch, metric)
+
+    def record(self, which_patch: Tensor, rows: Tensor, logits: Tensor, batch: Batch, metric: Metric) -> None:
+        """Write (p_answer, metric) of the pairs (`which_patch`, `rows`) ``[k]`` from their query logits."""
+        cpu_patch, cpu_rows = which_patch.cpu(), rows.cpu()
+        self.probs[cpu_patch, cpu_rows] = answer_probs(logits, batch.answers[cpu_rows].to(logits.device)).double().cpu()
+        self.values[cpu_patch, cpu_rows] = metric.rows(logits, cpu_rows)
+
+
+def _site_pairs(
+    model: PatchableModel,
+    runs: CleanCorruptRuns,
+    site: PatchSite,
+    patches: list[PositionPatch],
+    metric: Metric,
+    options: PatchOptions,
+    plans: list[TargetPlan] | None,
+) -> _SitePairs:
+    """Return `site`'s `_SitePairs`: the changed (patch, row) pairs that reach the query, their
+    records the base run's until they are run."""
     batch, device, base = runs.batch, runs.device, options.base
     if plans is None:
         plans = [
@@ -167,30 +277,21 @@ def patched_rows(
     changed = torch.zeros(masks.shape[:2], dtype=torch.bool, device=device)
     for plan in plans:
         changed |= changed_rows(plan, masks)
-    probs = runs.p_answer[base].repeat(len(patches), 1)
-    values = runs.unpatched_metric(metric, base).repeat(len(patches), 1)
     start = start_layer(model, site)
     resid = None if start is None else runs.acts(block_hook(start, "resid_pre"), base)
     tokens = batch.tokens if base == "clean" else batch.corrupt_tokens
     resume_at = resume_layer(model, site)
     contexts = None if resume_at is None else runs.resume_contexts(resume_at, base, options.max_batch)
-    resumed = resume_at is not None and contexts is not None
     if changed.any():
         # what a patched run of each pair would run: its window (resumed), or every position
         query = batch.query_pos.to(device)
         first = masks.int().argmax(dim=-1)  # [P, N]: the first patched position
-        skippable = window_widths(first, query[None, :]) if resumed else torch.full_like(first, masks.shape[-1])
+        skippable = (
+            window_widths(first, query[None, :]) if contexts is not None else torch.full_like(first, masks.shape[-1])
+        )
         changed = reaches_query(model, runs, plans, masks, start, tokens, resid, options.max_batch, changed, skippable)
     patch_index, row_index = changed.nonzero(as_tuple=True)
-    if resumed:
-        assert resume_at is not None and contexts is not None
-        pairs = resumed_pairs(
-            model, runs, plans, masks, patch_index, row_index, resume_at, contexts, base, options.max_batch
-        )
-    else:
-        pairs = full_pairs(model, runs, plans, masks, patch_index, row_index, start, tokens, resid, options.max_batch)
-    for which_patch, rows, logits in pairs:
-        cpu_patch, cpu_rows = which_patch.cpu(), rows.cpu()
-        probs[cpu_patch, cpu_rows] = answer_probs(logits, batch.answers[cpu_rows].to(device)).double().cpu()
-        values[cpu_patch, cpu_rows] = metric.rows(logits, cpu_rows)
-    return probs, values
+    probs = runs.p_answer[base].repeat(len(patches), 1)
+    values = runs.unpatched_metric(metric, base).repeat(len(patches), 1)
+    layer = -1 if resume_at is None else resume_at
+    return _SitePairs(plans, masks, patch_index, row_index, layer, start, resid, tokens, contexts, probs, values)

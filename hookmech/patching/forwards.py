@@ -5,7 +5,8 @@ the resume protocol: docs/guide.md §6, docs/architecture.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -148,6 +149,87 @@ def _resumed_chunks(
             yield which_patch, rows, out
 
 
+@dataclass(eq=False)
+class ResumedSite:
+    """One site's changed (patch, row) pairs, each resumed from block `layer` (`joined_pairs`):
+    its targets' `plans`, its patches' `masks` ``[P, N, T]``, and the pairs' patch index and
+    row ``[K]``."""
+
+    plans: list[TargetPlan]
+    masks: Tensor
+    patch_index: Tensor
+    row_index: Tensor
+    layer: int
+
+
+#: the most positions (rows x window) a chunk of `joined_pairs` computes
+JOINED_POSITIONS = 1024
+#: a model at least this wide resumes several sites' pairs in one forward (`joins_sites`)
+JOIN_WIDTH = 256
+
+
+def joins_sites(d_model: int) -> bool:
+    """Return whether a model of residual width `d_model` resumes several sites' pairs together
+    (`joined_pairs`). At Pythia-160m's 768 a block's weights are 28 MB, and its products over a
+    site's few rows (a query cell: 8 rows of one position) read them from memory for little work
+    (bench/pretrained_engine.py); at the CPU fixtures' 64 they fit in cache, and each site keeps its
+    own forwards and their roundings."""
+    return d_model >= JOIN_WIDTH
+
+
+def joined_pairs(
+    model: PatchableModel,
+    runs: CleanCorruptRuns,
+    sites: Sequence[ResumedSite],
+    contexts: dict[int, dict[str, Tensor]],
+    base: str,
+    max_batch: int,
+) -> Pairs:
+    """Yield (pair, row, query logits) of the pairs of every site of `sites`, resumed together:
+    ``pair`` ``[k]`` indexes the sites' pairs laid end to end. The pairs of all sites are chunked
+    by window width as `resumed_pairs` chunks one site's; in a chunk, each pair joins the forward
+    at its own site's block (`PatchableModel.resume`'s `joining`), so a block's products run on
+    the rows of every site at or below it. `contexts`: the base run's, from the lowest site's block."""
+    n_layers = model.cfg.n_layers
+    query = runs.batch.query_pos.to(runs.device)
+    site_of = torch.cat([torch.full_like(site.row_index, i) for i, site in enumerate(sites)])
+    layer_of = torch.tensor([site.layer for site in sites], device=site_of.device)[site_of]
+    patch_index = torch.cat([site.patch_index for site in sites])
+    row_index = torch.cat([site.row_index for site in sites])
+    first = torch.cat([site.masks[site.patch_index, site.row_index].int().argmax(dim=-1) for site in sites])
+    widths = window_widths(first, query[row_index])
+    order = torch.sort(widths, stable=True).indices
+    resids = {layer: runs.acts(model.resid_hook(layer), base) for layer in sorted({site.layer for site in sites})}
+    patchers = [[WindowPatch(plan) for plan in site.plans] for site in sites]
+    n_pos, floor = sites[0].masks.shape[-1], waste_floor(runs.acts(model.resid_hook(sites[0].layer), base).shape[-1])
+    with model.hooks(fwd_hooks=[(p.plan.target.hook, p) for site_patchers in patchers for p in site_patchers]):
+        for chunk in width_chunks(widths[order].tolist(), max_batch, floor, JOINED_POSITIONS):
+            pairs = order[chunk]
+            # by block, then by site: the rows a block runs are the chunk's first ones
+            pairs = pairs[torch.sort(layer_of[pairs] * len(sites) + site_of[pairs], stable=True).indices]
+            rows = row_index[pairs]
+            width, start = resume_window(widths[pairs], query[rows])
+            every = torch.arange(n_pos, device=rows.device).expand(len(rows), n_pos)
+            windows = (window_index(start, width), query[rows, None], every)
+            for i, site in enumerate(sites):
+                span = _span(site_of[pairs] == i)
+                mask = site.masks[patch_index[pairs[span]], rows[span]]
+                for patcher in patchers[i]:
+                    patcher.point_at(rows[span], mask, tuple(positions[span] for positions in windows), span)
+            entering = {layer: layer_of[pairs] == layer for layer in resids}
+            resid = torch.cat([window_of(resids[layer], rows[at], start[at], width) for layer, at in entering.items()])
+            first_block = int(layer_of[pairs[0]])
+            joining = [int((layer_of[pairs] <= layer).sum()) for layer in range(first_block, n_layers)]
+            out = model.resume(resid, first_block, contexts, rows, start, query[rows], unembed=False, joining=joining)
+            yield pairs, rows, out
+
+
+def _span(members: Tensor) -> slice:
+    """Return the slice of the True entries of `members` ``[k]``, which are consecutive (empty: 0:0)."""
+    at = members.nonzero()[:, 0]
+    return slice(int(at[0]), int(at[-1]) + 1) if len(at) else slice(0, 0)
+
+
 #: an LM head whose weight is larger than this (bytes) unembeds several chunks' rows at once
 #: (`gathers_head`): one matrix product then reads the weight once for all of them, where a
 #: chunk of a few rows reads Pythia-160m's 154 MB head from memory for each (9 % of the
@@ -201,7 +283,9 @@ def waste_floor(d_model: int) -> int:
     return round(WASTE_FLOOR * min(1.0, (WASTE_FLOOR_WIDTH / d_model) ** 2))
 
 
-def width_chunks(widths: list[int], max_batch: int, floor: int | None = None) -> Iterator[slice]:
+def width_chunks(
+    widths: list[int], max_batch: int, floor: int | None = None, max_positions: int | None = None
+) -> Iterator[slice]:
     """Yield slices covering `widths` (ascending window widths, one per pair) of at most
     `max_batch` pairs, a new slice wherever the next width would make the slice compute more than
     `floor` positions for nothing (default WASTE_FLOOR; a chunk runs every row on its widest window) and exceeds
@@ -215,6 +299,8 @@ def width_chunks(widths: list[int], max_batch: int, floor: int | None = None) ->
         limit = max(widths[start] * WIDTH_GROWTH, widths[start] + 1)
         stop, total = start + 1, widths[start]
         while stop < len(widths) and stop - start < max_batch:
+            if max_positions is not None and (stop + 1 - start) * widths[stop] > max_positions:
+                break
             waste = (stop + 1 - start) * widths[stop] - (total + widths[stop])
             if widths[stop] > limit and waste > floor:
                 break
@@ -252,11 +338,20 @@ class WindowPatch:
     def __init__(self, plan: TargetPlan):
         self.plan = plan
 
-    def point_at(self, rows: Tensor, mask: Tensor, windows: tuple[Tensor, ...]) -> None:
-        self.rows, self.mask = rows, mask
+    def point_at(self, rows: Tensor, mask: Tensor, windows: tuple[Tensor, ...], span: slice | None = None) -> None:
+        """`span`: the activation's rows that are these `rows` (`joined_pairs`; default all of them)."""
+        self.rows, self.mask, self.span = rows, mask, span
         self.by_length = {positions.shape[1]: positions for positions in windows}
 
     def __call__(self, activation: Tensor, hook=None) -> Tensor:
+        if self.span is None:
+            return self._patched(activation)
+        lo, hi = self.span.start, self.span.stop
+        if lo == hi:  # none of this site's rows in the chunk
+            return activation
+        return torch.cat([activation[:lo], self._patched(activation[lo:hi]), activation[hi:]])
+
+    def _patched(self, activation: Tensor) -> Tensor:
         plan = self.plan
         positions = self.by_length[activation.shape[plan.pos_axis]]
         values = _take_rows_positions(plan.values, self.rows, positions, plan.pos_axis)

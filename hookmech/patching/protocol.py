@@ -143,9 +143,11 @@ class PatchableModel(HookedModel, Protocol):
         start: Tensor,
         query: Tensor,
         unembed: bool = True,
+        joining: list[int] | None = None,
     ) -> Tensor:
         """Return the logits at `query` ``[B, d_vocab]`` of a run resumed on a window of positions
-        (with `unembed` False, the final-normed residual there ``[B, d_model]``, for `unembed_resid`)."""
+        (with `unembed` False, the final-normed residual there ``[B, d_model]``, for `unembed_resid`);
+        with `joining`, block l runs only the first ``joining[l - start_at_layer]`` rows."""
         ...
 
     def unembed_resid(self, resid: Tensor) -> Tensor:
