@@ -283,8 +283,9 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
     def _replayed_state(self, kept_state: Tensor, conv: Tensor, live: Tensor, alike: Tensor | None = None) -> Tensor:
         """Return the state after the positions of `conv` ``[B, P, d_inner]`` (the convolution's
         output there) from `kept_state` ``[B, d_inner, d_state]``; positions not `live` ``[B, P]``
-        are no-ops (Δ = 0: decay 1, no input). `alike` ``[B]``: rows with the same number replay
-        the same positions of the same run (`_same_replay`), and one of them is replayed for all."""
+        are no-ops (Δ = 0: decay 1, no input). `alike` ``[B]``: rows with the same number replay the
+        same positions of the same run (`forward_from`: its run row and start), and the recurrence
+        runs on one of them for all."""
         # the live positions end every row's replay: those before the longest run of them are
         # no-ops in every row, and the recurrence skips them (half the replay, on average); the
         # inputs are projected at every position, as before, since a projection of fewer rows may
