@@ -4,26 +4,34 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 from torch import Tensor, nn
 
 from .hook_names import MIXER, block_hook, mixer_hook, parse_hook
+from .mixers.base import Mixer
 from .mixers.capabilities import ExactPatchEffects, PatchMemo
 from .shapes import Gradients, PositionEffects, RowInts, RunResid
 
-if TYPE_CHECKING:
-    from .model import Block
+
+class _MixerBlock(Protocol):
+    """What these methods read of a block: its mixer."""
+
+    @property
+    def mixer(self) -> Mixer: ...
 
 
-class MixerPatchEffects:
+BlockT = TypeVar("BlockT", bound=_MixerBlock)
+
+
+class MixerPatchEffects(Generic[BlockT]):
     """`HookedLM`'s `mixer_patch_*` methods (`AtpStarModel`): the exact effects of a patch through
     the mixer of a block, computed by that mixer (`ExactPatchEffects`), None where it has none."""
 
-    if TYPE_CHECKING:  # HookedLM's blocks, as `TransformerLensWeights` types them
+    if TYPE_CHECKING:  # HookedLM's blocks, typed as `TransformerLensWeights` types them
 
         @property
-        def blocks(self) -> Sequence[Block]: ...
+        def blocks(self) -> Sequence[BlockT]: ...
 
         @blocks.setter
         def blocks(self, value: nn.ModuleList) -> None: ...

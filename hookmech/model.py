@@ -390,7 +390,7 @@ class TiedUnembed(nn.Module):
         return resid @ self.embed.weight.T
 
 
-class HookedLM(TransformerLensCompat[Block], MixerPatchEffects):
+class HookedLM(TransformerLensCompat[Block], MixerPatchEffects[Block]):
     """A causal language model whose every intermediate activation is a named hook.
 
     A TransformerLens `HookedRootModule` whose ``cfg`` answers what TransformerLens's code reads
