@@ -606,6 +606,7 @@ class HookedLM(TransformerLensCompat[Block], MixerPatchEffects[Block]):
             return None
         return lambda context, rows, positions: mixer.state_from_context(name, context, rows, positions)
 
+    # -- one position patched, through the next mixer exactly (AtP*; its mixers' part: mixer_patch_effects.py)
     def patch_to_next_mixer(
         self, hook_name: str, values: Tensor, base: Callable[[str], Tensor], at: RowInts | None = None
     ) -> tuple[int, RunResid, RunResid | None] | None:
