@@ -55,6 +55,7 @@ CALIBRATION = [
     # §5.3's split (20 % of the query-answer pairs held out; the sweep's batch: in-distribution pairs)
     ("atr-split/d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-split/d64-attention-lr1e-3-s0-linear/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
+    ("atr-split/d64-attention-lr1e-3-s1-linear/attention_lr0.001_s1_417232", "induction", "induction at layer 1"),
     ("atr-split/d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
     ("atr-split/d64-based-lr1e-3-s0-linear/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
     ("atr-split/d64-mamba-lr1e-3-s0-linear/mamba_lr0.001_s0_cb91e7", "direct retrieval", "direct retrieval at layers 0 and 1"),
