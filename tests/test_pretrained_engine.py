@@ -117,29 +117,31 @@ def test_mambas_replay_by_blocks_of_rows_gives_the_same_bytes(monkeypatch):
 
 
 
-def test_mambas_resumed_rows_that_replay_alike_replay_once_with_the_same_bytes(monkeypatch):
+def test_mambas_resumed_rows_that_replay_alike_replay_once(monkeypatch):
     """Rows of a resumed chunk with the same run row and start (several patches of one row, or
-    several sites' pairs joined) replay the same positions: the recurrence runs on one of each
-    (`Mamba._replayed_state`'s `alike`), and the window's output keeps the bytes of a replay of
-    every row, for starts before, at and after a kept state."""
+    several sites' pairs joined) replay the same positions: one of each is gathered, projected and
+    replayed (`Mamba.forward_from`), and the window's output is that of a replay of every row, for
+    starts before, at and after a kept state."""
     torch.manual_seed(0)
     mixer = Mamba(d_model=8, d_state=4).eval()
     generator = torch.Generator().manual_seed(3)
     run_x = torch.randn(3, 40, 8, generator=generator)
     rows, start = torch.tensor([0, 2, 0, 1, 2, 0]), torch.tensor([17, 5, 17, 32, 5, 30])
-    x = torch.randn(6, 4, 8, generator=generator)
+    windows = start[:, None] + torch.arange(4)
+    x = run_x[rows[:, None], windows]  # the run's own input there: the output is the run's
     replayed_rows: list[int] = []
-    replay = Mamba._replayed_state
     with torch.no_grad():
         context = mixer.prefix_context(run_x)
-        every = lambda self, kept, conv, live, alike=None: replay(self, kept, conv, live)  # noqa: E731
-        monkeypatch.setattr(Mamba, "_replayed_state", every)
+        each_its_own = lambda labels: (torch.arange(len(labels)), torch.arange(len(labels)))  # noqa: E731
+        monkeypatch.setattr(mamba_module, "_groups", each_its_own)
         every_row = mixer.forward_from(x, context, rows, start)
+        monkeypatch.undo()
         monkeypatch.setattr(mamba_module, "_groups", _spied(mamba_module._groups, replayed_rows))
-        monkeypatch.setattr(Mamba, "_replayed_state", replay)
         once_each = mixer.forward_from(x, context, rows, start)
+        run_output = mixer(run_x)[rows[:, None], windows]
     assert replayed_rows == [4]  # (0, 17), (2, 5), (1, 32), (0, 30)
-    assert torch.equal(once_each, every_row)
+    torch.testing.assert_close(once_each, every_row, rtol=0, atol=ENGINE_TOL)
+    torch.testing.assert_close(once_each, run_output, rtol=0, atol=ENGINE_TOL)
 
 
 def _spied(groups, sizes: list[int]):

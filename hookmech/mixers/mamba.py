@@ -280,26 +280,18 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
             return in_x
         return self._causal_conv(in_x)[:, self.d_conv - 1 :]
 
-    def _replayed_state(self, kept_state: Tensor, conv: Tensor, live: Tensor, alike: Tensor | None = None) -> Tensor:
+    def _replayed_state(self, kept_state: Tensor, conv: Tensor, live: Tensor) -> Tensor:
         """Return the state after the positions of `conv` ``[B, P, d_inner]`` (the convolution's
         output there) from `kept_state` ``[B, d_inner, d_state]``; positions not `live` ``[B, P]``
-        are no-ops (Δ = 0: decay 1, no input). `alike` ``[B]``: rows with the same number replay the
-        same positions of the same run (`forward_from`: its run row and start), and the recurrence
-        runs on one of them for all."""
+        are no-ops (Δ = 0: decay 1, no input)."""
         # the live positions end every row's replay: those before the longest run of them are
-        # no-ops in every row, and the recurrence skips them (half the replay, on average); the
-        # inputs are projected at every position, as before, since a projection of fewer rows may
-        # round differently (the records stay byte-identical)
+        # no-ops in every row, and neither the projections nor the recurrence run there (half the
+        # replay, on average)
         needed = int(live.sum(1).max()) if live.numel() else 0
         if needed == 0:
             return kept_state.clone()
-        u, delta, B, _ = self._ssm_inputs(conv, convolved=True)
-        first = conv.shape[1] - needed
-        u, delta, B, live = u[:, first:], delta[:, first:], B[:, first:], live[:, first:]
-        spread = None
-        if alike is not None:  # the recurrence, elementwise, of one row per group: the same bytes
-            spread, one = _groups(alike)
-            u, delta, B, live, kept_state = u[one], delta[one], B[one], live[one], kept_state[one]
+        u, delta, B, _ = self._ssm_inputs(conv[:, -needed:], convolved=True)
+        live = live[:, -needed:]
         delta = delta * live[..., None]
         A = self._A()
         h = kept_state.clone()
@@ -314,7 +306,7 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
             block = h[rows]
             for t in range(needed):
                 block.mul_(decay[:, t]).add_(drive[:, t])
-        return h if spread is None else h[spread]
+        return h
 
     window_hooks = True
 
@@ -324,24 +316,27 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         """Return the output at the window ``[B, W, d_model]``: the window is projected and
         scanned from each row's state at start - 1 (replayed from the last kept state,
         `_replayed_state`); the convolution reads the d_conv - 1 earlier inputs from the context
-        and runs on the window (and the replayed positions) only. The inside hooks fire on the
-        window (``[B, W, ...]``); an edit of ``hook_ssm_state`` is carried on through the window's
-        recurrence."""
+        and runs on the window only. The inside hooks fire on the window (``[B, W, ...]``); an
+        edit of ``hook_ssm_state`` is carried on through the window's recurrence."""
         in_x, z = self._split(self.in_proj(x))
         if z is not None:
             z = self.hook_gate(z)
         in_x = self.hook_in_x(in_x)
-        before, live, kept_state = self._before(context, rows, start)
-        # one convolution for the replayed positions and the window
-        conv = self._conv_tail(torch.cat([before, in_x.to(before.dtype)], dim=1))
-        replayed, in_x = conv[:, : live.shape[1]], conv[:, live.shape[1] :]
+        # rows with the same run row and start (several patches of a row; several sites' pairs,
+        # joined) replay the same positions: one of each gathers, convolves, projects and replays
+        # them for all (a joined chunk of Mamba-130m holds each once per site below the block:
+        # 5 % of its engine, bench/pretrained_engine.py)
+        spread, one = _groups(rows * (context["in_x"].shape[1] + 1) + start)
+        before, live, kept_state = self._before(context, rows[one], start[one])
+        h0 = self._replayed_state(kept_state, self._conv_tail(before), live)[spread]
+        reach = before.shape[1] - live.shape[1]  # the d_conv - 1 inputs the window's convolution reads
+        in_x = self._conv_tail(torch.cat([before[spread, before.shape[1] - reach :], in_x.to(before.dtype)], dim=1))
         if self.d_conv > 0:
             in_x = self.hook_conv(in_x)
         u = self.hook_conv_act(F.silu(in_x))
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = self.hook_delta(F.softplus(self.dt_proj(dt)))
         B, C = self.hook_B(B), self.hook_C(C)
-        h0 = self._replayed_state(kept_state, replayed, live, rows * (context["in_x"].shape[1] + 1) + start)
         y = self.hook_y(self._ssm(u, delta, self._A(), B, C, h0))
         if z is not None:  # the gate
             y = y * F.silu(z)
