@@ -106,8 +106,8 @@ def timed(run) -> tuple[float, object]:
 def head_weight(model: hookmech.HookedLM, batch: Batch, reps: int = 7) -> float:
     """Return the LM head's cost at a position (final norm and unembedding) in units of one block's
     cost at a position: best-of-`reps` times of each over the batch's residual at block 0."""
-    # best of 3 measured Mamba-130m's head at 4.1 to 5.4 blocks in three runs of the same code
-    # (the bound moved by 4 %); best of 7: 3.8 to 3.9 in two
+    # the figure still moves between runs of one code (Mamba-130m's head: 4.1 to 5.4 blocks as the
+    # best of 3, 3.5 to 4.7 as the best of 7; docs/performance.md), and the bound with it
     resid = model.embed_tokens(batch.tokens)
     block = head = float("inf")
     for _ in range(reps):
