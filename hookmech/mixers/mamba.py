@@ -285,13 +285,14 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         output there) from `kept_state` ``[B, d_inner, d_state]``; positions not `live` ``[B, P]``
         are no-ops (Δ = 0: decay 1, no input)."""
         # the live positions end every row's replay: those before the longest run of them are
-        # no-ops in every row, and neither the projections nor the recurrence run there (half the
-        # replay, on average)
+        # no-ops in every row, and the recurrence skips them (half the replay, on average); the
+        # inputs are projected at every position, since a product of fewer rows rounds otherwise
+        # (DAS on the Mamba fixture moved in the 7th digit)
         needed = int(live.sum(1).max()) if live.numel() else 0
         if needed == 0:
             return kept_state.clone()
-        u, delta, B, _ = self._ssm_inputs(conv[:, -needed:], convolved=True)
-        live = live[:, -needed:]
+        u, delta, B, _ = self._ssm_inputs(conv, convolved=True)
+        u, delta, B, live = u[:, -needed:], delta[:, -needed:], B[:, -needed:], live[:, -needed:]
         delta = delta * live[..., None]
         A = self._A()
         h = kept_state.clone()
@@ -325,7 +326,7 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         # rows with the same run row and start (several patches of a row; several sites' pairs,
         # joined) replay the same positions: one of each gathers, convolves, projects and replays
         # them for all (a joined chunk of Mamba-130m holds each once per site below the block:
-        # 5 % of its engine, bench/pretrained_engine.py)
+        # 8 % of its engine over every L*.block_in, docs/performance.md)
         spread, one = _groups(rows * (context["in_x"].shape[1] + 1) + start)
         before, live, kept_state = self._before(context, rows[one], start[one])
         h0 = self._replayed_state(kept_state, self._conv_tail(before), live)[spread]
