@@ -263,6 +263,31 @@ def test_mamba_patch_computations_share_the_base_run(monkeypatch):
     assert torch.equal(together[1], alone[2]) and alone[2].abs().max() > 0  # the inside hook's patch
 
 
+def test_mamba_patch_computations_keep_states_state_major():
+    """The patch computations keep states state-major (``[N, T, d_state, d_inner]``, the mamba_effects
+    docstring): the base branch's states, transposed, are the reference scan's; the context made
+    from them is in the mixer's layout (``[N, K, d_inner, d_state]``, contiguous), bit for bit
+    those states every STATE_STRIDE positions."""
+    from hookmech.mixers.mamba import Mamba
+    from hookmech.mixers.selective_scan import selective_scan_ref
+
+    torch.manual_seed(6)
+    mixer = Mamba(16, d_state=4).double()
+    x = torch.randn(2, 2 * mixer.STATE_STRIDE + 3, 16, dtype=torch.float64)
+    with torch.no_grad():
+        in_x, z = mixer._split(mixer.in_proj(x))
+        _, delta, _, decay, states, _, _ = mixer._compute_base_branch(in_x, z)
+        u, delta_ref, B, C = mixer._ssm_inputs(in_x)
+        _, reference = selective_scan_ref(u, delta_ref, mixer._A(), B, C)
+        context = mixer.patch_context(x, MixerMemo())
+    assert states.shape == (2, x.shape[1], mixer.d_state, mixer.d_inner) == decay.shape
+    torch.testing.assert_close(states.transpose(-1, -2), reference, atol=FLOAT64_TOL, rtol=0)
+    kept = context["state"]
+    assert kept.shape == (2, 2, mixer.d_inner, mixer.d_state) and kept.is_contiguous()
+    stride = mixer.STATE_STRIDE
+    assert torch.equal(kept, states[:, stride - 1 :: stride].transpose(-1, -2))
+
+
 def test_mamba_patch_computations_read_the_projections_they_are_given(monkeypatch):
     """Given in_proj's outputs on the base input and on the patched one (`MixerMemo.give`, as
     AtP* gives what its runs computed), the computations read them instead of projecting again,

@@ -10,6 +10,11 @@ change of the output at one position the decays' product read out there
 (`MambaPatchEffects.position_patch_outputs`). What these computations share of the base run (its
 convolved input, Δ, C, decays, states, gate and gated output) is kept in the caller's
 `MixerMemo`, which also gives the resume context of the same run (`patch_context`).
+
+States, decays and adjoints here are state-major, ``[..., d_state, d_inner]`` (the mixer's own are
+``[..., d_inner, d_state]``): every elementwise step and outer product then runs along d_inner,
+the long axis, and each read-out C·h is a row vector times a matrix; in the mixer's layout those
+ran 16 elements at a time (AtP*'s effects at Mamba-130m's shape: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -112,18 +117,18 @@ class MambaPatchEffects(ExactPatchEffects):
         if len(rows) == 0:
             return effect
         conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, memo, block)
-        A = self._A()
+        A_t = self._state_major_A()
         grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
         n_pos, reach = x.shape[1], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
         moved = grad_out.new_zeros(*grad_out.shape[:-3], len(rows), dtype=torch.float64)  # per pair
-        steps, moved_state = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, states)
+        steps, moved_state = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A_t, states)
         for j, at, gated_j in steps:
             inside = (positions + j < n_pos).double()
             moved += (grad_gated[..., rows, at, :] * (gated_j - gated[rows, at])).sum(-1).double() * inside
         # After r = s + reach - 1 the state's change decays through the base run's fixed decays:
         # Σ_{t > r} ĝ_t · C_t (Π decay) Δh_r = Δh_r · μ_r with the adjoint state
-        # μ_{r-1} = decay_r ⊙ (μ_r + ĝ_r ⊗ C_r), μ_{T-1} = 0, swept backwards once (ĝ: ∂m/∂y).
+        # μ_{r-1} = decay_r ⊙ (μ_r + C_r ⊗ ĝ_r), μ_{T-1} = 0, swept backwards once (ĝ: ∂m/∂y).
         last = positions + reach - 1  # where `moved_state`, Δh, is
         read = grad_gated * gate  # ĝ: [..., N, T, d_inner]
         for lo, adjoints in self._adjoint_sweep(read, C, decay, reach - 1):
@@ -136,8 +141,8 @@ class MambaPatchEffects(ExactPatchEffects):
         return effect
 
     def _adjoint_sweep(self, read: Tensor, C: Tensor, decay: Tensor, first: int) -> Iterator[tuple[int, Tensor]]:
-        """Yield ``(lo, μ)``, μ ``[..., N, K, d_inner, d_state]`` the adjoint states μ_lo .. μ_{lo+K-1}
-        (μ_{r-1} = decay_r ⊙ (μ_r + ĝ_r ⊗ C_r) from μ_{T-1} = 0, ĝ = `read` ``[..., N, T, d_inner]``),
+        """Yield ``(lo, μ)``, μ ``[..., N, K, d_state, d_inner]`` the adjoint states μ_lo .. μ_{lo+K-1}
+        (μ_{r-1} = decay_r ⊙ (μ_r + C_r ⊗ ĝ_r) from μ_{T-1} = 0, ĝ = `read` ``[..., N, T, d_inner]``),
         a segment of at most SWEEP_POSITIONS positions at a time from the last down to `first`.
         One segment's buffer is what the sweep holds; each position costs one multiply-add and one
         multiply in place, and the read-outs of a segment's pairs take one contraction."""
@@ -150,12 +155,12 @@ class MambaPatchEffects(ExactPatchEffects):
             for r in range(hi - 1, lo, -1):
                 torch.addcmul(
                     adjoints[..., r - lo, :, :],
-                    read[..., r, :, None],
-                    C[:, r, None, :],
+                    C[:, r, :, None],
+                    read[..., r, None, :],
                     out=adjoints[..., r - lo - 1, :, :],
                 ).mul_(decay[:, r])
             if lo > first:
-                carry = torch.addcmul(adjoints[..., 0, :, :], read[..., lo, :, None], C[:, lo, None, :]).mul_(
+                carry = torch.addcmul(adjoints[..., 0, :, :], C[:, lo, :, None], read[..., lo, None, :]).mul_(
                     decay[:, lo]
                 )
             yield lo, adjoints
@@ -194,11 +199,11 @@ class MambaPatchEffects(ExactPatchEffects):
         if len(rows) == 0:
             return out
         conv, delta, C, _, states, gate, gated = self._base_branch(in_x, z, memo, block)
-        A = self._A()
+        A_t = self._state_major_A()
         query, reach = at[rows], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
         moved = change.new_zeros(len(rows), change.shape[-1])  # Δ(gated y) at the query, per pair
-        steps, moved_state = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A, states)
+        steps, moved_state = self._patched_reach(rows, positions, change, (conv, new_in_x, new_z, gate), A_t, states)
         for j, at_j, gated_j in steps:
             hit = positions + j == query
             moved[hit] = (gated_j - gated[rows, at_j])[hit]
@@ -207,8 +212,8 @@ class MambaPatchEffects(ExactPatchEffects):
         if len(far):  # the state's change after the reach, carried by fixed decays to the query
             summed = delta.double().cumsum(1)
             span = (summed[rows[far], query[far]] - summed[rows[far], last[far]]).to(delta.dtype)  # [F, d_inner]
-            carried = (span[..., None] * A).exp_().mul_(moved_state[far])
-            read = (carried @ C[rows[far], query[far]][..., None])[..., 0]
+            carried = (span[:, None, :] * A_t).exp_().mul_(moved_state[far])
+            read = (C[rows[far], query[far]][:, None, :] @ carried)[:, 0]
             moved[far] = read * gate[rows[far], query[far]]
         out[rows, positions] = moved @ self.out_proj.weight.T  # the output projection's bias cancels
         return out
@@ -226,21 +231,25 @@ class MambaPatchEffects(ExactPatchEffects):
         return changed
 
     def _base_branch(self, in_x: Tensor, z: Tensor | None, memo: MixerMemo | None, rows: slice) -> tuple[Tensor, ...]:
-        """Return the base run's (convolved in_x, Δ, C, decay ``[N, T, d_inner, d_state]``, states,
-        gate, gated y) from in_proj's split output of its rows `rows`, for the patch computations of
+        """Return the base run's (convolved in_x, Δ, C, decay ``[N, T, d_state, d_inner]``, states
+        (the same shape), gate, gated y) from in_proj's split output of its rows `rows`, for the patch computations of
         AtP*; kept in `memo` (the caller's, for calls on the same input) for the next such call."""
         if memo is None:
             return self._compute_base_branch(in_x, z)
         return memo.of_rows(rows, lambda: self._compute_base_branch(in_x, z))
 
+    def _state_major_A(self) -> Tensor:
+        """Return A transposed, ``[d_state, d_inner]`` (contiguous): the layout of every state here."""
+        return self._A().t().contiguous()
+
     def _compute_base_branch(self, in_x: Tensor, z: Tensor | None) -> tuple[Tensor, ...]:
         conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
         u, delta, B, C = self._ssm_inputs(conv, convolved=True)
-        A = self._A()
-        decay = decay_exp_(delta[..., None] * A, factors=(delta, A))
-        states = linear_scan(decay, (delta * u)[..., None] * B[:, :, None, :], overwrite=True)
+        A_t = self._state_major_A()
+        decay = decay_exp_(delta[..., None, :] * A_t, factors=(delta, A_t))
+        states = linear_scan(decay, B[..., None] * (delta * u)[..., None, :], overwrite=True)
         gate = torch.ones_like(u) if z is None else F.silu(z)
-        gated = ((states @ C[..., None])[..., 0] + u * self.D) * gate
+        gated = ((C[..., None, :] @ states)[..., 0, :] + u * self.D) * gate
         return conv, delta, C, decay, states, gate, gated
 
     def _patched_reach(
@@ -249,14 +258,15 @@ class MambaPatchEffects(ExactPatchEffects):
         positions: Tensor,
         change: Tensor,
         run: tuple[Tensor, Tensor, Tensor | None, Tensor],
-        A: Tensor,
+        A_t: Tensor,
         states: Tensor,
     ) -> tuple[list[tuple[int, Tensor, Tensor]], Tensor]:
         """Return ``([(j, at, y'·gate') for j = 0 .. reach − 1], Δh)``: with the SSM branch's input
         at ``positions[i]`` of row ``rows[i]`` moved by `change` ``[P, d_inner]``, the gated output
         ``[P, d_inner]`` at ``at = positions + j`` (clamped to the last position: callers drop
-        those past it), and Δh ``[P, d_inner, d_state]`` the change of the state after the reach's
-        last position (clamped as ``at``), from the base run's `states` ``[N, T, d_inner, d_state]``.
+        those past it), and Δh ``[P, d_state, d_inner]`` the change of the state after the reach's
+        last position (clamped as ``at``), from the base run's `states` ``[N, T, d_state, d_inner]``
+        and A transposed, `A_t` ``[d_state, d_inner]``.
         `run` holds the base run's (convolved in_x, patched in_x, patched z or None, gate). The
         projections of each step take every pair at once; the recurrence then runs a block of
         pairs at a time from the state before s through all the steps (`PAIR_BLOCK_BYTES`: the
@@ -280,11 +290,11 @@ class MambaPatchEffects(ExactPatchEffects):
             pairs = slice(start, start + block)
             state = state_before(states, rows[pairs], positions[pairs])  # h_{s-1}
             for j, (_, u_j, delta_j, B_j, C_j, gate_j) in enumerate(inputs):
-                # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [block, d_inner, d_state] temporary
+                # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [block, d_state, d_inner] temporary
                 delta_p = delta_j[pairs]
-                state = decay_exp_(delta_p[..., None] * A, factors=(delta_p, A)).mul_(state)
-                state.addcmul_((delta_p * u_j[pairs])[..., None], B_j[pairs, None, :])
-                y_j = (state @ C_j[pairs, :, None])[..., 0] + u_j[pairs] * self.D
+                state = decay_exp_(delta_p[:, None, :] * A_t, factors=(delta_p, A_t)).mul_(state)
+                state.addcmul_(B_j[pairs, :, None], (delta_p * u_j[pairs])[:, None, :])
+                y_j = (C_j[pairs, None, :] @ state)[:, 0] + u_j[pairs] * self.D
                 gated[j][pairs] = y_j * gate_j[pairs]
             torch.sub(state, states[rows[pairs], last[pairs]], out=moved[pairs])
         return [(j, step[0], gated[j]) for j, step in enumerate(inputs)], moved
@@ -298,6 +308,7 @@ class MambaPatchEffects(ExactPatchEffects):
         reads = memo.given(x)
         for rows in self._row_blocks(x):
             in_x, z = self._projected(x[rows], reads, rows)
-            states.append(self._base_branch(in_x, z, memo, rows)[4][:, stride - 1 :: stride])
+            # the base branch's states are state-major; a context's are the mixer's [d_inner, d_state]
+            states.append(self._base_branch(in_x, z, memo, rows)[4][:, stride - 1 :: stride].transpose(-1, -2))
             inputs.append(in_x)
-        return {"state": torch.cat(states), "in_x": torch.cat(inputs)}
+        return {"state": torch.cat(states).contiguous(), "in_x": torch.cat(inputs)}

@@ -20,7 +20,10 @@ Side by side:
   per position; only the chunk-boundary states are kept. The backward walks the chunks in
   reverse, recomputes each chunk's states from its saved start, and runs the adjoint
   recurrence g_t = ∂L/∂h_t + exp(Δ_{t+1} A) ⊙ g_{t+1} backwards in time; every parameter
-  gradient is then a contraction of g with one factor. Nothing of size
+  gradient is then a contraction of g with one factor. The forward holds a chunk's states
+  transposed, ``[d_state, d_inner]``, so that its elementwise steps and read-out run along the long
+  axis (the same bytes, `_read_out`); the backward holds them as they are, where its sums over the
+  state keep their order (and training its bytes). Nothing of size
   [batch, pos, d_inner, d_state] is ever allocated. (Autograd through a loop of slices
   would record one graph node per step and scatter into the full tensor at each one.)
 * `linear_scan`: the bare recurrence h_t = a_t ⊙ h_{t-1} + b_t with its own backward, for
@@ -127,11 +130,19 @@ def linear_scan(a: Tensor, b: Tensor, overwrite: bool = False) -> Tensor:
 # ---------------------------------------------------------------------------------------
 # the fast selective scan
 # ---------------------------------------------------------------------------------------
-def _chunk_states(delta: Tensor, delta_u: Tensor, B: Tensor, A: Tensor, h0: Tensor) -> tuple[Tensor, Tensor]:
+def _chunk_states(
+    delta: Tensor, delta_u: Tensor, B: Tensor, A: Tensor, h0: Tensor, state_major: bool = False
+) -> tuple[Tensor, Tensor]:
     """States of one chunk, time-major. delta, delta_u ``[T, b, d]``, B ``[T, b, n]``,
-    h0 ``[b, d, n]`` (the state before the chunk). Returns (decay, states), ``[T, b, d, n]``."""
-    decay = decay_exp_(torch.mul(delta[..., None], A), factors=(delta, A))
-    h = delta_u[..., None] * B[:, :, None, :]
+    h0 ``[b, d, n]`` (the state before the chunk). Returns (decay, states), ``[T, b, d, n]``.
+    With `state_major`, A is transposed ``[n, d]``, h0 ``[b, n, d]`` and both outputs
+    ``[T, b, n, d]``: the same numbers, bit for bit (every operation is elementwise)."""
+    if state_major:
+        decay = decay_exp_(torch.mul(delta[:, :, None, :], A), factors=(delta, A))
+        h = B[..., None] * delta_u[:, :, None, :]
+    else:
+        decay = decay_exp_(torch.mul(delta[..., None], A), factors=(delta, A))
+        h = delta_u[..., None] * B[:, :, None, :]
     h[0].addcmul_(decay[0], h0)
     for t in range(1, h.shape[0]):
         h[t].addcmul_(decay[t], h[t - 1])
@@ -140,6 +151,20 @@ def _chunk_states(delta: Tensor, delta_u: Tensor, B: Tensor, A: Tensor, h0: Tens
 
 def _time_major(x: Tensor) -> Tensor:
     return x.transpose(0, 1).contiguous()
+
+
+def _read_out(C: Tensor, h: Tensor) -> Tensor:
+    """Return y ``[T, b, d]``, y_t = h_t C_t, of state-major states `h` ``[T, b, n, d]`` and C
+    ``[T, b, n]``: the bytes the mixer's layout gives (h ``[T, b, d, n]`` times C), which one
+    product alone (T·b = 1) computes on another path, so it is read out in that layout."""
+    if h.shape[0] * h.shape[1] == 1:
+        return torch.matmul(_transposed(h), C[..., None]).squeeze(-1)
+    return torch.matmul(C[:, :, None, :], h).squeeze(-2)
+
+
+def _transposed(x: Tensor) -> Tensor:
+    """``[..., p, q]`` -> ``[..., q, p]``, contiguous: A or a state, to or from state-major."""
+    return x.transpose(-1, -2).contiguous()
 
 
 class _SelectiveScan(torch.autograd.Function):
@@ -153,14 +178,16 @@ class _SelectiveScan(torch.autograd.Function):
         n_pos, batch, d_inner = u.shape
         chunk = max(1, min(chunk, CHUNK_BYTES // (batch * d_inner * A.shape[1] * u.element_size())))
         ctx.has_h0 = h0 is not None
-        h0 = u.new_zeros(batch, d_inner, A.shape[1]) if h0 is None else h0.to(u.dtype)
+        # state-major here (the backward's reductions keep the mixer's layout, as their order does)
+        A_t = _transposed(A)
+        h0 = u.new_zeros(batch, A.shape[1], d_inner) if h0 is None else _transposed(h0.to(u.dtype))
         y = torch.empty_like(u)
         chunk_starts = []
         for start in range(0, n_pos, chunk):
             part = slice(start, start + chunk)
             chunk_starts.append(h0)
-            _, h = _chunk_states(delta[part], delta_u[part], B[part], A, h0)
-            y[part] = torch.matmul(h, C[part, :, :, None]).squeeze(-1)
+            _, h = _chunk_states(delta[part], delta_u[part], B[part], A_t, h0, state_major=True)
+            y[part] = _read_out(C[part], h)
             h0 = h[-1].clone()  # a view would keep the whole chunk's states alive
         ctx.chunk = chunk
         ctx.save_for_backward(u, delta, A, B, C, delta_u, *chunk_starts)
@@ -179,7 +206,7 @@ class _SelectiveScan(torch.autograd.Function):
         for index in reversed(range(len(chunk_starts))):
             start = index * ctx.chunk
             part = slice(start, start + ctx.chunk)
-            h0 = chunk_starts[index]
+            h0 = _transposed(chunk_starts[index])  # kept state-major by the forward
             decay, h = _chunk_states(delta[part], delta_u[part], B[part], A, h0)
             g = grad_y[part, :, :, None] * C[part, :, None, :]
             if carry is not None:
@@ -232,16 +259,17 @@ def strided_selective_scan(
     u, delta, B, C = (_time_major(x) for x in (u, delta, B, C))
     n_pos, batch, d_inner = u.shape
     delta_u = delta * u
-    h0 = u.new_zeros(batch, d_inner, A.shape[1])
+    A_t = _transposed(A)
+    h0 = u.new_zeros(batch, A.shape[1], d_inner)
     y = torch.empty_like(u)
     kept = u.new_empty(n_pos // stride, batch, d_inner, A.shape[1])
     for start in range(0, n_pos, stride):
         part = slice(start, start + stride)
-        _, h = _chunk_states(delta[part], delta_u[part], B[part], A, h0)
-        y[part] = torch.matmul(h, C[part, :, :, None]).squeeze(-1)
+        _, h = _chunk_states(delta[part], delta_u[part], B[part], A_t, h0, state_major=True)
+        y[part] = _read_out(C[part], h)
         h0 = h[-1].clone()  # a view would keep the whole chunk's states alive
         if h.shape[0] == stride:
-            kept[start // stride] = h0
+            kept[start // stride] = h0.transpose(-1, -2)
     # contiguous: a resume looks rows up in the row-flattened states, which a view would copy whole
     return y.transpose(0, 1), kept.transpose(0, 1).contiguous()
 

@@ -25,7 +25,7 @@ from hookmech.mixers.mamba import Mamba
 from hookmech.mixers.selective_scan import linear_scan, selective_scan, selective_scan_ref, strided_selective_scan
 from hookmech.model import HookedLM
 
-from helpers import assert_state_edit_propagates
+from helpers import FLOAT64_SUM_TOL, assert_state_edit_propagates
 
 D_MODEL = 32
 
@@ -197,6 +197,22 @@ def test_scan_from_an_initial_state_continues_the_sequence():
     h0 = torch.randn_like(states[:, 4]).requires_grad_()
     assert torch.autograd.gradcheck(lambda h, *a: selective_scan(*a, chunk=3, h0=h),
                                     (h0, u[:, :7], delta[:, :7], A, B[:, :7], C[:, :7]))
+
+
+@pytest.mark.parametrize("n_pos, batch", [(1, 1), (1, 5), (16, 1), (16, 5), (3, 32)])
+def test_the_scans_state_major_read_out_is_the_product_in_the_mixers_layout(n_pos, batch):
+    """The forward holds its states transposed ([T, b, d_state, d_inner]); its read-out is the
+    product in the mixer's layout ([T, b, d_inner, d_state] times C), also for a batch of one
+    product, which it computes in that layout (on this machine both give the same float32 bytes:
+    docs/performance.md; across CPUs only the sum's rounding is promised)."""
+    from hookmech.mixers.selective_scan import _read_out
+
+    generator = torch.Generator().manual_seed(n_pos * 100 + batch)
+    states = torch.randn(n_pos, batch, 64, 16, generator=generator, dtype=torch.float64)
+    C = torch.randn(n_pos, batch, 16, generator=generator, dtype=torch.float64)
+    in_the_mixers_layout = torch.matmul(states, C[..., None]).squeeze(-1)
+    read = _read_out(C, states.transpose(-1, -2).contiguous())
+    torch.testing.assert_close(read, in_the_mixers_layout, atol=FLOAT64_SUM_TOL, rtol=0)
 
 
 def test_linear_scan_matches_a_loop_and_finite_differences():
