@@ -232,8 +232,9 @@ class MambaPatchEffects(ExactPatchEffects):
 
     def _base_branch(self, in_x: Tensor, z: Tensor | None, memo: MixerMemo | None, rows: slice) -> tuple[Tensor, ...]:
         """Return the base run's (convolved in_x, Δ, C, decay ``[N, T, d_state, d_inner]``, states
-        (the same shape), gate, gated y) from in_proj's split output of its rows `rows`, for the patch computations of
-        AtP*; kept in `memo` (the caller's, for calls on the same input) for the next such call."""
+        (the same shape), gate, gated y) from in_proj's split output of its rows `rows`, for the
+        patch computations of AtP*; kept in `memo` (the caller's, for calls on the same input) for
+        the next such call."""
         if memo is None:
             return self._compute_base_branch(in_x, z)
         return memo.of_rows(rows, lambda: self._compute_base_branch(in_x, z))
