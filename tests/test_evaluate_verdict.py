@@ -47,6 +47,7 @@ CALIBRATION = [
      "both: induction at layer 1, direct retrieval at layer 1"),
     ("atr-split/d64-h3-lr1e-3-s0-linear/h3_lr0.001_s0_09826e", "direct retrieval", "direct retrieval at layers 0 and 1"),
     ("atr-split/d64-hyena-lr1e-3-s0-linear/hyena_lr0.001_s0_c87741", "direct retrieval", "direct retrieval at layers 0 and 1"),
+    ("atr-split/d64-based-lr1e-3-s1-linear/based_lr0.001_s1_5aa6f3", "induction", "induction at layer 1"),
     ("atr-table/d64-hyena-lr1e-3-s0/hyena_lr0.001_s0_c87741", "direct retrieval", "direct retrieval at layers 0 and 1"),
     ("atr-table/d64-h3-lr1e-3-s0/h3_lr0.001_s0_09826e", "direct retrieval", "direct retrieval at layers 0 and 1"),
     ("atr-table/d64-mamba-lr1e-3-s0/mamba_lr0.001_s0_cb91e7", "direct retrieval", "direct retrieval at layers 0 and 1"),
