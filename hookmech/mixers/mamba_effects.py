@@ -118,7 +118,10 @@ class MambaPatchEffects(ExactPatchEffects):
             return effect
         conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, memo, block)
         A_t = self._state_major_A()
-        grad_gated = grad_out @ self.out_proj.weight  # ∂m/∂(y ⊙ SiLU(z)): [..., N, T, d_inner]
+        # ∂m/∂(y ⊙ SiLU(z)) [..., N, T, d_inner], read from the earliest pair on: zeros before it
+        earliest = int(positions.min())
+        grad_gated = grad_out.new_zeros(*grad_out.shape[:-1], self.d_inner)
+        grad_gated[..., earliest:, :] = grad_out[..., earliest:, :] @ self.out_proj.weight
         n_pos, reach = x.shape[1], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
         moved = grad_out.new_zeros(*grad_out.shape[:-3], len(rows), dtype=torch.float64)  # per pair
@@ -131,7 +134,8 @@ class MambaPatchEffects(ExactPatchEffects):
         # μ_{r-1} = decay_r ⊙ (μ_r + C_r ⊗ ĝ_r), μ_{T-1} = 0, swept backwards once (ĝ: ∂m/∂y).
         last = positions + reach - 1  # where `moved_state`, Δh, is
         read = grad_gated * gate  # ĝ: [..., N, T, d_inner]
-        for lo, adjoints in self._adjoint_sweep(read, C, decay, reach - 1):
+        # the sweep stops at the earliest pair's: a row block corrupted late needs its last positions only
+        for lo, adjoints in self._adjoint_sweep(read, C, decay, int(last.min())):
             here = ((last >= lo) & (last < lo + adjoints.shape[-3])).nonzero(as_tuple=True)[0]
             if len(here):
                 moved[..., here] += torch.einsum(

@@ -39,7 +39,9 @@ each with its fix (one corrupt forward, then backward passes, per row chunk, as 
 
 The backward passes run only to the hooks that need a gradient: every block's mixer output and
 the hooks estimated linearly; a hook whose patch a mixer computes exactly needs none
-(`AtpStarModel.mixer_patches_exactly`, asked before the forward).
+(`AtpStarModel.mixer_patches_exactly`, asked before the forward). From tokens, with the rows in
+one chunk and no GradDrop, the corrupt forward and its backward run from each row's first
+corrupted token only (`atp_star_resumed`).
 
 Records are those of `hookmech.patching.patch` with ``method="atp-star"``, ``p_patched`` the
 mean over rows of p_corrupt + σ(λ_corrupt + Δλ) − σ(λ_corrupt), and ``graddrop``. A patch of
@@ -65,6 +67,7 @@ from ..sites import as_specs, position_patches
 from ..tasks.batch import Batch
 from .atp import positional_hooks
 from .atp_star_query import QueryStep
+from .atp_star_resumed import ResumedCorruptRun, fires_on_windows
 from .chunked import GRADDROP_LAYERS
 from .graddrop import GradientPasses
 from .metrics import answer_log_odds
@@ -124,13 +127,19 @@ def atp_star_patch(
         # forward (the one its backward passes go through, then run from the tokens), not
         # computed by a second forward; of the clean run only the patched hooks (and reads).
         capture = wanted if cache is None else None
+        # Where the batch is one chunk, that forward resumes at each row's first corrupted token
+        # from the clean run's contexts (`atp_star_resumed`), and the clean run records every hook
+        # the forward records, for the positions before it (GradDrop's passes start from every
+        # position of a layer: the whole forward)
+        resumed = capture is not None and not graddrop and len(batch) <= max_batch and fires_on_windows(model, wanted)
         runs = CleanCorruptRuns(
             model,
             batch,
-            list(dict.fromkeys(hooks + clean_reads)) if capture else wanted,
+            wanted if resumed or not capture else list(dict.fromkeys(hooks + clean_reads)),
             cache,
             need_logits=False,
             max_batch=max_batch,
+            base="clean" if resumed else None,
             # the last block may resume at the query from the corrupt run's context (`QueryStep`),
             # made from its mixer input when first asked for
             context_memory=context_memory,
@@ -140,6 +149,8 @@ def atp_star_patch(
         masks = torch.stack([p.mask for p in patches]).double()  # [P, N, T]
         estimator = _Estimator(model, runs, hooks, start, blocks, graddrop, max_batch, capture)
         estimator.reads, estimator.clean_reads = reads, bool(clean_reads)
+        contexts = runs.resume_contexts(0, "clean", max_batch) if resumed else None
+        estimator.resumed = None if contexts is None else ResumedCorruptRun(model, runs, contexts)
         shifts = {hook: torch.empty(len(patches), len(batch), dtype=torch.float64) for hook in hooks}
         dropped_shifts = {
             hook: torch.empty(len(estimator.dropped), len(patches), len(batch), dtype=torch.float64) for hook in hooks
@@ -241,6 +252,9 @@ class _Estimator:
         #: clean run holds them too
         self.reads: dict[int, list[str]] = {}
         self.clean_reads = False
+        #: the corrupt forward resumed at each row's first corrupted token (None: the whole forward)
+        self.resumed: ResumedCorruptRun | None = None
+        self.max_batch = max_batch
         #: the last block's exact query step, resumed from the contexts of that forward's mixer inputs
         self.query_step = QueryStep(model, runs, max_batch, from_tokens=capture is not None)
         self.gradient_hooks = [block_hook(layer, "mixer_out") for layer in blocks]
@@ -317,7 +331,7 @@ class _Estimator:
         self.memo = PatchMemo(lambda layer: self._reads_of(layer, acts, base))
         self.query_step.new_chunk(self.memo)
         query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
-        log_odds, p_answer, grads = self._backward(corrupt_input, query, answers, captured, base)
+        log_odds, p_answer, grads = self._backward(rows, corrupt_input, query, answers, captured, base)
         self.p_corrupt[rows] = p_answer
         chunk_acts.update({(hook, "corrupt"): activation for hook, activation in captured.items()})
         variants = self.variants
@@ -373,13 +387,22 @@ class _Estimator:
         return answer_log_odds(logits, answers)
 
     def _backward(
-        self, corrupt_input: Tensor, query: Tensor, answers: Tensor, captured: dict[str, Tensor], base
+        self, rows: slice, corrupt_input: Tensor, query: Tensor, answers: Tensor, captured: dict[str, Tensor], base
     ) -> tuple[Tensor, Tensor, dict[int | None, dict[str, Tensor]]]:
-        """One corrupt forward; backward passes of λ: all paths, then each GradDrop layer's
-        (`GradientPasses`), to the hooks `leaves` only. Returns (λ ``[n]``, p(answer) ``[n]`` float64
-        on the CPU, {variant: {hook: gradient}}); with `capture`, the forward's activations of those
-        hooks go into `captured` ``{hook: [n, ...]}`` (then read by `base`)."""
+        """One corrupt forward of the rows `rows`; backward passes of λ: all paths, then each GradDrop
+        layer's (`GradientPasses`), to the hooks `leaves` only. Returns (λ ``[n]``, p(answer) ``[n]``
+        float64 on the CPU, {variant: {hook: gradient}}); with `capture`, the forward's activations
+        of those hooks go into `captured` ``{hook: [n, ...]}`` (then read by `base`). With `resumed`,
+        the forward runs from each row's first corrupted token (`ResumedCorruptRun`)."""
         model = self.model
+        points = [model.hook_dict[hook] for hook in self.hooks]
+        if self.resumed is not None:
+            found = self._resumed_backward(rows, points)
+            if found is not None:
+                log_odds, p_answer, acts, leaf_grads = found
+                captured.update(acts)
+                return log_odds, p_answer, {None: leaf_grads}
+            self.resumed = None  # a hook fired on whole runs: the whole forward, for every chunk
         zeros: dict[str, Tensor] = {}
         outputs: dict[str, Tensor] = {}
         recorded = set(self.capture or ())
@@ -397,7 +420,6 @@ class _Estimator:
 
             return add_zero
 
-        points = [model.hook_dict[hook] for hook in self.hooks]
         with torch.enable_grad(), gradients_follow_edits(points), _parameters_frozen(model):
             logits = model.run_with_hooks(
                 corrupt_input,
@@ -422,6 +444,17 @@ class _Estimator:
             )
             grads = passes.gradients(self.leaves)
         return log_odds.detach(), p_answer, grads
+
+    def _resumed_backward(
+        self, rows: slice, points: list
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]] | None:
+        """`ResumedCorruptRun.run` of the rows `rows` with the forward's hooks, `points` (the patched
+        hooks) carrying their edits' gradients; None where it falls back to the whole forward."""
+        assert self.resumed is not None and self.capture is not None and not self.dropped  # `atp_star_patch`
+        resumed, recorded = self.resumed, self.capture
+        with torch.enable_grad(), gradients_follow_edits(points), _parameters_frozen(self.model):
+            with self.model.hooks(fwd_hooks=resumed.hooks(self.leaves, recorded)):
+                return resumed.run(rows, self.leaves, recorded, self.max_batch)
 
     def _final_gradient(self, base, query: Tensor, answers: Tensor) -> Tensor:
         """Return ∂λ/∂(the residual entering the final norm at the query) ``[n, 1, d_model]``, from

@@ -1,0 +1,139 @@
+"""AtP*'s corrupt forward resumed at each row's first corrupted token (`atp_star_resumed`): the
+same estimates as the whole corrupt forward, which stays the path of GradDrop, caches, several row
+chunks and hooks a window does not fire."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from helpers import ENGINE_TOL, make_model, unit_variance
+
+import hookmech
+from hookmech.config import build_config
+from hookmech.mixers.mamba import Mamba
+from hookmech.patching import atp_star, atp_star_patch
+from hookmech.patching.atp_star_resumed import ResumedCorruptRun, first_corrupted
+
+POSITIONS = ["key", "value", "query", "all"]
+#: Pythia's attention: rotary embeddings on half of each head
+ROTARY = {"n_heads": 2, "rotary_pct": 0.5}
+PYTHIA_SITES = ["L*.block_in", "L0.mlp_out", "L2.mixer_out"]
+
+
+def test_first_corrupted_is_the_first_differing_token_at_most_the_query():
+    clean = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [1, 2, 3, 4, 5]])
+    corrupt = torch.tensor([[1, 9, 3, 9, 5], [1, 2, 3, 4, 9], [1, 2, 3, 4, 5], [9, 2, 3, 4, 5]])
+    query = torch.tensor([4, 3, 4, 4])
+    # row 1 is corrupted after its query only, row 2 nowhere: both run at the query alone
+    assert first_corrupted(clean, corrupt, query).tolist() == [1, 3, 4, 0]
+
+
+def _windows_used(monkeypatch) -> list[bool]:
+    """Record, per row chunk, whether the resumed forward ran (True) or fell back (False)."""
+    used: list[bool] = []
+    run = ResumedCorruptRun.run
+
+    def spy(self, *args, **kwargs):
+        found = run(self, *args, **kwargs)
+        used.append(found is not None)
+        return found
+
+    monkeypatch.setattr(ResumedCorruptRun, "run", spy)
+    return used
+
+
+def _whole_forward(monkeypatch, model, batch, sites, **options):
+    with monkeypatch.context() as patched:
+        patched.setattr(atp_star, "fires_on_windows", lambda model, hooks: False)
+        return atp_star_patch(model, batch, sites, POSITIONS, per_example=True, **options)
+
+
+def _assert_same_estimates(resumed, whole):
+    assert [(r["hook"], r["pos"]) for r in resumed] == [(r["hook"], r["pos"]) for r in whole]
+    for a, b in zip(resumed, whole, strict=True):
+        # the clean run keeps its contexts too, which some mixers compute by another scan (Mamba-2's)
+        assert a["p_clean"] == pytest.approx(b["p_clean"], abs=ENGINE_TOL)
+        assert a["p_corrupt"] == pytest.approx(b["p_corrupt"], abs=ENGINE_TOL)
+        assert a["p_patched_rows"] == pytest.approx(b["p_patched_rows"], abs=ENGINE_TOL)
+
+
+@pytest.mark.parametrize(
+    ("options", "sites"),
+    [
+        ({"mixers": "attention"}, ["L*.block_in", "L*.mixer_out", "L1.mixer.q", "L2.mixer.v"]),
+        ({"mixers": "mamba"}, ["L*.block_in", "L*.mixer_out", "L1.mixer.in_x", "L1.mixer.ssm_state"]),
+        ({"mixers": "mamba2"}, ["L*.block_in", "L2.mixer_in"]),
+        ({"mixers": "based"}, ["L*.block_in", "L1.block_out"]),
+        ({"mixers": "hyena"}, ["L*.block_in"]),
+        # GPT-2's learned positions and MLPs; Pythia's rotary fraction and parallel blocks
+        ({"mixers": "attention", "pos_emb": "learned", "mlp": True}, ["L*.block_in", "L1.mlp_out"]),
+        ({"mixers": "attention", "layer_options": [ROTARY] * 3, "mlp": True, "parallel": True}, PYTHIA_SITES),
+    ],
+)
+def test_the_resumed_forward_gives_the_whole_forwards_estimates(monkeypatch, ar_task, options, sites):
+    """Resumed (one row chunk, from tokens) against the whole corrupt forward: the same records to
+    the engine's tolerance between two of its paths."""
+    options = dict(options)
+    parallel = options.pop("parallel", False)
+    config = build_config(d_vocab=ar_task.d_vocab, n_ctx=ar_task.n_ctx, d_model=32, n_layers=3, **options)
+    torch.manual_seed(0)
+    model = unit_variance(hookmech.HookedLM(dataclasses.replace(config, parallel_residual=parallel)).eval())
+    batch = ar_task.sample(12, seed=5)
+    assert (first_corrupted(batch.tokens, batch.corrupt_tokens, batch.query_pos) > 0).any()  # something skipped
+    used = _windows_used(monkeypatch)
+    resumed = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
+    assert used == [True]
+    whole = _whole_forward(monkeypatch, model, batch, sites)
+    assert used == [True]  # the whole forward does not try the windows
+    assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in whole) > 100 * ENGINE_TOL  # patches move p
+    _assert_same_estimates(resumed, whole)
+
+
+def test_the_resumed_forward_runs_from_the_first_corrupted_token_only(monkeypatch, ar_task):
+    """The windows start at each row's first corrupted token (or earlier, shared with a wider row
+    of the chunk) and end at its query: positions before every row's first corruption never run."""
+    model = make_model(ar_task, mixers="mamba", n_layers=2)
+    batch = ar_task.sample(10, seed=2)
+    first = first_corrupted(batch.tokens, batch.corrupt_tokens, batch.query_pos)
+    widths: list[int] = []
+    resume = type(model).resume
+
+    def spy(self, resid, start_at_layer, contexts, rows, start, query, *args, **kwargs):
+        if start_at_layer == 0:  # the corrupt forward (the query step resumes at the last block)
+            widths.append(resid.shape[1])
+            assert (start <= first[rows]).all() and (start + resid.shape[1] - 1 >= query).all()
+        return resume(self, resid, start_at_layer, contexts, rows, start, query, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "resume", spy)
+    atp_star_patch(model, batch, ["L*.block_in"], ["key"])
+    assert widths and sum(widths) < len(batch) * batch.tokens.shape[1]
+    assert max(widths) == int((batch.query_pos - first).max()) + 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"graddrop": True}, {"max_batch": 5}],
+    ids=["graddrop", "several-chunks"],
+)
+def test_graddrop_and_several_row_chunks_run_the_whole_forward(monkeypatch, ar_task, options):
+    model = make_model(ar_task, mixers="mamba", n_layers=2)
+    batch = ar_task.sample(12, seed=3)
+    used = _windows_used(monkeypatch)
+    atp_star_patch(model, batch, ["L*.block_in"], ["key"], **options)
+    assert used == []
+
+
+def test_a_mixer_firing_its_hooks_on_whole_runs_falls_back_to_the_whole_forward(monkeypatch, ar_task):
+    """A mixer whose inside hooks fire on whole runs in a resumed run (`Mixer.window_hooks` False:
+    a plug-in's default) is found when its hook fires; that chunk and the rest run whole."""
+    model = unit_variance(make_model(ar_task, mixers="mamba", n_layers=2))
+    batch = ar_task.sample(12, seed=4)
+    sites = ["L*.block_in", "L1.mixer.in_x"]
+    whole = _whole_forward(monkeypatch, model, batch, sites)
+    monkeypatch.setattr(Mamba, "window_hooks", False)
+    used = _windows_used(monkeypatch)
+    found = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
+    assert used == [False]
+    _assert_same_estimates(found, whole)
