@@ -20,7 +20,7 @@ import torch
 
 import hookmech
 from hookmech.mixers import mamba_effects
-from hookmech.patching import atp_star, atp_star_patch, atp_star_query
+from hookmech.patching import atp_star, atp_star_patch, atp_star_query, atp_star_resumed
 from hookmech.patching import runs as runs_module
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -30,7 +30,8 @@ from pretrained_engine import SHAPES, build  # noqa: E402
 PHASES = [
     (runs_module.CleanCorruptRuns, "_compute", "the clean run"),
     (atp_star._Estimator, "_backward", "the corrupt forward and its backward"),
-    (atp_star.GradientPasses, "gradients", "  of which the backward"),
+    (atp_star_resumed.ResumedCorruptRun, "run", "  resumed at the first corrupted token"),
+    (torch.autograd, "grad", "  of which the backward passes"),
     (atp_star._Estimator, "_exact_terms", "the exact terms"),
     (mamba_effects.MambaPatchEffects, "exact_patch_effects", "  Mamba's per-position effects"),
     (mamba_effects.MambaPatchEffects, "_compute_base_branch", "    the base run's decays and states"),
