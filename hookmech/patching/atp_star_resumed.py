@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..cache import answer_probs
 from ..errors import HookmechError
-from ..hook_names import MIXER, parse_hook
+from ..hook_names import MIXER, block_hook, parse_hook
 from ..hooks import pos_axis_of
 from ..mixers.base import window_index, window_of
 from .forwards import resume_window, waste_floor, width_chunks, window_widths
@@ -85,7 +85,10 @@ class ResumedCorruptRun:
 
     def hooks(self, leaves: Sequence[str], recorded: Sequence[str]) -> list[tuple[str, object]]:
         """Return the forward hooks of the resumed runs: each activation of `recorded` is kept,
-        each of `leaves` gets a zero added, whose gradient is ∂λ/∂activation."""
+        each of `leaves` gets a zero added, whose gradient is ∂λ/∂activation. Block 0's input hook
+        is always among them: a resumed block whose input hook is not in use takes its mixer's
+        output from the context, the clean run's (`Block.forward_from`'s `base_input`), where the
+        window's input here is the corrupt tokens'."""
         leaf_names, kept_names = set(leaves), set(recorded)
 
         def hook_of(name: str):
@@ -99,7 +102,8 @@ class ResumedCorruptRun:
 
             return add_zero
 
-        return [(name, hook_of(name)) for name in dict.fromkeys([*leaves, *recorded])]
+        names = dict.fromkeys([block_hook(0, "resid_pre"), *leaves, *recorded])
+        return [(name, hook_of(name)) for name in names]
 
     def run(
         self, rows: slice, leaves: Sequence[str], recorded: Sequence[str], max_batch: int
@@ -127,8 +131,6 @@ class ResumedCorruptRun:
             width, start = resume_window(widths[members], query[members])
             self.zeros, self.kept = {}, {}
             resid = window_of(embedded, members, start, width)
-            # block 0's input hook is in use (`recorded`): its mixer runs on `resid`, not on the
-            # clean run's own residual, whose mixer output the context holds
             logits = model.resume(resid, 0, self.contexts, in_batch[members], start, query[members])
             window, at_query = window_index(start, width), query[members, None]
             positions: dict[str, Tensor] = {}
