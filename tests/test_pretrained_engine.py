@@ -16,7 +16,7 @@ from hookmech.mixers import mamba as mamba_module
 from hookmech.mixers import selective_scan as scan_module
 from hookmech.mixers.attention import Attention
 from hookmech.mixers.mamba import Mamba
-from hookmech.mixers.selective_scan import selective_scan
+from hookmech.mixers.selective_scan import selective_scan, strided_selective_scan
 from hookmech.oracles import plain_loop_patch
 from hookmech.patching import forwards, patch
 from hookmech.patching.forwards import gathers_head, waste_floor, width_chunks
@@ -66,6 +66,23 @@ def test_a_scan_by_blocks_of_rows_gives_the_same_bytes(monkeypatch, with_h0):
     assert torch.equal(blocked, whole)
     reference, _ = scan_module.selective_scan_ref(u, delta, A, B, C, h0=h0)
     torch.testing.assert_close(blocked, reference, rtol=1e-5, atol=1e-6)
+
+
+def test_the_strided_scan_by_blocks_of_rows_gives_the_same_bytes(monkeypatch):
+    """`strided_selective_scan` (a base run's contexts) takes blocks of rows as `selective_scan`:
+    its output and kept states are the bytes of the one-block scan."""
+    generator = torch.Generator().manual_seed(0)
+    batch, n_pos, d_inner, d_state = 7, 37, 12, 4
+    u = torch.randn(batch, n_pos, d_inner, generator=generator)
+    delta = torch.rand(batch, n_pos, d_inner, generator=generator)
+    A = -torch.rand(d_inner, d_state, generator=generator) * 3
+    B, C = (torch.randn(batch, n_pos, d_state, generator=generator) for _ in range(2))
+    whole = strided_selective_scan(u, delta, A, B, C, 16)
+    monkeypatch.setattr(scan_module, "ROW_BLOCK_BYTES", 2 * d_inner * d_state * 4)  # blocks of 2 rows
+    assert len(scan_module._row_blocks(u, A)) == 4
+    blocked = strided_selective_scan(u, delta, A, B, C, 16)
+    assert torch.equal(blocked[0], whole[0]) and torch.equal(blocked[1], whole[1])
+    assert blocked[1].shape == (batch, n_pos // 16, d_inner, d_state) and blocked[1].is_contiguous()
 
 
 def _full_replay(mixer: Mamba, kept_state, conv, live):
