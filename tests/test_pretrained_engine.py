@@ -47,16 +47,22 @@ def test_the_bound_counts_block_positions_by_hand():
     assert (plain, least) == (150.0, 58.0)
 
 
-@pytest.mark.parametrize("with_h0", [False, True])
-def test_a_scan_by_blocks_of_rows_gives_the_same_bytes(monkeypatch, with_h0):
-    """`selective_scan` without autograd scans a block of rows at a time once a position's states of
-    every row exceed ROW_BLOCK_BYTES: the same bytes as the one-block scan (and the reference's values)."""
+def _scan_inputs(batch: int, n_pos: int, d_inner: int, d_state: int):
+    """Return (the generator, float32 (u, Δ, A, B, C) of a selective scan drawn from it at seed 0)."""
     generator = torch.Generator().manual_seed(0)
-    batch, n_pos, d_inner, d_state = 7, 21, 12, 4
     u = torch.randn(batch, n_pos, d_inner, generator=generator)
     delta = torch.rand(batch, n_pos, d_inner, generator=generator)
     A = -torch.rand(d_inner, d_state, generator=generator) * 3
     B, C = (torch.randn(batch, n_pos, d_state, generator=generator) for _ in range(2))
+    return generator, (u, delta, A, B, C)
+
+
+@pytest.mark.parametrize("with_h0", [False, True])
+def test_a_scan_by_blocks_of_rows_gives_the_same_bytes(monkeypatch, with_h0):
+    """`selective_scan` without autograd scans a block of rows at a time once a position's states of
+    every row exceed ROW_BLOCK_BYTES: the same bytes as the one-block scan (and the reference's values)."""
+    batch, n_pos, d_inner, d_state = 7, 21, 12, 4
+    generator, (u, delta, A, B, C) = _scan_inputs(batch, n_pos, d_inner, d_state)
     h0 = torch.randn(batch, d_inner, d_state, generator=generator) if with_h0 else None
     with torch.no_grad():
         whole = selective_scan(u, delta, A, B, C, h0=h0)
@@ -71,12 +77,8 @@ def test_a_scan_by_blocks_of_rows_gives_the_same_bytes(monkeypatch, with_h0):
 def test_the_strided_scan_by_blocks_of_rows_gives_the_same_bytes(monkeypatch):
     """`strided_selective_scan` (a base run's contexts) takes blocks of rows as `selective_scan`:
     its output and kept states are the bytes of the one-block scan."""
-    generator = torch.Generator().manual_seed(0)
     batch, n_pos, d_inner, d_state = 7, 37, 12, 4
-    u = torch.randn(batch, n_pos, d_inner, generator=generator)
-    delta = torch.rand(batch, n_pos, d_inner, generator=generator)
-    A = -torch.rand(d_inner, d_state, generator=generator) * 3
-    B, C = (torch.randn(batch, n_pos, d_state, generator=generator) for _ in range(2))
+    _, (u, delta, A, B, C) = _scan_inputs(batch, n_pos, d_inner, d_state)
     whole = strided_selective_scan(u, delta, A, B, C, 16)
     monkeypatch.setattr(scan_module, "ROW_BLOCK_BYTES", 2 * d_inner * d_state * 4)  # blocks of 2 rows
     assert len(scan_module._row_blocks(u, A)) == 4

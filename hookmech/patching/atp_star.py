@@ -151,19 +151,28 @@ def atp_star_patch(
         estimator.reads, estimator.clean_reads = reads, bool(clean_reads)
         contexts = runs.resume_contexts(0, "clean", max_batch) if resumed else None
         estimator.resumed = None if contexts is None else ResumedCorruptRun(model, runs, contexts)
-        shifts = {hook: torch.empty(len(patches), len(batch), dtype=torch.float64) for hook in hooks}
-        dropped_shifts = {
-            hook: torch.empty(len(estimator.dropped), len(patches), len(batch), dtype=torch.float64) for hook in hooks
-        }
-        for rows in run_chunks(len(batch), max_batch):
-            log_odds, variants = estimator.chunk(rows)
-            for hook in hooks:
-                shifts[hook][:, rows] = _p_shift(log_odds, masks[:, rows], variants[None][hook])
-                for index, layer in enumerate(estimator.dropped):
-                    dropped_shifts[hook][index, :, rows] = _p_shift(log_odds, masks[:, rows], variants[layer][hook])
+        shifts, dropped_shifts = _estimated_shifts(estimator, masks, max_batch)
     p_rows = runs.p_answer["clean"], estimator.p_corrupt if capture else runs.p_answer["corrupt"]
     labels = [patch_spec.label for patch_spec in patches]
     return _records(hooks, labels, p_rows, shifts, dropped_shifts, options, graddrop_layers)
+
+
+def _estimated_shifts(
+    estimator: _Estimator, masks: Tensor, max_batch: int
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Return the estimated shifts of p per hook, ``[P, N]``, and with each GradDrop layer's
+    gradient dropped, ``[layers, P, N]``, of the patches `masks` ``[P, N, T]``, row chunk by row chunk."""
+    n_patches, n_rows = masks.shape[:2]
+    hooks, dropped = estimator.hooks, estimator.dropped
+    shifts = {hook: torch.empty(n_patches, n_rows, dtype=torch.float64) for hook in hooks}
+    dropped_shifts = {hook: torch.empty(len(dropped), n_patches, n_rows, dtype=torch.float64) for hook in hooks}
+    for rows in run_chunks(n_rows, max_batch):
+        log_odds, variants = estimator.chunk(rows)
+        for hook in hooks:
+            shifts[hook][:, rows] = _p_shift(log_odds, masks[:, rows], variants[None][hook])
+            for index, layer in enumerate(dropped):
+                dropped_shifts[hook][index, :, rows] = _p_shift(log_odds, masks[:, rows], variants[layer][hook])
+    return shifts, dropped_shifts
 
 
 def _corrupt_hooks_read(model: AtpStarModel, hooks: list[str], blocks: range) -> list[str]:
