@@ -96,6 +96,14 @@ from .common import (
     "hf-linear is its get_linear_schedule_with_warmup (the same warm-up, then a linear decay to 0)",
 )
 @click.option(
+    "--length-groups",
+    type=int,
+    default=1,
+    show_default=True,
+    help="run each batch as this many groups of rows of similar length, each cut to its longest row: "
+    "the same loss without the padding's compute (long, ragged documents)",
+)
+@click.option(
     "--mech-every",
     type=int,
     default=None,
@@ -174,6 +182,7 @@ def _train_config(options, n_train):
         ckpt_every=options["ckpt_every"],
         order=options["order"],
         schedule=options["schedule"],
+        length_groups=options["length_groups"],
     )
 
 

@@ -85,7 +85,7 @@ def test_a_run_that_fails_in_its_first_step_leaves_the_folder_free(tmp_path, mon
 
     task, model_config, config = small_setup(batch_size=8)
 
-    def out_of_memory(model, batch):
+    def out_of_memory(model, batch, groups=1):
         raise MemoryError("batch too large")
 
     monkeypatch.setattr(training, "answer_loss", out_of_memory)

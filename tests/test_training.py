@@ -6,12 +6,13 @@ import math
 
 import pytest
 import torch
+from helpers import FLOAT64_SUM_TOL
 
 import hookmech
 from hookmech.config import build_config
 from hookmech.errors import HookmechError, UsageError
 from hookmech.model import HookedLM
-from hookmech.training import DataStream, TrainConfig, learning_rate, train
+from hookmech.training import DataStream, TrainConfig, answer_loss, learning_rate, train
 
 
 def small_setup(**train_options):
@@ -198,8 +199,8 @@ def test_nan_loss_stops_with_a_clear_message_keeping_the_last_checkpoint(tmp_pat
 
     real_loss = training.answer_loss
 
-    def loss_that_explodes(model, batch):
-        loss = real_loss(model, batch)
+    def loss_that_explodes(model, batch, groups=1):
+        loss = real_loss(model, batch, groups)
         if loss_that_explodes.calls >= 12:
             return loss * float("nan")
         loss_that_explodes.calls += 1
@@ -239,7 +240,8 @@ def test_a_nan_dev_metric_stops_the_run_keeping_the_last_checkpoint(tmp_path, mo
 
 @pytest.mark.parametrize("options", [{"lr": 0}, {"lr": -1}, {"steps": 0}, {"batch_size": 0}, {"n_dev": 0},
                                      {"warmup_frac": 2}, {"epochs": 3}, {"steps": None, "epochs": 2, "n_train": 0},
-                                     {"order": "random"}, {"schedule": "linear"}])
+                                     {"order": "random"}, {"schedule": "linear"},
+                                     {"length_groups": 0}, {"length_groups": 33}])
 def test_invalid_options_are_refused(options):
     base = {"epochs": None, "steps": 10, "n_train": 0}
     with pytest.raises(UsageError):
@@ -259,3 +261,39 @@ def test_issue_recipe_learns_induction(tmp_path, seed):
     records = {r["pos"]: r for r in hookmech.patching.patch(model, task.sample(320, seed=1), ["L1.block_in"], ["key", "value"])}
     assert summary["dev_acc"] >= 0.95
     assert records["value"]["attribution"] >= 0.8 and records["key"]["attribution"] <= 0.2
+
+
+@pytest.mark.parametrize("mixer", ["attention", "mamba", "based", "hyena", "baseconv", "h3"])
+def test_length_groups_give_the_padded_batchs_loss_and_gradient(mixer):
+    # ATR at L_max 10: rows of 10 to 100 tokens. The reference runs each row alone, uncut by any
+    # other row; the padded batch and the groups of rows sorted by length must both equal it
+    task = hookmech.tasks.make("atr", max_rhs_len=10, num_terminals=20)
+    batch = task.sample(12, seed=3)
+    assert batch.lengths.min() * 2 < batch.lengths.max()  # ragged: the groups cut real padding
+    torch.manual_seed(0)
+    model = HookedLM(build_config(d_vocab=task.d_vocab, n_ctx=task.n_ctx, d_model=16, n_layers=2,
+                                  mixers=[mixer] * 2)).double()
+
+    def loss_and_gradient(loss):
+        model.zero_grad()
+        loss.backward()
+        return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    rows = [batch.select(slice(row, row + 1)).trimmed() for row in range(len(batch))]
+    one_row_at_a_time = loss_and_gradient(sum(answer_loss(model, row) for row in rows) / len(batch))
+    for groups in (1, 4, 12):
+        loss, gradient = loss_and_gradient(answer_loss(model, batch.trimmed(), groups))
+        assert torch.allclose(loss, one_row_at_a_time[0], rtol=0, atol=FLOAT64_SUM_TOL)
+        assert torch.allclose(gradient, one_row_at_a_time[1], rtol=0, atol=FLOAT64_SUM_TOL)
+
+
+def test_length_groups_are_recorded_only_when_not_1_and_train_deterministically(tmp_path):
+    task = hookmech.tasks.make("atr", max_rhs_len=10, num_terminals=20)
+    model_config = build_config(d_vocab=task.d_vocab, n_ctx=task.n_ctx, d_model=16, n_layers=2)
+    for name, groups in (("one", 1), ("four", 4), ("four-again", 4)):
+        config = TrainConfig(lr=3e-3, epochs=1, n_train=32, n_dev=8, batch_size=8, eval_every=2, length_groups=groups)
+        train(task, model_config, config, tmp_path / name, progress=False)
+        recorded = json.loads((tmp_path / name / "run.json").read_text())["train"]
+        assert recorded.get("length_groups") == (None if groups == 1 else groups)
+    for name, tensor in weights(tmp_path / "four" / "model.safetensors").items():
+        assert torch.equal(tensor, weights(tmp_path / "four-again" / "model.safetensors")[name])
