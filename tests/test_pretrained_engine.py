@@ -45,6 +45,24 @@ def test_the_bound_counts_block_positions_by_hand():
     its second row nothing. 58 in all."""
     plain, least = _bench().work_units(3, 5, 2.0, [4, 3], [(1, [2, 1], [True, False])])
     assert (plain, least) == (150.0, 58.0)
+    # bound': the last block's window part (0.5 blocks a position) at positions 2..3 of the first row
+    _, least_windowed = _bench().work_units(3, 5, 2.0, [4, 3], [(1, [2, 1], [True, False])], window_share=0.5)
+    assert least_windowed == 59.0
+
+
+@pytest.mark.parametrize("mixer", ["attention", "mamba"])
+def test_the_bench_times_the_last_blocks_window_part_the_block_computes(mixer):
+    # bound' rests on the part being the block's own computation: attention's keys and values
+    # (hook_k, hook_v), Mamba's SSM branch before the gate (hook_y)
+    task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3)
+    model = make_model(task, mixers=[mixer] * 2, d_model=16, n_heads=2)
+    tokens = task.sample(3, seed=0).tokens
+    inner = ["hook_k", "hook_v"] if mixer == "attention" else ["hook_y"]
+    _, cache = model.run_with_cache(tokens)
+    resid = cache["blocks.1.hook_resid_pre"]
+    part = getattr(_bench(), f"{mixer}_window_part")(model.blocks[1], resid)
+    expected = torch.cat([cache[f"blocks.1.mixer.{name}"].flatten(2) for name in inner], dim=-1)
+    assert torch.allclose(part, expected, rtol=0, atol=ENGINE_TOL)
 
 
 def _scan_inputs(batch: int, n_pos: int, d_inner: int, d_state: int):
