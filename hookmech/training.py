@@ -79,6 +79,11 @@ ORDERS = ("shuffled", "fixed")
 #: which that code uses unless a config says `cosine: true` (its §5.3 runs, `pcfg_gen`)
 SCHEDULES = ("cosine", "hf-cosine", "hf-linear")
 
+#: rows per evaluation chunk of a run with length groups (`_Run.evaluate`): at ATR's L_max 10 its
+#: 320 dev documents sorted by length take 0.2-0.4 s in chunks of 16 against 4 s padded as one
+#: chunk, which was a fifth of the run (docs/performance.md)
+RAGGED_EVAL_ROWS = 16
+
 #: what each trainer option may be (`TrainConfig` checks them; sweep files are checked against them)
 TRAIN_FIELDS: dict[str, schema.Field] = {
     "lr": schema.number(0, above=True),
@@ -221,14 +226,17 @@ def _at_least_float32(logits: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: HookedLM, batch: Batch, chunk: int = 512) -> dict[str, float]:
-    """Return dev accuracy (argmax at the query == answer) and mean p(answer) over `batch`."""
+def evaluate(model: HookedLM, batch: Batch, chunk: int = 512, by_length: bool = False) -> dict[str, float]:
+    """Return dev accuracy (argmax at the query == answer) and mean p(answer) over `batch`, run
+    `chunk` rows at a time; with `by_length`, the rows sorted by length (each chunk is cut to its
+    longest row: the padding of ragged documents is not computed, as `answer_loss`'s groups)."""
     was_training = model.training
     model.eval()
     correct, p_sum = 0, 0.0
     device = next(model.parameters()).device
+    order = torch.argsort(batch.lengths.cpu(), stable=True) if by_length else None
     for rows in run_chunks(len(batch), chunk):
-        part = batch.select(rows).trimmed().to(device)
+        part = batch.select(rows if order is None else order[rows]).trimmed().to(device)
         logits = model(part.tokens, positions=part.query_pos)
         correct += (logits.argmax(-1) == part.answers).sum().item()
         p_sum += answer_probs(logits, part.answers).double().sum().item()
@@ -564,11 +572,18 @@ class _Run:
         if bad is not None:
             raise self.diverged(f"the weights became non-finite (NaN or inf in {bad[0]})", done)
 
+    def evaluate(self) -> dict[str, float]:
+        """Return `evaluate`'s metrics of the model on the dev set; a run that groups its batches by
+        length (`TrainConfig.length_groups`) evaluates RAGGED_EVAL_ROWS rows of similar length at a time."""
+        if self.config.length_groups > 1:
+            return evaluate(self.model, self.dev, RAGGED_EVAL_ROWS, by_length=True)
+        return evaluate(self.model, self.dev)
+
     def evaluate_and_log(self, step: int, on_eval) -> None:
         """Evaluate on the dev set after step `step`, add `on_eval`'s columns and append the line
         to metrics.jsonl; the running loss starts again."""
         done = step + 1
-        metrics = evaluate(self.model, self.dev)
+        metrics = self.evaluate()
         if (bad_metric := _first_non_finite_metric(metrics)) is not None:
             # finite weights can still compute NaN on some dev documents (e.g. an overflow in the
             # forward pass): such a model's later numbers would be noise, so the run stops
@@ -625,7 +640,7 @@ class _Run:
             "status": "finished",
             "steps": self.config.total_steps(),
             "seconds": round(self.elapsed(), 3),
-            **evaluate(self.model, self.dev),
+            **self.evaluate(),
         }
         # no wall-clock values in the model file: identical runs write identical checkpoints
         save(

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from helpers import FLOAT64_SUM_TOL
+from helpers import ENGINE_TOL, FLOAT64_SUM_TOL, make_model, unit_variance
 
 import hookmech
 from hookmech.config import build_config
 from hookmech.errors import HookmechError, UsageError
 from hookmech.model import HookedLM
-from hookmech.training import DataStream, TrainConfig, answer_loss, learning_rate, train
+from hookmech.training import DataStream, TrainConfig, answer_loss, evaluate, learning_rate, train
 
 
 def small_setup(**train_options):
@@ -285,6 +285,17 @@ def test_length_groups_give_the_padded_batchs_loss_and_gradient(mixer):
         loss, gradient = loss_and_gradient(answer_loss(model, batch.trimmed(), groups))
         assert torch.allclose(loss, one_row_at_a_time[0], rtol=0, atol=FLOAT64_SUM_TOL)
         assert torch.allclose(gradient, one_row_at_a_time[1], rtol=0, atol=FLOAT64_SUM_TOL)
+
+
+def test_evaluation_by_length_gives_each_rows_own_metrics():
+    task = hookmech.tasks.make("atr", max_rhs_len=10, num_terminals=20)
+    batch = task.sample(40, seed=4)
+    model = unit_variance(make_model(task, mixers=["mamba", "attention"]))  # p(answer) varies by row
+    rows = [evaluate(model, batch.select(slice(row, row + 1))) for row in range(len(batch))]
+    one_row_at_a_time = {name: sum(row[name] for row in rows) / len(rows) for name in rows[0]}
+    for metrics in (evaluate(model, batch), evaluate(model, batch, 16, by_length=True)):
+        assert metrics["dev_acc"] == one_row_at_a_time["dev_acc"]
+        assert math.isclose(metrics["dev_p_answer"], one_row_at_a_time["dev_p_answer"], rel_tol=0, abs_tol=ENGINE_TOL)
 
 
 def test_length_groups_are_recorded_only_when_not_1_and_train_deterministically(tmp_path):
