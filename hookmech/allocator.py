@@ -1,4 +1,5 @@
-"""glibc's allocator, tuned for CPU training: keep freed multi-MB blocks instead of returning them.
+"""glibc's allocator, tuned for CPU training and patching: keep freed multi-MB blocks instead of
+returning them.
 
 glibc serves every allocation above its mmap threshold with fresh pages from the kernel and
 gives them back on free, so each large temporary of a forward and backward pass (the selective
@@ -7,7 +8,10 @@ kernel's zeroing, every step. The threshold is meant to adapt upwards, but in a 
 mix of sizes it does not settle: measured on a 2-layer d_model 64 Mamba at the paper's AR setting
 (batch 32, 35 tokens, 1 thread), the scan took 21 ms forward and 40 ms backward per step with
 glibc's defaults and 13 ms and 28 ms with freed blocks kept (the whole step: 81 -> 65 ms;
-attention 27 -> 21 ms). Numbers are unchanged: only where memory comes from.
+attention 27 -> 21 ms). Patching (`patch`, `atp_star_patch`) tunes it too: at Mamba-130m's shape
+(8 rows of 63 tokens) AtP* over every cell took 10.7-10.8 s against 11.6-12.9 s, the exact engine
+8.9-9.6 s against 10.0-10.4 s (docs/performance.md). Numbers are unchanged: only where memory
+comes from.
 
 `keep_freed_memory()` raises the mmap threshold to its maximum (32 MiB) and the trim threshold
 to 1 GiB, once per process, where the C library is glibc; elsewhere it does nothing. Set

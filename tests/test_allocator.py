@@ -56,3 +56,24 @@ train(task, config, TrainConfig(steps=6, epochs=None, n_train=0, n_dev=8, eval_e
     assert tuned.keys() == plain.keys() and tuned
     for name in tuned:  # the same computation twice: bit-identical
         assert (tuned[name] == plain[name]).all(), name
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt is Linux-only")
+@pytest.mark.parametrize("entry", ["patch", "atp_star_patch"])
+def test_patching_tunes_the_allocator(entry):
+    """Patching's runs and AtP*'s effects allocate multi-MB temporaries as training does."""
+    import platform
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc")
+    code = f"""
+import torch, hookmech
+from hookmech import allocator
+from hookmech.config import build_config
+task = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=3)
+model = hookmech.HookedLM(build_config(d_vocab=task.d_vocab, n_ctx=task.n_ctx, d_model=16, n_layers=2)).eval()
+assert allocator._tuned is None
+hookmech.patching.{entry}(model, task.sample(4, seed=0), "L1.block_in", "key")
+print(allocator._tuned)
+"""
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "True"

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..allocator import keep_freed_memory
 from ..cache import CacheFile, answer_probs, run_chunks
 from ..errors import HookmechError
 from ..hook_names import block_hook, parse_hook
@@ -106,6 +107,7 @@ def atp_star_patch(
     """
     check_patchable(model, atp_star=True)  # more than exact patching asks: AtP*'s own members
     assert isinstance(model, AtpStarModel)  # for mypy: checked above
+    keep_freed_memory()  # its runs' and effects' multi-MB temporaries: hookmech/allocator.py
     options = PatchOptions(method="atp-star", threshold=threshold, max_batch=max_batch, per_example=per_example)
     hooks, start = positional_hooks(model, sites)
     blocks = range(0 if start is None else start, model.cfg.n_layers)

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ..allocator import keep_freed_memory
 from ..cache import CacheFile
 from ..errors import UsageError
 from ..hook_names import block_hook
@@ -89,6 +90,7 @@ def patch(
     positions; AtP and AtP*: once, with all), so that the calls add up to the number of records.
     """
     _check_source_and_memory(source, memory)
+    keep_freed_memory()  # the runs' multi-MB temporaries: hookmech/allocator.py
     options = PatchOptions(
         method=method,
         metric=metric,
