@@ -220,6 +220,7 @@ _COUNTS = {
     "--batch-size": ("batch_size", 1),
     "--eval-every": ("eval_every", 1),
     "--ckpt-every": ("ckpt_every", 1),
+    "--length-groups": ("length_groups", 1),
     "--mech-every": ("mech_every", 1),
     "--threads": ("threads", 1),
 }
