@@ -213,7 +213,8 @@ def answer_loss(model: HookedLM, batch: Batch, groups: int = 1) -> Tensor:
     if groups == 1:
         return F.cross_entropy(_at_least_float32(model(batch.tokens, positions=batch.query_pos)), batch.answers)
     losses = []
-    for rows in torch.tensor_split(torch.argsort(batch.lengths.cpu(), stable=True), groups):
+    # an epoch's last batch may hold fewer rows than groups: no group is empty
+    for rows in torch.tensor_split(torch.argsort(batch.lengths.cpu(), stable=True), min(groups, len(batch))):
         part = batch.select(rows.to(batch.tokens.device)).trimmed()
         logits = _at_least_float32(model(part.tokens, positions=part.query_pos))
         losses.append(F.cross_entropy(logits, part.answers, reduction="sum"))
