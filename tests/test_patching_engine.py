@@ -420,7 +420,8 @@ def test_resumed_runs_equal_plain_loop_for_preset_models_on_mqar(preset):
 
 def test_a_patch_after_the_mixer_reads_the_base_runs_mixer_output(monkeypatch):
     """A resumed patch of ``L0.mixer_out`` leaves block 0's mixer input as the base run's, so
-    the mixer is not run again there (its recorded output is used); ``L0.block_in`` runs it."""
+    the mixer is not run again there (its recorded output is used); ``L0.block_in`` runs it
+    (ablated: interchanged at the key, the corrupted token, the patched run is the corrupt run)."""
     torch.manual_seed(0)
     model = hookmech.HookedLM(build_config(d_vocab=20, n_ctx=12, mixers="mamba2", d_model=16, n_layers=2)).eval()
     batch = hookmech.tasks.make("ar", vocab_size=12, num_kv_pairs=3).sample(16, seed=0)
@@ -438,8 +439,36 @@ def test_a_patch_after_the_mixer_reads_the_base_runs_mixer_output(monkeypatch):
     reference = plain_loop_patch(model, batch, ["L0.mixer_out"], ["key"])
     (record,) = records
     assert abs(record["p_patched"] - reference[record["hook"], record["pos"]]["p_patched"]) <= ENGINE_TOL
-    hookmech.patching.patch(model, batch, ["L0.block_in"], ["key"])
+    hookmech.patching.patch(model, batch, ["L0.block_in"], ["key"], ablate="zero")
     assert calls[0] > 0
+
+
+@pytest.mark.parametrize("mixer", ["attention", "mamba"])
+@pytest.mark.parametrize("direction", ["denoise", "noise"])
+def test_a_patch_that_makes_the_source_run_reads_that_runs_records(monkeypatch, mixer, direction):
+    """AR's two runs enter block 0 differing at the key alone, so interchanging ``L0.block_in``
+    there makes the patched run the source run: its rows are that run's p(answer), with no
+    forward of block 0; ``L1.block_in``, which differs from the key on, still runs its patch.
+    Both agree with the plain loop."""
+    torch.manual_seed(0)
+    model = hookmech.HookedLM(build_config(d_vocab=20, n_ctx=12, mixers=mixer, d_model=16, n_layers=2)).eval()
+    batch = hookmech.tasks.make("ar", vocab_size=12, num_kv_pairs=3).sample(16, seed=0)
+    differs = (batch.tokens != batch.corrupt_tokens)
+    assert (differs.sum(1) == 1).all() and (differs.int().argmax(1) == batch.roles["key"]).all()
+
+    def refused(*args, **kwargs):
+        raise AssertionError("block 0 ran")
+
+    monkeypatch.setattr(model.blocks[0].mixer, "forward_from", refused)
+    first, second = patch(model, batch, ["L0.block_in", "L1.block_in"], ["key"], direction=direction,
+                          per_example=True)
+    source_rows = first["p_clean_rows"] if direction == "denoise" else first["p_corrupt_rows"]
+    assert first["p_patched_rows"] == source_rows
+    assert second["p_patched_rows"] != source_rows
+    monkeypatch.undo()
+    reference = plain_loop_patch(model, batch, ["L0.block_in", "L1.block_in"], ["key"], direction=direction)
+    for record in (first, second):
+        assert abs(record["p_patched"] - reference[record["hook"], record["pos"]]["p_patched"]) <= ENGINE_TOL
 
 
 def test_base_runs_copy_a_patched_hook_only_where_the_patches_read_it(monkeypatch):

@@ -50,6 +50,25 @@ def test_the_bound_counts_block_positions_by_hand():
     assert least_windowed == 59.0
 
 
+def test_the_bench_counts_the_source_run_cells_by_hand():
+    """AR's runs enter block 0 differing at the key alone and block 1 from the key on: only
+    (block 0, key) cells make the source run. Two rows (keys 1 and 2, queries 4 and 3), 3 blocks,
+    a head of 2: row 0's cell is blocks 0..1 at 1..4 (4 positions x 2 blocks) and the last block
+    and the head at the query (3): 11; row 1's 2 x 2 + 3 = 7. Least work of the six cells: 52 (the
+    unpatched runs) + those 18 + block 1's key (4 + 3, 2 + 3), value (3 + 3, 1 + 3) and query cells
+    (1 + 3 each; block 0's value and query change nothing) = 100."""
+    bench = _bench()
+    batch = hookmech.tasks.make("ar", vocab_size=16, num_kv_pairs=2).sample(2, seed=0)
+    batch.roles = {"key": torch.tensor([1, 2]), "value": torch.tensor([2, 3]), "query": torch.tensor([4, 3])}
+    changed = {0: torch.tensor([[0, 1, 0, 0, 0], [0, 0, 1, 0, 0]]).bool(),
+               1: torch.tensor([[0, 1, 1, 1, 1], [0, 0, 1, 1, 1]]).bool()}
+    sources = bench.source_run_cells(batch, [0, 1], changed)
+    assert [moves for _, _, moves in sources] == [[True, True]] + [[False, False]] * 5
+    cells = bench.cells_of(batch, [0, 1], changed)
+    share = bench.source_share(3, 5, 2.0, 0.0, [4, 3], cells, sources)
+    assert share == pytest.approx(18 / 100, abs=1e-15)
+
+
 @pytest.mark.parametrize("mixer", ["attention", "mamba"])
 def test_the_bench_times_the_last_blocks_window_part_the_block_computes(mixer):
     # bound' rests on the part being the block's own computation: attention's keys and values

@@ -268,6 +268,7 @@ def _site_pairs(
     """Return `site`'s `_SitePairs`: the changed (patch, row) pairs that reach the query, their
     records the base run's until they are run."""
     batch, device, base = runs.batch, runs.device, options.base
+    interchange = plans is None and options.ablate is None
     if plans is None:
         plans = [
             plan_target(model, runs, target, base, options.source, options.ablate, options.ablate_seed)
@@ -290,8 +291,34 @@ def _site_pairs(
             window_widths(first, query[None, :]) if contexts is not None else torch.full_like(first, masks.shape[-1])
         )
         changed = reaches_query(model, runs, plans, masks, start, tokens, resid, options.max_batch, changed, skippable)
-    patch_index, row_index = changed.nonzero(as_tuple=True)
     probs = runs.p_answer[base].repeat(len(patches), 1)
     values = runs.unpatched_metric(metric, base).repeat(len(patches), 1)
+    if interchange and resume_at is not None:
+        # such a pair's patched run is the source run itself: its records are that run's
+        is_source = changed & _makes_source_run(model, runs, site, plans, masks, resume_at)
+        changed &= ~is_source
+        on_cpu = is_source.cpu()
+        probs[on_cpu] = runs.p_answer[options.source].expand_as(probs)[on_cpu]
+        values[on_cpu] = runs.unpatched_metric(metric, options.source).expand_as(values)[on_cpu]
+    patch_index, row_index = changed.nonzero(as_tuple=True)
     layer = -1 if resume_at is None else resume_at
     return _SitePairs(plans, masks, patch_index, row_index, layer, start, resid, tokens, contexts, probs, values)
+
+
+def _makes_source_run(
+    model: PatchableModel, runs: CleanCorruptRuns, site: PatchSite, plans: list[TargetPlan], masks: Tensor, layer: int
+) -> Tensor:
+    """Return ``[P, N]``: True where patch p makes row n's run the source run itself: `site` is the
+    whole residual entering block `layer`, patched with the source run's, and the two runs'
+    residuals there differ only at the patch's positions (e.g. block 0's input at the one
+    corrupted token). What follows a block's input is a function of it alone."""
+    none = torch.zeros(masks.shape[:2], dtype=torch.bool, device=masks.device)
+    if len(plans) != 1:
+        return none
+    plan = plans[0]
+    hook = plan.target.hook
+    # a hook read at a few positions only (`CleanCorruptRuns.read_at`) is unset elsewhere
+    if hook != model.resid_hook(layer) or plan.head_axis is not None or hook in runs.read_at:
+        return none
+    differs = (plan.values != plan.base).flatten(2).any(-1)  # [N, T]
+    return ~(differs[None] & ~masks).any(-1)
