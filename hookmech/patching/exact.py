@@ -4,7 +4,8 @@ It reads activations from a cache when one is given, resumes a patch at block l 
 run's residual entering block l (the layers below are untouched), from the first patched
 position on (`forwards.resumed_pairs`), computes logits only at the query, skips the rows a
 patch does not change (the patched values equal the base run's there: their metric is the base
-run's, exactly) or cannot reach (`reachability`), and stacks the remaining (patch, row) pairs
+run's, exactly) or cannot reach (`reachability`), reads those a patch turns into the source run
+from that run (`_makes_source_run`), and stacks the remaining (patch, row) pairs
 into batched forwards of at most `max_batch` rows.
 """
 
