@@ -37,7 +37,7 @@ the gate, the output projection and the MLP are still counted at q alone.
 Both bounds charge work an exact engine skips: a (cell, row) whose patch makes the source run
 itself (the runs' inputs to block l differ at the patched position alone, as AR's at block 0's key,
 the corrupted token) is read from the source run (`hookmech.patching.exact`). The "source" column is
-those cells' share of bound''s least work.
+those cells' share of the least work bound' counts.
 
     python bench/pretrained_engine.py [--shapes pythia,mamba] [--n 8] [--reps 1] [--threads 1]
         [--all-sites] [--plain-all]
@@ -221,7 +221,7 @@ def source_run_cells(
 
 
 def source_share(n_layers, n_pos, head, window_share, query, cells, sources) -> float:
-    """Return the share of bound''s least work of `cells` that its source-run cells `sources`
+    """Return the share of the least work bound' counts for `cells` that its source-run cells `sources`
     (`source_run_cells`) are charged."""
     _, least = work_units(n_layers, n_pos, head, query, cells, window_share)
     _, unpatched = work_units(n_layers, n_pos, head, query, [], window_share)
@@ -256,7 +256,7 @@ def report(
     scaled: bool,
 ) -> None:
     """Print one line: the times, the speed-up, each bound (the issue's and bound') and its
-    fraction, the source-run cells' share of bound''s work (`source_share`) and the largest |dp|."""
+    fraction, the source-run cells' share of the least work bound' counts (`source_share`) and the largest |dp|."""
     speedup = plain_s / engine_s
     plain_text = f"{plain_s:>7.1f}{'*' if scaled else ' '}"
     print(
