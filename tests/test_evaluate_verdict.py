@@ -64,6 +64,7 @@ CALIBRATION = [
     ("atr-split/d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
     ("atr-split/d64-based-lr1e-3-s0-linear/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
     ("atr-split/d64-mamba-lr1e-3-s0-linear/mamba_lr0.001_s0_cb91e7", "direct retrieval", "direct retrieval at layers 0 and 1"),
+    ("atr-split/d64-mamba-lr1e-3-s1-linear/mamba_lr0.001_s1_4b2b7e", "direct retrieval", "direct retrieval at layers 0 and 1"),
     ("atr-split/d64-baseconv-lr1e-3-s0-linear/baseconv_lr0.001_s0_6ae320", "both",
      "both: induction at layer 1, direct retrieval at layer 1"),
     ("atr-split/d64-baseconv-lr1e-3-s1-linear/baseconv_lr0.001_s1_5b57eb", "both",
