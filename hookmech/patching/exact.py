@@ -37,7 +37,7 @@ from .forwards import (
 )
 from .metrics import Metric, make_metric
 from .options import PatchOptions
-from .plans import TargetPlan, changed_rows, plan_target
+from .plans import TargetPlan, changed_rows, differing_positions, plan_target
 from .protocol import PatchableModel, check_patchable
 from .reachability import reaches_query
 from .records import Means, patch_record
@@ -296,7 +296,7 @@ def _site_pairs(
     values = runs.unpatched_metric(metric, base).repeat(len(patches), 1)
     if interchange and resume_at is not None:
         # such a pair's patched run is the source run itself: its records are that run's
-        is_source = changed & _makes_source_run(model, runs, site, plans, masks, resume_at)
+        is_source = changed & _makes_source_run(model, runs, plans, masks, resume_at)
         changed &= ~is_source
         on_cpu = is_source.cpu()
         probs[on_cpu] = runs.p_answer[options.source].expand_as(probs)[on_cpu]
@@ -307,10 +307,10 @@ def _site_pairs(
 
 
 def _makes_source_run(
-    model: PatchableModel, runs: CleanCorruptRuns, site: PatchSite, plans: list[TargetPlan], masks: Tensor, layer: int
+    model: PatchableModel, runs: CleanCorruptRuns, plans: list[TargetPlan], masks: Tensor, layer: int
 ) -> Tensor:
-    """Return ``[P, N]``: True where patch p makes row n's run the source run itself: `site` is the
-    whole residual entering block `layer`, patched with the source run's, and the two runs'
+    """Return ``[P, N]``: True where patch p makes row n's run the source run itself: the site
+    (`plans`, one target) is the whole residual entering block `layer`, patched with the source run's, and the two runs'
     residuals there differ only at the patch's positions (e.g. block 0's input at the one
     corrupted token). What follows a block's input is a function of it alone."""
     none = torch.zeros(masks.shape[:2], dtype=torch.bool, device=masks.device)
@@ -321,5 +321,4 @@ def _makes_source_run(
     # a hook read at a few positions only (`CleanCorruptRuns.read_at`) is unset elsewhere
     if hook != model.resid_hook(layer) or plan.head_axis is not None or hook in runs.read_at:
         return none
-    differs = (plan.values != plan.base).flatten(2).any(-1)  # [N, T]
-    return ~(differs[None] & ~masks).any(-1)
+    return ~(differing_positions(plan)[None] & ~masks).any(-1)

@@ -94,15 +94,20 @@ def _row_mean(acts: Tensor, lengths: Tensor, pos_axis: int) -> Tensor:
     return total / weights.to(acts.dtype).sum(0, keepdim=True).clamp(min=1)
 
 
-def changed_rows(plan: TargetPlan, masks: Tensor) -> Tensor:
-    """Return ``[P, N]``: True where patching `plan` at the positions of patch p (`masks`
-    ``[P, N, T]``) changes row n."""
+def differing_positions(plan: TargetPlan) -> Tensor:
+    """Return ``[N, T]``: True where `plan`'s patched-in values differ from the base run's (in
+    its head, for a head's target)."""
     differs = plan.values != plan.base
     if plan.head_axis is not None:
         assert plan.target.head is not None
         differs = differs.select(plan.head_axis, plan.target.head).unsqueeze(plan.head_axis)
-    differs = differs.movedim(plan.pos_axis, 1).flatten(2).any(-1)  # [N, T]
-    return (masks & differs[None]).any(-1)
+    return differs.movedim(plan.pos_axis, 1).flatten(2).any(-1)
+
+
+def changed_rows(plan: TargetPlan, masks: Tensor) -> Tensor:
+    """Return ``[P, N]``: True where patching `plan` at the positions of patch p (`masks`
+    ``[P, N, T]``) changes row n."""
+    return (masks & differing_positions(plan)[None]).any(-1)
 
 
 def replace_hook(plan: TargetPlan, patch_values: Tensor, mask: Tensor):
