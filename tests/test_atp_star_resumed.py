@@ -13,7 +13,9 @@ from helpers import ENGINE_TOL, make_model, unit_variance
 import hookmech
 from hookmech.config import build_config
 from hookmech.mixers import REGISTRY
+from hookmech.mixers.base import state_before
 from hookmech.mixers.mamba import Mamba
+from hookmech.mixers.mamba_effects import MambaPatchEffects, _consecutive_runs, _times_state_before
 from hookmech.patching import atp_star, atp_star_patch
 from hookmech.patching.atp_star_resumed import ResumedCorruptRun, first_corrupted
 
@@ -144,3 +146,46 @@ def test_a_mixer_firing_its_hooks_on_whole_runs_falls_back_to_the_whole_forward(
     found = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
     assert used == [False]
     _assert_same_estimates(found, whole)
+
+
+def test_mambas_effects_scan_from_the_clean_runs_state_where_the_runs_agree(monkeypatch):
+    """Resumed, each block's base run for Mamba's exact effects (`MambaPatchEffects._base_branch`)
+    starts from the clean run's kept state at the last STATE_STRIDE multiple before its rows'
+    first corrupted token (`MixerMemo.agree`): the same bytes as the scan from position 0."""
+    task = hookmech.tasks.make("ar", vocab_size=96, num_kv_pairs=20)  # 43 positions
+    model = unit_variance(make_model(task, mixers="mamba", n_layers=3))
+    sample = task.sample(40, seed=6)
+    first = first_corrupted(sample.tokens, sample.corrupt_tokens, sample.query_pos)
+    batch = sample.select((first >= 2 * Mamba.STATE_STRIDE).nonzero()[:4, 0])  # one row block, start 32
+    assert len(batch) == 4
+    starts: list[int] = []
+    compute = MambaPatchEffects._compute_base_branch
+
+    def spy(self, in_x, z, agreed=None):
+        starts.append(0 if agreed is None else agreed[0])
+        return compute(self, in_x, z, agreed)
+
+    monkeypatch.setattr(MambaPatchEffects, "_compute_base_branch", spy)
+    sites = ["L*.block_in", "L1.mixer.in_x"]
+    agreed = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
+    assert starts and set(starts) == {2 * Mamba.STATE_STRIDE}
+    starts.clear()
+    monkeypatch.setattr(atp_star._Estimator, "_agreement", lambda self, rows: None)
+    from_zero = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
+    assert starts and set(starts) == {0}
+    assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in from_zero) > 10 * ENGINE_TOL  # patches move p
+    assert [r["p_patched_rows"] for r in agreed] == [r["p_patched_rows"] for r in from_zero]
+
+
+def test_the_patched_steps_read_the_state_before_each_pair_in_place():
+    """`_times_state_before` (views over stretches of consecutive positions) multiplies by what
+    `base.state_before` copies out: across rows, gaps and position 0 (zeros)."""
+    generator = torch.Generator().manual_seed(0)
+    states = torch.randn(3, 7, 2, 5, generator=generator)
+    rows = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 2])
+    positions = torch.tensor([0, 1, 2, 5, 6, 0, 0, 1, 4, 6])
+    x = torch.randn(len(rows), 2, 5, generator=generator)
+    expected = x * state_before(states, rows, positions)
+    found = _times_state_before(x.clone(), states.flatten(0, 1), rows, positions, states.shape[1])
+    assert torch.equal(found, expected)
+    assert _consecutive_runs(torch.tensor([4, 5, 6, 9, 3, 4])) == [(0, 3, 4), (3, 4, 9), (4, 6, 3)]

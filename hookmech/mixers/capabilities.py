@@ -46,6 +46,9 @@ class MixerMemo:
     def __init__(self) -> None:
         self._by_rows: dict[tuple[int, int], tuple[Tensor, ...]] = {}
         self._given: list[tuple[Tensor, dict[str, Tensor]]] = []
+        #: (context, before): the base run equals, before ``before[n]`` of each row n, the run of
+        #: this mixer context (`agree`)
+        self.agreement: tuple[Context, Tensor] | None = None
 
     def give(self, mixer_in: Tensor, reads: dict[str, Tensor]) -> None:
         """Keep `reads` ``{short hook name: [N, T, ...]}``: the activations of the mixer's inside
@@ -61,6 +64,13 @@ class MixerMemo:
                 return reads
         return None
 
+    def agree(self, context: Context, before: Tensor) -> None:
+        """Note that the base run equals, before position ``before[n]`` ``[N]`` of each row n, the
+        run whose mixer context (`prefix_context`, ``{name: [N, ...]}``) is `context`: a mixer's
+        computations on the base run may start from that context there (AtP*'s corrupt run equals
+        the clean run before each row's first corrupted token)."""
+        self.agreement = (context, before)
+
     def of_rows(self, rows: slice, compute: Callable[[], tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
         """Return what ``compute()`` returns for the rows `rows` of the base run: computed by the
         first call for those rows, kept for the next ones."""
@@ -75,10 +85,16 @@ class PatchMemo:
     `MixerMemo` per block, made when the block is first asked for (the engine makes one per chunk
     and passes it to every `AtpStarModel` call of that chunk)."""
 
-    def __init__(self, gifts: Callable[[int], list[tuple[Tensor, dict[str, Tensor]]]] | None = None) -> None:
+    def __init__(
+        self,
+        gifts: Callable[[int], list[tuple[Tensor, dict[str, Tensor]]]] | None = None,
+        agreement: Callable[[int], tuple[Context, Tensor] | None] | None = None,
+    ) -> None:
         self._by_layer: dict[int, MixerMemo] = {}
         #: ``gifts(layer)``: what a block's memo is given when made (`MixerMemo.give`'s arguments)
         self._gifts = gifts
+        #: ``agreement(layer)``: `MixerMemo.agree`'s arguments for a block's memo, or None
+        self._agreement = agreement
 
     def of_layer(self, layer: int) -> MixerMemo:
         """Return the memo of block `layer`'s mixer, given ``gifts(layer)`` when first made."""
@@ -86,6 +102,9 @@ class PatchMemo:
             memo = MixerMemo()
             for mixer_in, reads in self._gifts(layer) if self._gifts is not None else []:
                 memo.give(mixer_in, reads)
+            agreement = None if self._agreement is None else self._agreement(layer)
+            if agreement is not None:
+                memo.agree(*agreement)
             self._by_layer[layer] = memo
         return self._by_layer[layer]
 

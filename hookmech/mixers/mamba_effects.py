@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..shapes import Context, Gradients, PositionEffects, RowInts, RunResid
-from .base import row_blocks, state_before
+from .base import row_blocks
 from .capabilities import ExactPatchEffects, MixerMemo
 from .decay_exp import decay_exp_
 from .selective_scan import linear_scan
@@ -116,7 +116,7 @@ class MambaPatchEffects(ExactPatchEffects):
         rows, positions = self._changed(in_x, z, new_in_x, new_z).nonzero(as_tuple=True)  # [P] each
         if len(rows) == 0:
             return effect
-        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, memo, block)
+        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, memo, block, int(positions.min()))
         A_t = self._state_major_A()
         # ∂m/∂(y ⊙ SiLU(z)) [..., N, T, d_inner], read from the earliest pair on: zeros before it
         earliest = int(positions.min())
@@ -202,7 +202,7 @@ class MambaPatchEffects(ExactPatchEffects):
         rows, positions = changed.nonzero(as_tuple=True)  # [P] each
         if len(rows) == 0:
             return out
-        conv, delta, C, _, states, gate, gated = self._base_branch(in_x, z, memo, block)
+        conv, delta, C, _, states, gate, gated = self._base_branch(in_x, z, memo, block, int(positions.min()))
         A_t = self._state_major_A()
         query, reach = at[rows], max(self.d_conv, 1)
         change = (new_in_x - in_x)[rows, positions]  # [P, d_inner]
@@ -234,27 +234,68 @@ class MambaPatchEffects(ExactPatchEffects):
             changed |= (new_z != z).any(-1)
         return changed
 
-    def _base_branch(self, in_x: Tensor, z: Tensor | None, memo: MixerMemo | None, rows: slice) -> tuple[Tensor, ...]:
+    def _base_branch(
+        self, in_x: Tensor, z: Tensor | None, memo: MixerMemo | None, rows: slice, earliest: int | None = None
+    ) -> tuple[Tensor, ...]:
         """Return the base run's (convolved in_x, Δ, C, decay ``[N, T, d_state, d_inner]``, states
         (the same shape), gate, gated y) from in_proj's split output of its rows `rows`, for the
         patch computations of AtP*; kept in `memo` (the caller's, for calls on the same input) for
-        the next such call."""
+        the next such call. Where the memo knows a run the base run agrees with up to some
+        position (`MixerMemo.agree`), the scan starts from that run's state there: before `start`
+        (`_agreed`) the decays are not set and gated y is 0, nor are the states but the kept ones
+        (every STATE_STRIDE) and the one at start - 1. `earliest`, the first position the caller's
+        pairs patch, must not precede start (else all is computed for that call); None: the
+        caller reads kept states only."""
         if memo is None:
             return self._compute_base_branch(in_x, z)
-        return memo.of_rows(rows, lambda: self._compute_base_branch(in_x, z))
+        agreed = self._agreed(memo, rows)
+        if earliest is not None and agreed is not None and earliest < agreed[0]:
+            return self._compute_base_branch(in_x, z)
+        return memo.of_rows(rows, lambda: self._compute_base_branch(in_x, z, agreed))
+
+    def _agreed(self, memo: MixerMemo, rows: slice) -> tuple[int, Tensor] | None:
+        """Return ``(start, kept)`` where the memo's agreement (`MixerMemo.agree`) lets the scan of
+        the rows `rows` start after position 0: `start` the last multiple of STATE_STRIDE at or
+        before their first disagreement, `kept` ``[n, start // STATE_STRIDE, d_state, d_inner]``
+        the agreeing run's states before it (state-major); None where it does not."""
+        if memo.agreement is None:
+            return None
+        context, before = memo.agreement
+        stride = self.STATE_STRIDE
+        start = min(int(before[rows].min()) // stride, context["state"].shape[1]) * stride
+        if start == 0:
+            return None
+        return start, context["state"][rows, : start // stride].transpose(-1, -2)
 
     def _state_major_A(self) -> Tensor:
         """Return A transposed, ``[d_state, d_inner]`` (contiguous): the layout of every state here."""
         return self._A().t().contiguous()
 
-    def _compute_base_branch(self, in_x: Tensor, z: Tensor | None) -> tuple[Tensor, ...]:
+    def _compute_base_branch(
+        self, in_x: Tensor, z: Tensor | None, agreed: tuple[int, Tensor] | None = None
+    ) -> tuple[Tensor, ...]:
         conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
         u, delta, B, C = self._ssm_inputs(conv, convolved=True)
         A_t = self._state_major_A()
-        decay = decay_exp_(delta[..., None, :] * A_t, factors=(delta, A_t))
-        states = linear_scan(decay, B[..., None] * (delta * u)[..., None, :], overwrite=True)
         gate = torch.ones_like(u) if z is None else F.silu(z)
-        gated = ((C[..., None, :] @ states)[..., 0, :] + u * self.D) * gate
+        if agreed is None:
+            decay = decay_exp_(delta[..., None, :] * A_t, factors=(delta, A_t))
+            states = linear_scan(decay, B[..., None] * (delta * u)[..., None, :], overwrite=True)
+            gated = ((C[..., None, :] @ states)[..., 0, :] + u * self.D) * gate
+            return conv, delta, C, decay, states, gate, gated
+        # the same operations from `start` on, from the agreeing run's state at start - 1
+        start, kept = agreed
+        stride, later = self.STATE_STRIDE, slice(start, None)
+        decay = u.new_empty(*u.shape[:2], *A_t.shape)
+        states = torch.empty_like(decay)
+        states[:, stride - 1 : start : stride] = kept
+        decay_exp_(torch.mul(delta[:, later, None, :], A_t, out=decay[:, later]), factors=(delta[:, later], A_t))
+        torch.mul(B[:, later, :, None], (delta * u)[:, later, None, :], out=states[:, later])
+        linear_scan(decay[:, start - 1 :], states[:, start - 1 :], overwrite=True)
+        gated = torch.zeros_like(u)
+        for row in range(len(u)):  # a row's states from start on are contiguous: read out in place
+            read = (C[row, later, None, :] @ states[row, later])[..., 0, :]
+            gated[row, later] = (read + u[row, later] * self.D) * gate[row, later]
         return conv, delta, C, decay, states, gate, gated
 
     def _patched_reach(
@@ -291,17 +332,22 @@ class MambaPatchEffects(ExactPatchEffects):
         moved = states.new_empty(len(rows), *states.shape[2:])
         last = (positions + len(inputs) - 1).clamp(max=n_pos - 1)
         block = max(1, PAIR_BLOCK_BYTES // (states[0, 0].numel() * states.element_size()))
+        flat_states = states.flatten(0, 1)  # read in place, a run of consecutive positions at a time
         for start in range(0, len(rows), block):
             pairs = slice(start, start + block)
-            state = state_before(states, rows[pairs], positions[pairs])  # h_{s-1}
             for j, (_, u_j, delta_j, B_j, C_j, gate_j) in enumerate(inputs):
                 # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [block, d_state, d_inner] temporary
                 delta_p = delta_j[pairs]
-                state = decay_exp_(delta_p[:, None, :] * A_t, factors=(delta_p, A_t)).mul_(state)
+                decay = decay_exp_(delta_p[:, None, :] * A_t, factors=(delta_p, A_t))
+                if j == 0:  # times h_{s-1}, the base run's (zeros at s = 0)
+                    state = _times_state_before(decay, flat_states, rows[pairs], positions[pairs], n_pos)
+                else:
+                    state = decay.mul_(state)
                 state.addcmul_(B_j[pairs, :, None], (delta_p * u_j[pairs])[:, None, :])
                 y_j = (C_j[pairs, None, :] @ state)[:, 0] + u_j[pairs] * self.D
                 gated[j][pairs] = y_j * gate_j[pairs]
-            torch.sub(state, states[rows[pairs], last[pairs]], out=moved[pairs])
+            for i, k, first in _consecutive_runs(rows[pairs] * n_pos + last[pairs]):
+                torch.sub(state[i:k], flat_states[first : first + k - i], out=moved[start + i : start + k])
         return [(j, step[0], gated[j]) for j, step in enumerate(inputs)], moved
 
     def patch_context(self, x: RunResid, memo: MixerMemo) -> Context:
@@ -317,3 +363,25 @@ class MambaPatchEffects(ExactPatchEffects):
             states.append(self._base_branch(in_x, z, memo, rows)[4][:, stride - 1 :: stride].transpose(-1, -2))
             inputs.append(in_x)
         return {"state": torch.cat(states).contiguous(), "in_x": torch.cat(inputs)}
+
+
+def _times_state_before(x: Tensor, flat_states: Tensor, rows: Tensor, positions: Tensor, n_pos: int) -> Tensor:
+    """Return `x` ``[P, ...]`` multiplied in place by the base run's state before ``positions[i]``
+    of row ``rows[i]`` (zeros at position 0), from the row-flattened states ``[N·T, ...]`` of
+    `n_pos` positions a row: read as views, a run of consecutive positions at a time (AtP*'s pairs
+    are whole stretches of a row), not copied out first as `base.state_before` does."""
+    for i, k, first in _consecutive_runs(rows * n_pos + (positions - 1).clamp(min=0)):
+        x[i:k].mul_(flat_states[first : first + k - i])
+    at_start = positions == 0
+    if bool(at_start.any()):
+        x[at_start] = 0
+    return x
+
+
+def _consecutive_runs(index: Tensor) -> list[tuple[int, int, int]]:
+    """Return ``(i, k, index[i])`` for each maximal stretch ``index[i:k]`` of consecutive integers."""
+    if len(index) == 0:
+        return []
+    bounds = [0, *((index.diff() != 1).nonzero()[:, 0] + 1).tolist(), len(index)]
+    firsts = index[bounds[:-1]].tolist()
+    return list(zip(bounds[:-1], bounds[1:], firsts, strict=True))
