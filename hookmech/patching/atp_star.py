@@ -377,7 +377,7 @@ class _Estimator:
         first = first.to(self.runs.device)
 
         def agreement(layer: int) -> tuple[Context, Tensor] | None:
-            if layer not in contexts:
+            if self.resumed is None or layer not in contexts:  # the whole forward ran after all
                 return None
             return {name: value[rows] for name, value in contexts[layer].items()}, first
 
