@@ -12,7 +12,7 @@ from helpers import ENGINE_TOL, make_model, unit_variance
 
 import hookmech
 from hookmech.config import build_config
-from hookmech.mixers import REGISTRY
+from hookmech.mixers import REGISTRY, mamba_effects
 from hookmech.mixers.base import state_before
 from hookmech.mixers.mamba import Mamba
 from hookmech.mixers.mamba_effects import MambaPatchEffects, _consecutive_runs, _times_state_before
@@ -150,14 +150,18 @@ def test_a_mixer_firing_its_hooks_on_whole_runs_falls_back_to_the_whole_forward(
 
 def test_mambas_effects_scan_from_the_clean_runs_state_where_the_runs_agree(monkeypatch):
     """Resumed, each block's base run for Mamba's exact effects (`MambaPatchEffects._base_branch`)
-    starts from the clean run's kept state at the last STATE_STRIDE multiple before its rows'
-    first corrupted token (`MixerMemo.agree`): the same bytes as the scan from position 0."""
+    starts from the clean run's kept state at the last STATE_STRIDE multiple before its row
+    block's first corrupted token (`MixerMemo.agree`): the same bytes as the scan from position 0.
+    Two rows corrupted from 32 on, two before 16 (whose block scans from 0), in blocks of two."""
     task = hookmech.tasks.make("ar", vocab_size=96, num_kv_pairs=20)  # 43 positions
     model = unit_variance(make_model(task, mixers="mamba", n_layers=3))
-    sample = task.sample(40, seed=6)
+    sample = task.sample(40, seed=7)
     first = first_corrupted(sample.tokens, sample.corrupt_tokens, sample.query_pos)
-    batch = sample.select((first >= 2 * Mamba.STATE_STRIDE).nonzero()[:4, 0])  # one row block, start 32
+    late = (first >= 2 * Mamba.STATE_STRIDE).nonzero()[:2, 0]
+    early = ((first > 0) & (first < Mamba.STATE_STRIDE)).nonzero()[:2, 0]
+    batch = sample.select(torch.cat([late, early]))
     assert len(batch) == 4
+    monkeypatch.setattr(mamba_effects, "row_blocks", lambda n, _: [slice(i, min(n, i + 2)) for i in range(0, n, 2)])
     starts: list[int] = []
     compute = MambaPatchEffects._compute_base_branch
 
@@ -168,7 +172,7 @@ def test_mambas_effects_scan_from_the_clean_runs_state_where_the_runs_agree(monk
     monkeypatch.setattr(MambaPatchEffects, "_compute_base_branch", spy)
     sites = ["L*.block_in", "L1.mixer.in_x"]
     agreed = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
-    assert starts and set(starts) == {2 * Mamba.STATE_STRIDE}
+    assert set(starts) == {0, 2 * Mamba.STATE_STRIDE}
     starts.clear()
     monkeypatch.setattr(atp_star._Estimator, "_agreement", lambda self, rows: None)
     from_zero = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
@@ -189,3 +193,5 @@ def test_the_patched_steps_read_the_state_before_each_pair_in_place():
     found = _times_state_before(x.clone(), states.flatten(0, 1), rows, positions, states.shape[1])
     assert torch.equal(found, expected)
     assert _consecutive_runs(torch.tensor([4, 5, 6, 9, 3, 4])) == [(0, 3, 4), (3, 4, 9), (4, 6, 3)]
+    assert _consecutive_runs(torch.tensor([7, 7])) == [(0, 1, 7), (1, 2, 7)]
+    assert _consecutive_runs(torch.tensor([], dtype=torch.int64)) == []

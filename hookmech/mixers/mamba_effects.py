@@ -116,10 +116,10 @@ class MambaPatchEffects(ExactPatchEffects):
         rows, positions = self._changed(in_x, z, new_in_x, new_z).nonzero(as_tuple=True)  # [P] each
         if len(rows) == 0:
             return effect
-        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, memo, block, int(positions.min()))
+        earliest = int(positions.min())
+        conv, _, C, decay, states, gate, gated = self._base_branch(in_x, z, memo, block, earliest)
         A_t = self._state_major_A()
         # ∂m/∂(y ⊙ SiLU(z)) [..., N, T, d_inner], read from the earliest pair on: zeros before it
-        earliest = int(positions.min())
         grad_gated = grad_out.new_zeros(*grad_out.shape[:-1], self.d_inner)
         grad_gated[..., earliest:, :] = grad_out[..., earliest:, :] @ self.out_proj.weight
         n_pos, reach = x.shape[1], max(self.d_conv, 1)
@@ -274,6 +274,10 @@ class MambaPatchEffects(ExactPatchEffects):
     def _compute_base_branch(
         self, in_x: Tensor, z: Tensor | None, agreed: tuple[int, Tensor] | None = None
     ) -> tuple[Tensor, ...]:
+        """Return `_base_branch`'s tuple for in_proj's split output (in_x, z) of some rows: from
+        position 0, or with `agreed` (`_agreed`'s ``(start, kept)``) from the kept state at start - 1
+        on, the positions before `start` left unset as `_base_branch` says (the same operations on
+        the positions computed, so the same bytes on the CPU)."""
         conv = self._causal_conv(in_x) if self.d_conv > 0 else in_x
         u, delta, B, C = self._ssm_inputs(conv, convolved=True)
         A_t = self._state_major_A()
@@ -291,6 +295,7 @@ class MambaPatchEffects(ExactPatchEffects):
         states[:, stride - 1 : start : stride] = kept
         decay_exp_(torch.mul(delta[:, later, None, :], A_t, out=decay[:, later]), factors=(delta[:, later], A_t))
         torch.mul(B[:, later, :, None], (delta * u)[:, later, None, :], out=states[:, later])
+        # in place on the states (AtP*'s effects run without autograd; position start - 1 is the kept state)
         linear_scan(decay[:, start - 1 :], states[:, start - 1 :], overwrite=True)
         gated = torch.zeros_like(u)
         for row in range(len(u)):  # a row's states from start on are contiguous: read out in place
@@ -333,8 +338,8 @@ class MambaPatchEffects(ExactPatchEffects):
         last = (positions + len(inputs) - 1).clamp(max=n_pos - 1)
         block = max(1, PAIR_BLOCK_BYTES // (states[0, 0].numel() * states.element_size()))
         flat_states = states.flatten(0, 1)  # read in place, a run of consecutive positions at a time
-        for start in range(0, len(rows), block):
-            pairs = slice(start, start + block)
+        for first_pair in range(0, len(rows), block):
+            pairs = slice(first_pair, first_pair + block)
             for j, (_, u_j, delta_j, B_j, C_j, gate_j) in enumerate(inputs):
                 # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, in place on one [block, d_state, d_inner] temporary
                 delta_p = delta_j[pairs]
@@ -347,7 +352,7 @@ class MambaPatchEffects(ExactPatchEffects):
                 y_j = (C_j[pairs, None, :] @ state)[:, 0] + u_j[pairs] * self.D
                 gated[j][pairs] = y_j * gate_j[pairs]
             for i, k, first in _consecutive_runs(rows[pairs] * n_pos + last[pairs]):
-                torch.sub(state[i:k], flat_states[first : first + k - i], out=moved[start + i : start + k])
+                torch.sub(state[i:k], flat_states[first : first + k - i], out=moved[first_pair + i : first_pair + k])
         return [(j, step[0], gated[j]) for j, step in enumerate(inputs)], moved
 
     def patch_context(self, x: RunResid, memo: MixerMemo) -> Context:

@@ -50,7 +50,7 @@ several positions sums their Δλ (the estimate stays first order across positio
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -366,7 +366,7 @@ class _Estimator:
                     estimates[variant][hook] = estimate
         return log_odds, estimates
 
-    def _agreement(self, rows: slice):
+    def _agreement(self, rows: slice) -> Callable[[int], tuple[Context, Tensor] | None] | None:
         """Return ``agreement(layer)`` for the chunk's `PatchMemo`: with the corrupt forward resumed,
         the clean run's context of the block's mixer and each row's first corrupted token, before
         which the corrupt run's activations are the clean run's (`ResumedCorruptRun`); else None."""
