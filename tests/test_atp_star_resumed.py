@@ -174,7 +174,7 @@ def test_mambas_effects_scan_from_the_clean_runs_state_where_the_runs_agree(monk
     agreed = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
     assert set(starts) == {0, 2 * Mamba.STATE_STRIDE}
     starts.clear()
-    monkeypatch.setattr(atp_star._Estimator, "_agreement", lambda self, rows: None)
+    monkeypatch.setattr(ResumedCorruptRun, "agreement", lambda self, rows: lambda layer: None)
     from_zero = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
     assert starts and set(starts) == {0}
     assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in from_zero) > 10 * ENGINE_TOL  # patches move p

@@ -50,7 +50,7 @@ several positions sums their Δλ (the estimate stays first order across positio
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -64,12 +64,11 @@ from ..errors import HookmechError
 from ..hook_names import block_hook, parse_hook
 from ..hooks import gradients_follow_edits, pos_axis_of
 from ..mixers.capabilities import PatchMemo
-from ..shapes import Context
 from ..sites import as_specs, position_patches
 from ..tasks.batch import Batch
 from .atp import positional_hooks
 from .atp_star_query import QueryStep
-from .atp_star_resumed import ResumedCorruptRun, fires_on_windows, first_corrupted
+from .atp_star_resumed import ResumedCorruptRun, fires_on_windows
 from .chunked import GRADDROP_LAYERS
 from .graddrop import GradientPasses
 from .metrics import answer_log_odds
@@ -340,7 +339,8 @@ class _Estimator:
             if self.start is None
             else base(block_hook(self.start, "resid_pre"))
         )
-        self.memo = PatchMemo(lambda layer: self._reads_of(layer, acts, base), self._agreement(rows))
+        agreement = None if self.resumed is None else self.resumed.agreement(rows)
+        self.memo = PatchMemo(lambda layer: self._reads_of(layer, acts, base), agreement)
         self.query_step.new_chunk(self.memo)
         query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
         log_odds, p_answer, grads = self._backward(rows, corrupt_input, query, answers, captured, base)
@@ -365,23 +365,6 @@ class _Estimator:
                         estimate = skip[index] + (0 if variant == layer else effect[index])
                     estimates[variant][hook] = estimate
         return log_odds, estimates
-
-    def _agreement(self, rows: slice) -> Callable[[int], tuple[Context, Tensor] | None] | None:
-        """Return ``agreement(layer)`` for the chunk's `PatchMemo`: with the corrupt forward resumed,
-        the clean run's context of the block's mixer and each row's first corrupted token, before
-        which the corrupt run's activations are the clean run's (`ResumedCorruptRun`); else None."""
-        if self.resumed is None:
-            return None
-        contexts, batch = self.resumed.contexts, self.runs.batch
-        first = first_corrupted(batch.tokens[rows], batch.corrupt_tokens[rows], batch.query_pos[rows])
-        first = first.to(self.runs.device)
-
-        def agreement(layer: int) -> tuple[Context, Tensor] | None:
-            if self.resumed is None or layer not in contexts:  # the whole forward ran after all
-                return None
-            return {name: value[rows] for name, value in contexts[layer].items()}, first
-
-        return agreement
 
     def _reads_of(self, layer: int, acts, base) -> list[tuple[Tensor, dict[str, Tensor]]]:
         """Return what block `layer`'s mixer memo is given when made (`PatchMemo`'s gifts,

@@ -17,7 +17,7 @@ fewer rows; a Mamba state is replayed from the last kept one): tests/test_atp_st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -27,6 +27,7 @@ from ..errors import HookmechError
 from ..hook_names import MIXER, block_hook, parse_hook
 from ..hooks import pos_axis_of
 from ..mixers.base import window_index, window_of
+from ..shapes import Context
 from .forwards import resume_window, waste_floor, width_chunks, window_widths
 from .metrics import answer_log_odds
 from .protocol import PatchableModel
@@ -82,6 +83,24 @@ class ResumedCorruptRun:
         self.model, self.runs, self.contexts = model, runs, contexts
         self.zeros: dict[str, Tensor] = {}
         self.kept: dict[str, Tensor] = {}
+        #: a hook fired on whole runs (`run` returned None): the caller ran the whole forward
+        self.fell_back = False
+
+    def agreement(self, rows: slice) -> Callable[[int], tuple[Context, Tensor] | None]:
+        """Return ``agreement(layer)`` for the row chunk `rows`' `PatchMemo` (`MixerMemo.agree`):
+        the clean run's context of block `layer`'s mixer and each row's first corrupted token
+        ``[n]``, before which the corrupt run's activations are the clean run's; None for a block
+        without a context, or once the forward fell back to the whole run."""
+        batch = self.runs.batch
+        first = first_corrupted(batch.tokens[rows], batch.corrupt_tokens[rows], batch.query_pos[rows])
+        first = first.to(self.runs.device)
+
+        def of_layer(layer: int) -> tuple[Context, Tensor] | None:
+            if self.fell_back or layer not in self.contexts:
+                return None
+            return {name: value[rows] for name, value in self.contexts[layer].items()}, first
+
+        return of_layer
 
     def hooks(self, leaves: Sequence[str], recorded: Sequence[str]) -> list[tuple[str, object]]:
         """Return the forward hooks of the resumed runs: each activation of `recorded` is kept,
@@ -137,6 +156,7 @@ class ResumedCorruptRun:
             for hook, kept in self.kept.items():
                 fired_at = _fired_at(kept, window, at_query)
                 if fired_at is None:
+                    self.fell_back = True
                     return None
                 positions[hook] = fired_at
             missing = [hook for hook in leaves if hook not in self.zeros]
