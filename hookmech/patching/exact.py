@@ -310,8 +310,8 @@ def _makes_source_run(
     model: PatchableModel, runs: CleanCorruptRuns, plans: list[TargetPlan], masks: Tensor, layer: int
 ) -> Tensor:
     """Return ``[P, N]``: True where patch p makes row n's run the source run itself: the site
-    (`plans`, one target) is the whole residual entering block `layer`, patched with the source run's, and the two runs'
-    residuals there differ only at the patch's positions (e.g. block 0's input at the one
+    (`plans`, one target) is the whole residual entering block `layer`, patched with the source
+    run's, and the two runs' residuals there differ only at the patch's positions (e.g. block 0's input at the one
     corrupted token). What follows a block's input is a function of it alone."""
     none = torch.zeros(masks.shape[:2], dtype=torch.bool, device=masks.device)
     if len(plans) != 1:
