@@ -4,6 +4,7 @@ of real state edits, detached backward passes, the exact engine), and the record
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from hookmech.hooks import gradients_follow_edits
 from hookmech.mixers import REGISTRY
 from hookmech.mixers import base as mixer_base
 from hookmech.mixers.attention import Attention
-from hookmech.mixers.capabilities import ExactPatchEffects, MixerMemo
+from hookmech.mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
 from hookmech.patching import atp_star_patch, attribution_patch, patch, verify_top
 from hookmech.patching.atp_star import answer_log_odds
 from hookmech.sites import resolve_sites
@@ -855,3 +856,21 @@ def test_mixer_memos_live_only_while_their_blocks_are_patched(monkeypatch, ar_ta
     kept = atp_star_patch(model, batch, sites, ["key", "value", "all"])
     assert alive[-1][1] == set(range(6))
     assert [r["p_patched"] for r in released] == [r["p_patched"] for r in kept]
+
+
+def test_atp_star_leaves_no_reference_cycle(ar_task):
+    """Reference counting frees everything AtP* made when it returns: a cycle through a chunk's memo
+    (its gifts' closure referred back to the estimator) kept a Mamba block's base decays and states
+    (1.1 GB at Mamba-130m's shape) to the next cyclic collection, and memory grew call after call."""
+    from hookmech.patching import atp_star as atp_star_module
+
+    model = make_model(ar_task, mixers="mamba", n_layers=2)
+    batch = ar_task.sample(6, seed=1)
+    gc.collect()
+    gc.disable()
+    try:
+        atp_star_patch(model, batch, ["L*.block_in"], ["key", "value"])
+        left = [o for o in gc.get_objects() if type(o) in (PatchMemo, atp_star_module._Estimator)]
+    finally:
+        gc.enable()
+    assert left == []

@@ -364,6 +364,10 @@ class _Estimator:
                         # GradDrop: a pass that drops this layer drops the path through its mixer
                         estimate = skip[index] + (0 if variant == layer else effect[index])
                     estimates[variant][hook] = estimate
+        # the chunk's memo (a Mamba block's base decays and states) goes now, not at the next cyclic
+        # collection: its gifts' closure refers back to this estimator (1.1 GB at Mamba-130m's shape)
+        self.memo = PatchMemo()
+        self.query_step.new_chunk(self.memo)
         return log_odds, estimates
 
     def _reads_of(self, layer: int, acts, base) -> list[tuple[Tensor, dict[str, Tensor]]]:
