@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from .hook_names import MIXER, block_hook, mixer_hook, parse_hook
 from .mixers.base import Mixer
-from .mixers.capabilities import ExactPatchEffects, PatchMemo
+from .mixers.capabilities import BackwardPatchEffects, ExactPatchEffects, MixerMemo, PatchMemo
 from .shapes import Gradients, PositionEffects, RowInts, RunResid
 
 
@@ -84,6 +84,17 @@ class MixerPatchEffects(Generic[BlockT]):
         if not isinstance(mixer, ExactPatchEffects):
             return []
         return [mixer_hook(layer, name) for name in mixer.patch_reads()]
+
+    def mixer_backward_patch_effects(
+        self, layer: int, patched: RunResid, memo: MixerMemo, first_row: int
+    ) -> BackwardPatchEffects | None:
+        """Return block `layer`'s `ExactPatchEffects.backward_patch_effects` of a patch of its input
+        to `patched` on the base run `memo` is of (rows `first_row` .. of the batch); None where its
+        mixer computes the effects after the backward only."""
+        mixer = self.blocks[layer].mixer
+        if not isinstance(mixer, ExactPatchEffects):
+            return None
+        return mixer.backward_patch_effects(patched, memo, first_row)
 
     def mixer_patch_outputs(
         self,

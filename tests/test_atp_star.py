@@ -22,6 +22,7 @@ from hookmech.mixers import REGISTRY
 from hookmech.mixers import base as mixer_base
 from hookmech.mixers.attention import Attention
 from hookmech.mixers.capabilities import ExactPatchEffects, MixerMemo, PatchMemo
+from hookmech.mixers.mamba_effects import MambaPatchEffects
 from hookmech.patching import atp_star_patch, attribution_patch, patch, verify_top
 from hookmech.patching.atp_star import answer_log_odds
 from hookmech.sites import resolve_sites
@@ -150,6 +151,55 @@ def mamba_blocks(request, monkeypatch):
         monkeypatch.setattr(mamba_effects, "PAIR_BLOCK_BYTES", 1)
         monkeypatch.setattr(mamba_effects, "SWEEP_POSITIONS", 3)
     return request.param
+
+
+# the last options are those a pretrained folder may have (hookmech.pretrained.mamba): biases, no conv bias
+@pytest.mark.parametrize("options", [{}, {"d_conv": 0}, {"d_conv": 2, "gate": False},
+                                     {"bias": True, "conv_bias": False, "d_conv": 3}])
+@pytest.mark.parametrize("chunk_bytes", [None, 1])
+def test_mamba_effects_by_the_backward_equal_patched_forwards(options, chunk_bytes, monkeypatch):
+    """Mamba's effects of a patch of its input computed by the backward pass of resumed windows
+    (`MambaPatchEffects.backward_patch_effects`: the scan's chunk states and adjoints) against a
+    forward of the mixer with position s patched (float64): three rows resumed at positions 0, 7
+    and 20 over windows of 20 of 40 positions, in the scan's chunks of 16 positions (pairs whose
+    reach crosses a chunk's end) or of one position (`CHUNK_BYTES`: a reach over several chunks)."""
+    from hookmech.mixers import selective_scan
+    from hookmech.mixers.mamba import Mamba
+
+    if chunk_bytes is not None:
+        monkeypatch.setattr(selective_scan, "CHUNK_BYTES", chunk_bytes)
+    torch.manual_seed(1)
+    mixer = Mamba(16, d_state=4, **options).double()
+    n, t, width = 3, 40, 20
+    start = torch.tensor([0, 7, 20])
+    x = torch.randn(n, t, 16, dtype=torch.float64)
+    in_window = (torch.arange(t) >= start[:, None]) & (torch.arange(t) < start[:, None] + width)
+    grads = torch.randn(1, n, t, 16, dtype=torch.float64) * in_window[None, :, :, None]
+    with torch.no_grad():
+        patched, reference = _patched_forward_effects(mixer, x, grads, None)
+        context = mixer.prefix_context(x)
+    recorder = mixer.backward_patch_effects(patched, MixerMemo(), 0)
+    window = mixer_base.window_of(x, torch.arange(n), start, width).requires_grad_(True)
+    with recorder.recording():
+        y = mixer.forward_from(window, context, torch.arange(n), start)
+    (y * mixer_base.window_of(grads[0], torch.arange(n), start, width)).sum().backward()
+    effects = recorder.effects()
+    assert effects is not None and reference.abs().max() > 0.1
+    torch.testing.assert_close(effects, reference[0] * in_window, atol=FLOAT64_TOL, rtol=0)
+
+
+def test_mamba_effects_by_the_backward_need_the_scan_to_show_its_states():
+    """With the state hook in use the scan materialises its states and shows no chunk: no effects."""
+    from hookmech.mixers.mamba import Mamba
+
+    mixer = Mamba(16, d_state=4)
+    x = torch.randn(2, 8, 16)
+    recorder = mixer.backward_patch_effects(torch.randn(2, 8, 16), MixerMemo(), 0)
+    mixer.hook_ssm_state.add_hook(lambda act, hook=None: act)
+    with recorder.recording():
+        y = mixer.forward_from(x.requires_grad_(True), mixer.prefix_context(x.detach()), torch.arange(2), torch.zeros(2, dtype=torch.long))
+    y.sum().backward()
+    assert recorder.effects() is None
 
 
 # the last options are those a pretrained folder may have (hookmech.pretrained.mamba): biases, no conv bias
@@ -727,8 +777,6 @@ def test_atp_star_reads_the_mixer_projections_off_its_runs(monkeypatch, ar_task)
     """From tokens, Mamba's patch computations read in_proj's outputs of the corrupt and clean
     mixer inputs off AtP*'s own runs (`mixer_patch_reads`), projecting neither again, and give
     the estimates of computations that project them, bit for bit."""
-    from hookmech.mixers.mamba_effects import MambaPatchEffects
-
     model = make_model(ar_task, mixers="mamba", n_layers=3)
     batch = ar_task.sample(8, seed=13)
     sites, positions = ["L*.block_in", "L1.mixer.in_x"], ["key", "value", "all"]
@@ -847,6 +895,8 @@ def test_mixer_memos_live_only_while_their_blocks_are_patched(monkeypatch, ar_ta
         return found
 
     monkeypatch.setattr(PatchMemo, "of_layer", counting)
+    # the effects after the backward, which keep the memos (not those by the backward passes)
+    monkeypatch.setattr(MambaPatchEffects, "backward_patch_effects", lambda self, *args: None)
     released = atp_star_patch(model, batch, sites, ["key", "value", "all"])
     # the hooks of block 1 (its input and in_x) and of block 2 (its input and mixer input) share a memo
     assert {layer for layer, _ in alive} == set(range(6))

@@ -170,6 +170,8 @@ def test_mambas_effects_scan_from_the_clean_runs_state_where_the_runs_agree(monk
         return compute(self, in_x, z, agreed)
 
     monkeypatch.setattr(MambaPatchEffects, "_compute_base_branch", spy)
+    # the effects after the backward, which read the base branch (not those by the backward passes)
+    monkeypatch.setattr(MambaPatchEffects, "backward_patch_effects", lambda self, *args: None)
     sites = ["L*.block_in", "L1.mixer.in_x"]
     agreed = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
     assert set(starts) == {0, 2 * Mamba.STATE_STRIDE}
@@ -195,3 +197,32 @@ def test_the_patched_steps_read_the_state_before_each_pair_in_place():
     assert _consecutive_runs(torch.tensor([4, 5, 6, 9, 3, 4])) == [(0, 3, 4), (3, 4, 9), (4, 6, 3)]
     assert _consecutive_runs(torch.tensor([7, 7])) == [(0, 1, 7), (1, 2, 7)]
     assert _consecutive_runs(torch.tensor([], dtype=torch.int64)) == []
+
+
+def test_mambas_effects_by_the_backward_are_those_computed_after_it(monkeypatch):
+    """Resumed, each Mamba block computes the effects of its input's patches by the backward passes
+    (`MambaPatchEffects.backward_patch_effects`): every block but the first does (nothing below
+    block 0 asks for a gradient, so its scan has no backward pass), over windows of up to 43
+    positions (three scan chunks), and the estimates are those of the computation after the
+    backward (the base run scanned again), to float rounding; a patch inside the mixer (in_x) is
+    still computed after it."""
+    task = hookmech.tasks.make("ar", vocab_size=96, num_kv_pairs=20)  # 43 positions
+    model = unit_variance(make_model(task, mixers="mamba", n_layers=3))
+    batch = task.sample(6, seed=7)
+    sites = ["L*.block_in", "L1.mixer.in_x"]
+    recorded: list[bool] = []
+    make = MambaPatchEffects.backward_patch_effects
+
+    def spy(self, *args):
+        recorder = make(self, *args)
+        effects = recorder.effects
+        recorder.effects = lambda: recorded.append(effects() is not None) or effects()  # type: ignore[method-assign]
+        return recorder
+
+    monkeypatch.setattr(MambaPatchEffects, "backward_patch_effects", spy)
+    by_backward = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
+    assert recorded == [False, True, True]
+    monkeypatch.setattr(MambaPatchEffects, "backward_patch_effects", lambda self, *args: None)
+    after = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
+    assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in after) > 10 * ENGINE_TOL  # patches move p
+    _assert_same_estimates(by_backward, after)

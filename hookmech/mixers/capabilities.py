@@ -28,7 +28,8 @@ block's mixer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -115,6 +116,14 @@ class PatchMemo:
         self._by_layer.pop(layer, None)
 
 
+class BackwardPatchEffects(Protocol):
+    """`ExactPatchEffects.backward_patch_effects`' recorder."""
+
+    def recording(self) -> AbstractContextManager[None]: ...
+
+    def effects(self) -> PositionEffects | None: ...
+
+
 class ExactPatchEffects:
     """AtP*'s exact per-position patch effects through the mixer (Kramár et al. 2024, "AtP*", §3.1.1).
 
@@ -181,6 +190,14 @@ class ExactPatchEffects:
         ``patched[n, s]`` (zeros for s > at[n]; `x`, `patched` ``[N, T, d_model]``). AtP* carries
         it on through the last block exactly (`memo` as in `position_patch_effects`). None where the
         mixer has no such computation (the default): AtP* keeps the linear estimate past it."""
+        return None
+
+    def backward_patch_effects(self, patched: RunResid, memo: MixerMemo, first_row: int) -> BackwardPatchEffects | None:
+        """Return a recorder that computes `exact_patch_effects` of a patch of the input to
+        `patched` ``[N, T, d_model]`` on the base run of `memo` (AtP*'s corrupt run, rows
+        `first_row` .. of the batch) while that run's resumed forwards and their backward pass
+        run inside its ``recording()``; its ``effects()`` ``[N, T]`` afterwards (None where it
+        could not). None (the default): the mixer computes them after the backward only."""
         return None
 
     def patch_context(self, x: RunResid, memo: MixerMemo) -> Context:

@@ -48,7 +48,7 @@ from .decay_exp import decay_exp_
 from .mamba_effects import MambaPatchEffects
 from .mamba_routes import MambaRoutes
 from .mixer_spec import MixerSpec
-from .selective_scan import ROW_BLOCK_BYTES, linear_scan, selective_scan, strided_selective_scan
+from .selective_scan import ROW_BLOCK_BYTES, ScanObserver, linear_scan, selective_scan, strided_selective_scan
 from .state_patch import hook_state_with_propagation
 
 # the fused CUDA kernels are optional: imported where used, when installed
@@ -322,7 +322,7 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         in_x, z = self._split(self.in_proj(x))
         if z is not None:
             z = self.hook_gate(z)
-        in_x = self.hook_in_x(in_x)
+        in_x = raw_in_x = self.hook_in_x(in_x)
         # rows with the same run row and start (several patches of a row; several sites' pairs,
         # joined) replay the same positions: one of each gathers, convolves, projects and replays
         # them for all (a joined chunk of Mamba-130m holds each once per site below the block:
@@ -338,9 +338,13 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = self.hook_delta(F.softplus(self.dt_proj(dt)))
         B, C = self.hook_B(B), self.hook_C(C)
-        y = self.hook_y(self._ssm(u, delta, self._A(), B, C, h0))
+        # AtP*'s effects of a patch of this mixer's input, computed by the backward through this window
+        window = None if self.patch_recorder is None else self.patch_recorder.window(rows, start, raw_in_x, z, in_x)
+        y = self.hook_y(self._ssm(u, delta, self._A(), B, C, h0, window))
         if z is not None:  # the gate
             y = y * F.silu(z)
+        if window is not None:
+            window.watch(y)
         return self.out_proj(kept(y, keep))
 
     def _split(self, projected: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -358,11 +362,21 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         return u, F.softplus(self.dt_proj(dt)), B, C
 
-    def _ssm(self, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, h0: Tensor | None = None) -> Tensor:
+    def _ssm(
+        self,
+        u: Tensor,
+        delta: Tensor,
+        A: Tensor,
+        B: Tensor,
+        C: Tensor,
+        h0: Tensor | None = None,
+        observer: ScanObserver | None = None,
+    ) -> Tensor:
         """y ``[batch, pos, d_inner]`` from the state `h0` before the first position (zeros when
-        None); states materialised only while hook_ssm_state is used."""
+        None); states materialised only while hook_ssm_state is used (`observer`, of the fast
+        scan's backward, is then not shown them)."""
         if not hook_in_use(self.hook_ssm_state):
-            return selective_scan(u, delta, A, B, C, self.D, h0=h0)
+            return selective_scan(u, delta, A, B, C, self.D, h0=h0, observer=observer)
         decay = torch.exp(delta[..., None] * A)  # [batch, pos, d_inner, d_state]
 
         def drive() -> Tensor:  # the scan overwrites it: made again (the same bits) for a rescan

@@ -20,17 +20,22 @@ ran 16 elements at a time (AtP*'s effects at Mamba-130m's shape: docs/performanc
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from ..hooks import hook_in_use
 from ..shapes import Context, Gradients, PositionEffects, RowInts, RunResid
-from .base import row_blocks
+from .base import row_blocks, window_index
 from .capabilities import ExactPatchEffects, MixerMemo
 from .decay_exp import decay_exp_
 from .selective_scan import linear_scan
+
+if TYPE_CHECKING:
+    from ..hooks import AxisHookPoint
 
 #: bytes of one block of (row, position) pairs' states in the patched steps (`_patched_reach`):
 #: a block runs through the d_conv steps while its states stay in cache
@@ -42,6 +47,10 @@ SWEEP_POSITIONS = 16
 class MambaPatchEffects(ExactPatchEffects):
     """`ExactPatchEffects` of the Mamba-1 mixer (`mamba.Mamba` inherits it; module docstring)."""
 
+    #: where the resumed forwards record their windows while AtP* computes effects in its backward
+    #: passes (`backward_patch_effects`, `BackwardEffects.recording`)
+    patch_recorder: BackwardEffects | None = None
+
     if TYPE_CHECKING:  # the Mamba mixer's members these methods read (`mamba.Mamba` defines them)
         STATE_STRIDE: int  # positions between the states a resume context keeps
         gate: bool
@@ -52,6 +61,7 @@ class MambaPatchEffects(ExactPatchEffects):
         d_inner: int
         d_state: int
         D: nn.Parameter
+        hook_ssm_state: AxisHookPoint
 
         def _split(self, projected: Tensor) -> tuple[Tensor, Tensor | None]: ...
 
@@ -322,17 +332,8 @@ class MambaPatchEffects(ExactPatchEffects):
         projections of each step take every pair at once; the recurrence then runs a block of
         pairs at a time from the state before s through all the steps (`PAIR_BLOCK_BYTES`: the
         block's states, read, updated and compared with the base run's, stay in cache)."""
-        conv, new_in_x, new_z, gate = run
-        n_pos = conv.shape[1]
-        inputs = []  # per step j: (at, u_j, Δ_j, B_j, C_j, gate_j)
-        for j in range(max(self.d_conv, 1)):
-            at = (positions + j).clamp(max=n_pos - 1)
-            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
-                conv_j = conv[rows, at] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
-            else:
-                conv_j = new_in_x[rows, positions]
-            gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
-            inputs.append((at, *self._ssm_inputs(conv_j, convolved=True), gate_j))
+        n_pos = run[0].shape[1]
+        inputs = self._reach_inputs(rows, positions, change, run)
         gated = [change.new_empty(change.shape) for _ in inputs]
         moved = states.new_empty(len(rows), *states.shape[2:])
         last = (positions + len(inputs) - 1).clamp(max=n_pos - 1)
@@ -354,6 +355,36 @@ class MambaPatchEffects(ExactPatchEffects):
             for i, k, first in _consecutive_runs(rows[pairs] * n_pos + last[pairs]):
                 torch.sub(state[i:k], flat_states[first : first + k - i], out=moved[first_pair + i : first_pair + k])
         return [(j, step[0], gated[j]) for j, step in enumerate(inputs)], moved
+
+    def _reach_inputs(
+        self, rows: Tensor, positions: Tensor, change: Tensor, run: tuple[Tensor, Tensor, Tensor | None, Tensor]
+    ) -> list[tuple[Tensor, ...]]:
+        """Return, per step j of the convolution's reach, ``(at, u_j, Δ_j, B_j, C_j, gate_j)``: the
+        positions ``at = positions + j`` (clamped to the last) and the SSM branch's inputs and gate
+        ``[P, ...]`` there when in_x at ``positions[i]`` of row ``rows[i]`` moves by `change`
+        ``[P, d_inner]`` (`run` as `_patched_reach`'s)."""
+        conv, new_in_x, new_z, gate = run
+        n_pos = conv.shape[1]
+        inputs: list[tuple[Tensor, ...]] = []
+        for j in range(max(self.d_conv, 1)):
+            at = (positions + j).clamp(max=n_pos - 1)
+            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
+                conv_j = conv[rows, at] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
+            else:
+                conv_j = new_in_x[rows, positions]
+            gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
+            inputs.append((at, *self._ssm_inputs(conv_j, convolved=True), gate_j))
+        return inputs
+
+    def backward_patch_effects(self, patched: RunResid, memo: MixerMemo, first_row: int) -> BackwardEffects:
+        """Return the recorder of `exact_patch_effects` of a patch of the input to `patched`
+        ``[N, T, d_model]`` (rows `first_row` .. of the base run's resumed forwards; `memo` that
+        run's, `MixerMemo.given` and `MixerMemo.agree`) computed by their backward passes
+        (`BackwardEffects`)."""
+        with torch.no_grad():
+            new_in_x, new_z = self._projected(patched, memo.given(patched), slice(None))
+        first = None if memo.agreement is None else memo.agreement[1]
+        return BackwardEffects(self, new_in_x, new_z, first, first_row)
 
     def patch_context(self, x: RunResid, memo: MixerMemo) -> Context:
         """Return `prefix_context(x)` from the base branch the patch computations keep in `memo`
@@ -390,3 +421,158 @@ def _consecutive_runs(index: Tensor) -> list[tuple[int, int, int]]:
     bounds = [0, *((index.diff() != 1).nonzero()[:, 0] + 1).tolist(), len(index)]
     firsts = index[bounds[:-1]].tolist()
     return list(zip(bounds[:-1], bounds[1:], firsts, strict=True))
+
+
+class BackwardEffects:
+    """`MambaPatchEffects.exact_patch_effects` of a patch of the mixer's input (hook None) on the
+    base run's resumed windows (AtP*'s corrupt forward), computed by those windows' backward passes.
+
+    The effects need the base run's states before and after each pair's reach and the adjoint
+    states after it, which the scan's backward recomputes a chunk at a time anyway (its adjoint
+    g_t gives μ_t = exp(Δ_{t+1} A) ⊙ g_{t+1}); computed after the backward, they cost a second
+    scan of the base run and a sweep of the adjoints over ``[N, T, d_state, d_inner]`` tensors.
+    While `recording`, each resumed forward of the mixer makes a `_WindowEffects`, which the scan
+    shows each chunk (`ScanObserver`) and which writes its pairs' effects into `effect`."""
+
+    def __init__(self, mixer: MambaPatchEffects, new_in_x: Tensor, new_z: Tensor | None, first, first_row: int):
+        self.mixer, self.first_row = mixer, first_row
+        #: in_proj's outputs on the patched input ``[N, T, d_inner]``
+        self.new_in_x, self.new_z = new_in_x, new_z
+        #: each row's first position where the base run may differ from the run it agrees with (None: 0)
+        self.first: Tensor | None = first
+        self.effect = new_in_x.new_zeros(new_in_x.shape[:2], dtype=torch.float64)
+        self.windows: list[_WindowEffects] = []
+        self.failed = False
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Within the `with` block the mixer's resumed forwards record their windows here."""
+        self.mixer.patch_recorder = self
+        try:
+            yield
+        finally:
+            self.mixer.patch_recorder = None
+
+    def effects(self) -> PositionEffects | None:
+        """Return ``[N, T]`` float64, `exact_patch_effects` along the gradient of the backward passes,
+        or None unless every window's backward ran through its scan (then compute them after it)."""
+        if self.failed or not self.windows or not all(window.done for window in self.windows):
+            return None
+        return self.effect
+
+    def window(
+        self, rows: RowInts, start: RowInts, in_x: Tensor, z: Tensor | None, conv: Tensor
+    ) -> _WindowEffects | None:
+        """Return the `ScanObserver` of one resumed window (`Mamba.forward_from`: rows ``rows[i]`` of
+        the base run from ``start[i]``; its in_x, z and convolved in_x ``[B, W, d_inner]``), or
+        None where its scan shows none (a hooked state: the effects are then computed after)."""
+        if hook_in_use(self.mixer.hook_ssm_state):
+            self.failed = True
+            return None
+        with torch.no_grad():
+            window = _WindowEffects(self, rows - self.first_row, start, in_x.detach(), z, conv.detach())
+        self.windows.append(window)
+        return window
+
+
+class _WindowEffects:
+    """The effects of `BackwardEffects`' patch on one resumed window, computed chunk by chunk by
+    the window's backward pass (`ScanObserver`, last chunk first). Each (row, position) pair s
+    whose input the patch changes runs its d_conv steps from the state before s, as
+    `MambaPatchEffects._patched_reach` does; its state after the reach is read against the base
+    state and μ there. Per chunk, the states from the one before it to the reach − 1 positions
+    after it (kept from the chunk after, `ahead`) are laid out state-major in one buffer, and the
+    pairs, ordered by position then row, read them as views where they cover whole positions."""
+
+    def __init__(
+        self, recorder: BackwardEffects, rows: Tensor, start: Tensor, in_x: Tensor, z: Tensor | None, conv: Tensor
+    ):
+        mixer = recorder.mixer
+        # not the recorder itself: a cycle with it would keep every window's tensors to the next collection
+        self.effect, self.mixer, self.rows, self.start = recorder.effect, mixer, rows, start
+        self.width, self.reach = in_x.shape[1], max(mixer.d_conv, 1)
+        index = window_index(start, self.width)  # [B, W] positions in the run
+        new_in_x = recorder.new_in_x[rows[:, None], index]
+        new_z = None if recorder.new_z is None else recorder.new_z[rows[:, None], index]
+        z = None if z is None else z.detach()
+        changed = mixer._changed(in_x, z, new_in_x, new_z)
+        if recorder.first is not None:  # before it the base run is the agreeing run's: nothing changes
+            changed &= index >= recorder.first[rows, None]
+        self.s, self.b = changed.t().nonzero(as_tuple=True)  # [P] each, by position then row
+        gate = torch.ones_like(in_x) if z is None else F.silu(z)
+        change = (new_in_x - in_x)[self.b, self.s]
+        self.inputs = mixer._reach_inputs(self.b, self.s, change, (conv, new_in_x, new_z, gate))
+        self.A_t = mixer._state_major_A()
+        self.gated: Tensor | None = None
+        self.grad_gated: Tensor | None = None
+        self.ahead: tuple[Tensor, Tensor] | None = None  # the first reach − 1 states and μ of the chunk after
+        self.done = False
+
+    def watch(self, gated: Tensor) -> None:
+        """Keep the window's gated output ``[B, W, d_inner]`` and, from the backward, its gradient."""
+        self.gated = gated.detach()
+        if gated.requires_grad:
+            gated.register_hook(self._keep_gradient)
+
+    def _keep_gradient(self, gradient: Tensor) -> None:
+        self.grad_gated = gradient
+
+    @torch.no_grad()
+    def __call__(
+        self, lo: int, h0: Tensor, decay: Tensor, states: Tensor, adjoints: Tensor, after: Tensor | None
+    ) -> None:
+        """Write the effects of the pairs at the chunk's positions lo .. lo + K − 1 (`ScanObserver`)."""
+        size, keep = len(states), self.reach - 1
+        extra = 0 if self.ahead is None else len(self.ahead[0])
+        # positions lo - 1 .. lo + K - 1 + extra, state-major (module docstring)
+        n_rows, d_inner, d_state = states.shape[1:]
+        held = states.new_empty(1 + size + extra, n_rows, d_state, d_inner)
+        held[0] = h0.transpose(-1, -2)
+        held[1 : 1 + size] = states.transpose(-1, -2)
+        # μ_t = exp(Δ_{t+1} A) ⊙ g_{t+1}, what the read-outs after t take of h_t: positions lo .. lo + K - 1 + extra
+        mu = torch.empty_like(held[1:])
+        torch.mul(decay[1:], adjoints[1:], out=mu[: size - 1].transpose(-1, -2))
+        if after is None:
+            mu[size - 1].zero_()
+        else:
+            mu[size - 1] = after.transpose(-1, -2)
+        if self.ahead is not None:
+            held[1 + size :], mu[size:] = self.ahead
+        first, last = (int(i) for i in torch.searchsorted(self.s, torch.tensor([lo, lo + size])))
+        if last > first:
+            self._pairs(slice(first, last), lo, held, mu)
+        self.ahead = (held[1 : 1 + keep].clone(), mu[:keep].clone())
+        self.done = lo == 0
+
+    def _pairs(self, here: slice, lo: int, held: Tensor, mu: Tensor) -> None:
+        """Write the effects of the pairs `here` (a stretch of the window's pairs), whose positions
+        lie in the chunk from `lo` (`held`, the states from lo − 1 on, and μ from lo on:
+        ``[positions, B, d_state, d_inner]``)."""
+        mixer, width = self.mixer, held.shape[1]
+        b, s = self.b[here], self.s[here]
+        assert self.gated is not None and self.grad_gated is not None  # `watch`, then the backward
+        state = _rows_at(held.flatten(0, 1), (s - lo) * width + b)  # the base state before s
+        total = torch.zeros(len(b), dtype=torch.float64, device=held.device)
+        for j, step in enumerate(self.inputs):
+            at, u_j, delta_j, B_j, C_j, gate_j = (value[here] for value in step)
+            # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, on the fresh [P, d_state, d_inner] decay
+            state = decay_exp_(delta_j[:, None, :] * self.A_t, factors=(delta_j, self.A_t)).mul_(state)
+            state.addcmul_(B_j[:, :, None], (delta_j * u_j)[:, None, :])
+            y_j = (C_j[:, None, :] @ state)[:, 0] + u_j * mixer.D
+            moved = (self.grad_gated[b, at] * (y_j * gate_j - self.gated[b, at])).sum(-1)
+            total += moved.double() * (s + j < self.width)
+        # the state's change after the reach, read by everything after it through μ there
+        reached = s + self.reach - 1
+        inside = (reached < self.width).nonzero(as_tuple=True)[0]
+        if len(inside):
+            offset = (reached[inside] - lo) * width + b[inside]
+            changed = state[inside].sub_(_rows_at(held[1:].flatten(0, 1), offset))
+            total[inside] += changed.mul_(_rows_at(mu.flatten(0, 1), offset)).sum((-1, -2)).double()
+        self.effect[self.rows[b], self.start[b] + s] = total
+
+
+def _rows_at(flat: Tensor, index: Tensor) -> Tensor:
+    """Return ``flat[index]`` ``[P, ...]``: a view where `index` is a stretch of consecutive rows."""
+    if len(index) and int(index[-1]) - int(index[0]) == len(index) - 1 and bool((index.diff() == 1).all()):
+        return flat.narrow(0, int(index[0]), len(index))
+    return flat.index_select(0, index)

@@ -35,6 +35,8 @@ Side by side:
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -167,10 +169,30 @@ def _transposed(x: Tensor) -> Tensor:
     return x.transpose(-1, -2).contiguous()
 
 
+class ScanObserver(Protocol):
+    """Called by `selective_scan`'s backward once per chunk, last chunk first: ``(start, h0, decay,
+    states, adjoints, after)`` with the chunk's first position `start`, the state before it `h0`
+    ``[b, d, n]``, its decays exp(Δ_t A) and states ``[K, b, d, n]``, the adjoints g_t = ∂L/∂h_t
+    ``[K, b, d, n]`` and `after` ``[b, d, n]``, exp(Δ_{t+1} A) ⊙ g_{t+1} after the chunk's last
+    position t (None for the last chunk). Only read: the backward goes on with them."""
+
+    def __call__(
+        self, start: int, h0: Tensor, decay: Tensor, states: Tensor, adjoints: Tensor, after: Tensor | None, /
+    ) -> None: ...
+
+
 class _SelectiveScan(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, chunk: int, h0: Tensor | None
+        ctx,
+        u: Tensor,
+        delta: Tensor,
+        A: Tensor,
+        B: Tensor,
+        C: Tensor,
+        chunk: int,
+        h0: Tensor | None,
+        observer: ScanObserver | None = None,
     ) -> Tensor:
         # Time-major copies make every h[t] one contiguous block for the in-place loop.
         u, delta, B, C = (_time_major(x) for x in (u, delta, B, C))
@@ -189,7 +211,7 @@ class _SelectiveScan(torch.autograd.Function):
             _, h = _chunk_states(delta[part], delta_u[part], B[part], A_t, h0, state_major=True)
             y[part] = _read_out(C[part], h)
             h0 = h[-1].clone()  # a view would keep the whole chunk's states alive
-        ctx.chunk = chunk
+        ctx.chunk, ctx.observer = chunk, observer
         ctx.save_for_backward(u, delta, A, B, C, delta_u, *chunk_starts)
         return y.transpose(0, 1)
 
@@ -213,6 +235,8 @@ class _SelectiveScan(torch.autograd.Function):
                 g[-1] += carry
             for t in range(g.shape[0] - 2, -1, -1):
                 g[t].addcmul_(decay[t + 1], g[t + 1])
+            if ctx.observer is not None:
+                ctx.observer(start, h0, decay, h, g, carry)
             carry = decay[0] * g[0]
             # y_t = h_t C_t and b_t = (Δ_t u_t) B_tᵀ: contract the adjoints against each factor
             grad_C[part] = torch.matmul(grad_y[part, :, None, :], h).squeeze(-2)
@@ -237,6 +261,7 @@ class _SelectiveScan(torch.autograd.Function):
             grad_C.transpose(0, 1),
             None,
             grad_h0,
+            None,
         )
 
 
@@ -294,17 +319,19 @@ def selective_scan(
     D: Tensor | None = None,
     chunk: int = DEFAULT_CHUNK,
     h0: Tensor | None = None,
+    observer: ScanObserver | None = None,
 ) -> Tensor:
     """Fast selective scan with a hand-written backward; same maths as `selective_scan_ref`.
 
     Returns y ``[batch, pos, d_inner]`` (plus ``D ⊙ u`` when `D` is given); the states are
     never materialised (use `linear_scan` when you need them). `h0` ``[batch, d_inner,
     d_state]`` is the state before the first position (zeros when None), e.g. to resume a
-    scan; it is differentiable too.
+    scan; it is differentiable too. `observer`: shown each chunk's states and adjoints by a
+    backward pass through y (`ScanObserver`; AtP*'s Mamba effects), never called without one.
     """
     blocks = _row_blocks(u, A)
     if needs_grad(u, delta, A, B, C, h0) or len(blocks) <= 1:
-        y = _SelectiveScan.apply(u, delta, A, B, C, chunk, h0)
+        y = _SelectiveScan.apply(u, delta, A, B, C, chunk, h0, observer)
     else:  # every operation is per row: the same bytes a block of rows at a time, its states in cache
         parts = []
         for rows in blocks:

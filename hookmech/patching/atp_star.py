@@ -51,7 +51,7 @@ several positions sums their Δλ (the estimate stays first order across positio
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ from ..cache import CacheFile, answer_probs, run_chunks
 from ..errors import HookmechError
 from ..hook_names import block_hook, parse_hook
 from ..hooks import gradients_follow_edits, pos_axis_of
-from ..mixers.capabilities import PatchMemo
+from ..mixers.capabilities import MixerMemo, PatchMemo
 from ..sites import as_specs, position_patches
 from ..tasks.batch import Batch
 from .atp import positional_hooks
@@ -266,6 +266,8 @@ class _Estimator:
         #: the corrupt forward resumed at each row's first corrupted token (None: the whole forward)
         self.resumed: ResumedCorruptRun | None = None
         self.max_batch = max_batch
+        #: per block, (patched mixer input, its mixer's effects) computed by the backward passes
+        self.in_backward: dict[int, tuple[Tensor, Tensor]] = {}
         #: the last block's exact query step, resumed from the contexts of that forward's mixer inputs
         self.query_step = QueryStep(model, runs, max_batch, from_tokens=capture is not None)
         self.gradient_hooks = [block_hook(layer, "mixer_out") for layer in blocks]
@@ -343,7 +345,7 @@ class _Estimator:
         self.memo = PatchMemo(lambda layer: self._reads_of(layer, acts, base), agreement)
         self.query_step.new_chunk(self.memo)
         query, answers = batch.query_pos[rows].to(runs.device), batch.answers[rows]
-        log_odds, p_answer, grads = self._backward(rows, corrupt_input, query, answers, captured, base)
+        log_odds, p_answer, grads = self._backward(rows, corrupt_input, query, answers, captured, acts, base)
         self.p_corrupt[rows] = p_answer
         chunk_acts.update({(hook, "corrupt"): activation for hook, activation in captured.items()})
         variants = self.variants
@@ -403,7 +405,14 @@ class _Estimator:
         return answer_log_odds(logits, answers)
 
     def _backward(
-        self, rows: slice, corrupt_input: Tensor, query: Tensor, answers: Tensor, captured: dict[str, Tensor], base
+        self,
+        rows: slice,
+        corrupt_input: Tensor,
+        query: Tensor,
+        answers: Tensor,
+        captured: dict[str, Tensor],
+        acts,
+        base,
     ) -> tuple[Tensor, Tensor, dict[int | None, dict[str, Tensor]]]:
         """One corrupt forward of the rows `rows`; backward passes of λ: all paths, then each GradDrop
         layer's (`GradientPasses`), to the hooks `leaves` only. Returns (λ ``[n]``, p(answer) ``[n]``
@@ -413,7 +422,7 @@ class _Estimator:
         model = self.model
         points = [model.hook_dict[hook] for hook in self.hooks]
         if self.resumed is not None:
-            found = self._resumed_backward(rows, points)
+            found = self._resumed_backward(rows, points, acts, base)
             if found is not None:
                 log_odds, p_answer, acts, leaf_grads = found
                 captured.update(acts)
@@ -462,15 +471,66 @@ class _Estimator:
         return log_odds.detach(), p_answer, grads
 
     def _resumed_backward(
-        self, rows: slice, points: list
+        self, rows: slice, points: list, acts, base
     ) -> tuple[Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]] | None:
         """`ResumedCorruptRun.run` of the rows `rows` with the forward's hooks, `points` (the patched
-        hooks) carrying their edits' gradients; None where it falls back to the whole forward."""
+        hooks) carrying their edits' gradients; None where it falls back to the whole forward.
+        The mixers that can compute the effects of a patch of their input by the backward passes
+        (`AtpStarModel.mixer_backward_patch_effects`) do so for each block's input under the
+        clean run's block input (`in_backward`, read by `_exact_terms`)."""
         assert self.resumed is not None and self.capture is not None and not self.dropped  # `atp_star_patch`
         resumed, recorded = self.resumed, self.capture
-        with torch.enable_grad(), gradients_follow_edits(points), _parameters_frozen(self.model):
+        recorders = self._backward_recorders(rows, acts, base)
+        with torch.enable_grad(), gradients_follow_edits(points), _parameters_frozen(self.model), ExitStack() as stack:
+            for _, _, recorder in recorders:
+                stack.enter_context(recorder.recording())
             with self.model.hooks(fwd_hooks=resumed.hooks(self.leaves, recorded)):
-                return resumed.run(rows, self.leaves, recorded, self.max_batch)
+                found = resumed.run(rows, self.leaves, recorded, self.max_batch)
+        for layer, mixer_in, recorder in recorders:
+            effects = recorder.effects()
+            if effects is not None:
+                self.in_backward[layer] = (mixer_in, effects)
+        return found
+
+    def _backward_recorders(self, rows: slice, acts, base) -> list[tuple[int, Tensor, Any]]:
+        """Return ``(layer, patched mixer input, recorder)`` for each block whose exact hooks include
+        its own input or its mixer's (their patched mixer input is the clean run's) and whose mixer
+        computes those effects by the backward passes (`AtpStarModel.mixer_backward_patch_effects`)."""
+        self.in_backward = {}
+        recorders: list[tuple[int, Tensor, Any]] = []
+        for hook, layer in zip(self.exact_hooks, self.exact_layers, strict=True):
+            parsed = parse_hook(hook)
+            if parsed is None or parsed.inside is not None or parsed.part not in ("resid_pre", "mixer_in"):
+                continue
+            if layer is None or parsed.layer != layer or layer in [known for known, _, _ in recorders]:
+                continue
+            mixer_in = acts(hook, "clean")
+            if parsed.part == "resid_pre":
+                route = self.model.patch_to_next_mixer(hook, mixer_in, base)  # reads no base run
+                assert route is not None and route[2] is not None  # a block's input
+                mixer_in = route[2]
+            recorder = self.model.mixer_backward_patch_effects(
+                layer, mixer_in, self._clean_memo(layer, rows, acts), rows.start
+            )
+            if recorder is not None:
+                recorders.append((layer, mixer_in, recorder))
+        return recorders
+
+    def _clean_memo(self, layer: int, rows: slice, acts) -> MixerMemo:
+        """Return a memo of block `layer`'s mixer given its reads on the clean mixer input (with
+        `clean_reads`) and agreeing with the clean run before each row's first corrupted token."""
+        memo = MixerMemo()
+        names = self.reads.get(layer, [])
+        if self.clean_reads and names:
+            memo.give(
+                acts(block_hook(layer, "mixer_in"), "clean"),
+                {_inside_name(name): acts(name, "clean") for name in names},
+            )
+        assert self.resumed is not None  # `_resumed_backward`
+        agreement = self.resumed.agreement(rows)(layer)
+        if agreement is not None:
+            memo.agree(*agreement)
+        return memo
 
     def _final_gradient(self, base, query: Tensor, answers: Tensor) -> Tensor:
         """Return ∂λ/∂(the residual entering the final norm at the query) ``[n, 1, d_model]``, from
@@ -530,7 +590,11 @@ class _Estimator:
                 gradient = stacked[block_hook(layer, "mixer_out")]
                 entry = next((d for d in done if d[0] == layer and torch.equal(d[1], mixer_in)), None)
                 if entry is None:
-                    mixer_effect = self._along_kept(layer, gradient, mixer_in, base)
+                    in_backward = self.in_backward.get(layer)
+                    if in_backward is not None and torch.equal(in_backward[0], mixer_in):
+                        mixer_effect = in_backward[1].expand(variants, -1, -1)  # no GradDrop when resumed
+                    else:
+                        mixer_effect = self._along_kept(layer, gradient, mixer_in, base)
                     # the mixer before the last: its output's change at the query, for `QueryStep.correction`
                     at_query = (
                         model.mixer_patch_outputs(layer, mixer_in, base, query, self.memo)

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from torch import Tensor, nn
 
 from ..errors import HookmechError
-from ..mixers.capabilities import PatchMemo
+from ..mixers.capabilities import MixerMemo, PatchMemo
 
 
 @runtime_checkable
@@ -200,6 +200,13 @@ class AtpStarModel(PatchableModel, Protocol):
         `grad_mixer_out` ``[..., N, T, d_model]`` when one position of its input (`hook_name`
         None) or of its inside hook `hook_name` takes `patched`; None where the mixer has no such
         computation."""
+        ...
+
+    def mixer_backward_patch_effects(self, layer: int, patched: Tensor, memo: MixerMemo, first_row: int) -> Any:
+        """Return a recorder of `mixer_patch_effects(layer, ·, patched, ...)` (a patch of the mixer's
+        input) computed by the backward passes of the resumed forwards run within its
+        ``recording()``, read with ``effects()`` (None where it could not); None where the
+        mixer computes them after the backward only."""
         ...
 
     def mixer_patch_outputs(
