@@ -11,6 +11,11 @@ change of the output at one position the decays' product read out there
 convolved input, Δ, C, decays, states, gate and gated output) is kept in the caller's
 `MixerMemo`, which also gives the resume context of the same run (`patch_context`).
 
+Where the base run is AtP*'s resumed corrupt forward, the effects of a patch of the input are
+computed by that forward's backward pass instead (`MambaPatchEffects.backward_patch_effects`,
+`BackwardEffects`): the scan's backward recomputes the base states and sweeps the adjoint chunk by
+chunk anyway, so nothing is scanned or swept a second time.
+
 States, decays and adjoints here are state-major, ``[..., d_state, d_inner]`` (the mixer's own are
 ``[..., d_inner, d_state]``): every elementwise step and outer product then runs along d_inner,
 the long axis, and each read-out C·h is a row vector times a matrix; in the mixer's layout those
@@ -434,7 +439,9 @@ class BackwardEffects:
     While `recording`, each resumed forward of the mixer makes a `_WindowEffects`, which the scan
     shows each chunk (`ScanObserver`) and which writes its pairs' effects into `effect`."""
 
-    def __init__(self, mixer: MambaPatchEffects, new_in_x: Tensor, new_z: Tensor | None, first, first_row: int):
+    def __init__(
+        self, mixer: MambaPatchEffects, new_in_x: Tensor, new_z: Tensor | None, first: Tensor | None, first_row: int
+    ):
         self.mixer, self.first_row = mixer, first_row
         #: in_proj's outputs on the patched input ``[N, T, d_inner]``
         self.new_in_x, self.new_z = new_in_x, new_z
