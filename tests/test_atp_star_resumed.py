@@ -226,3 +226,22 @@ def test_mambas_effects_by_the_backward_are_those_computed_after_it(monkeypatch)
     after = atp_star_patch(model, batch, sites, POSITIONS, per_example=True)
     assert max(abs(r["p_patched"] - r["p_corrupt"]) for r in after) > 10 * ENGINE_TOL  # patches move p
     _assert_same_estimates(by_backward, after)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_atp_star_on_a_half_precision_mamba(dtype):
+    """AtP* on a Mamba computing in bfloat16 or float16 (a pretrained folder's `--dtype`): Mamba's
+    decays are float32 (A is, as in mamba-ssm), so its patched steps' states are too, and each
+    read-out casts C to them (it raised a dtype error). The estimated shifts p_patched − p_corrupt
+    are the float32 model's to 10 % of the largest: measured 4 % (bfloat16, 8 bits of mantissa
+    rounding every activation of three blocks) and 1.2 % (float16), where a value read in the
+    wrong format or place is off by the whole shift."""
+    task = hookmech.tasks.make("ar", vocab_size=96, num_kv_pairs=20)
+    batch = task.sample(8, seed=7)
+    sites, positions = ["L*.block_in"], ["key", "value", "all"]
+    reference = atp_star_patch(unit_variance(make_model(task, mixers="mamba", n_layers=3)), batch, sites, positions)
+    half = unit_variance(make_model(task, mixers="mamba", n_layers=3)).to(dtype)
+    found = atp_star_patch(half, batch, sites, positions)
+    shifts = torch.tensor([[r["p_patched"] - r["p_corrupt"] for r in records] for records in (found, reference)])
+    assert shifts[1].abs().max() > 10 * ENGINE_TOL  # patches move p
+    assert (shifts[0] - shifts[1]).abs().max() <= 0.1 * shifts[1].abs().max()

@@ -232,8 +232,8 @@ class MambaPatchEffects(ExactPatchEffects):
             summed = delta.double().cumsum(1)
             span = (summed[rows[far], query[far]] - summed[rows[far], last[far]]).to(delta.dtype)  # [F, d_inner]
             carried = (span[:, None, :] * A_t).exp_().mul_(moved_state[far])
-            read = (C[rows[far], query[far]][:, None, :] @ carried)[:, 0]
-            moved[far] = read * gate[rows[far], query[far]]
+            read = (C[rows[far], query[far]][:, None, :].to(carried.dtype) @ carried)[:, 0]
+            moved[far] = (read * gate[rows[far], query[far]]).to(moved.dtype)
         out[rows, positions] = moved @ self.out_proj.weight.T  # the output projection's bias cancels
         return out
 
@@ -355,7 +355,7 @@ class MambaPatchEffects(ExactPatchEffects):
                 else:
                     state = decay.mul_(state)
                 state.addcmul_(B_j[pairs, :, None], (delta_p * u_j[pairs])[:, None, :])
-                y_j = (C_j[pairs, None, :] @ state)[:, 0] + u_j[pairs] * self.D
+                y_j = (C_j[pairs, None, :].to(state.dtype) @ state)[:, 0] + u_j[pairs] * self.D
                 gated[j][pairs] = y_j * gate_j[pairs]
             for i, k, first in _consecutive_runs(rows[pairs] * n_pos + last[pairs]):
                 torch.sub(state[i:k], flat_states[first : first + k - i], out=moved[first_pair + i : first_pair + k])
@@ -565,7 +565,7 @@ class _WindowEffects:
             # h ← exp(Δ_j A) ⊙ h + Δ_j u_j B_j, on the fresh [P, d_state, d_inner] decay
             state = decay_exp_(delta_j[:, None, :] * self.A_t, factors=(delta_j, self.A_t)).mul_(state)
             state.addcmul_(B_j[:, :, None], (delta_j * u_j)[:, None, :])
-            y_j = (C_j[:, None, :] @ state)[:, 0] + u_j * mixer.D
+            y_j = (C_j[:, None, :].to(state.dtype) @ state)[:, 0] + u_j * mixer.D
             moved = (self.grad_gated[b, at] * (y_j * gate_j - self.gated[b, at])).sum(-1)
             total += moved.double() * (s + j < self.width)
         # the state's change after the reach, read by everything after it through μ there
