@@ -175,7 +175,7 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
     def forward(self, x: Resid) -> Resid:
         """Return the mixed sequence ``[batch, pos, d_model]``."""
         if self.use_fast_path and not self.inside_hooks_in_use() and fused_kernels_available(x):
-            return self._forward_fused(x)
+            return _forward_fused(self, x)
         return self._hooked_forward(x)[0]
 
     def _hooked_forward(self, x: Resid, with_context: bool = False) -> tuple[Resid, Context | None]:
@@ -402,35 +402,36 @@ class Mamba(Mixer, MambaPatchEffects, MambaRoutes):
         t-d_conv+1 .. t (conv1d pads d_conv-1 on both sides; the last outputs are dropped)."""
         return self.conv1d(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
 
-    def _forward_fused(self, x: Tensor) -> Tensor:
-        """The CUDA path: mamba-ssm's kernels in their [batch, channels, pos] layout."""
-        assert causal_conv1d_fn is not None and selective_scan_fn is not None, "only after fused_kernels_available(x)"
-        projected = self.in_proj(x).transpose(1, 2)
-        in_x, z = projected.chunk(2, dim=1) if self.gate else (projected, None)
-        if 2 <= self.d_conv <= 4:  # the widths causal-conv1d implements
-            u = causal_conv1d_fn(in_x.contiguous(), self.conv1d.weight[:, 0, :], self.conv1d.bias, activation="silu")
-        elif self.d_conv > 0:
-            u = F.silu(self.conv1d(in_x)[..., : in_x.shape[-1]])
-        else:
-            u = F.silu(in_x)
-        dt, B, C = self.x_proj(u.transpose(1, 2)).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
-        delta = (dt @ self.dt_proj.weight.T).transpose(1, 2)  # bias and softplus run inside the kernel
-        y = selective_scan_fn(
-            u.contiguous(),
-            delta.contiguous(),
-            self._A(),
-            B.transpose(1, 2).contiguous(),
-            C.transpose(1, 2).contiguous(),
-            self.D.float(),
-            z=None if z is None else z.contiguous(),
-            delta_bias=self.dt_proj.bias.float(),
-            delta_softplus=True,
-        )
-        return self.out_proj(y.transpose(1, 2))
-
     def _A(self) -> Tensor:
         """A = -exp(A_log) ``[d_inner, d_state]``, in at least float32 (as mamba-ssm)."""
         return -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))
+
+
+def _forward_fused(mixer: Mamba, x: Tensor) -> Tensor:
+    """The CUDA path: mamba-ssm's kernels in their [batch, channels, pos] layout."""
+    assert causal_conv1d_fn is not None and selective_scan_fn is not None, "only after fused_kernels_available(x)"
+    projected = mixer.in_proj(x).transpose(1, 2)
+    in_x, z = projected.chunk(2, dim=1) if mixer.gate else (projected, None)
+    if 2 <= mixer.d_conv <= 4:  # the widths causal-conv1d implements
+        u = causal_conv1d_fn(in_x.contiguous(), mixer.conv1d.weight[:, 0, :], mixer.conv1d.bias, activation="silu")
+    elif mixer.d_conv > 0:
+        u = F.silu(mixer.conv1d(in_x)[..., : in_x.shape[-1]])
+    else:
+        u = F.silu(in_x)
+    dt, B, C = mixer.x_proj(u.transpose(1, 2)).split([mixer.dt_rank, mixer.d_state, mixer.d_state], dim=-1)
+    delta = (dt @ mixer.dt_proj.weight.T).transpose(1, 2)  # bias and softplus run inside the kernel
+    y = selective_scan_fn(
+        u.contiguous(),
+        delta.contiguous(),
+        mixer._A(),
+        B.transpose(1, 2).contiguous(),
+        C.transpose(1, 2).contiguous(),
+        mixer.D.float(),
+        z=None if z is None else z.contiguous(),
+        delta_bias=mixer.dt_proj.bias.float(),
+        delta_softplus=True,
+    )
+    return mixer.out_proj(y.transpose(1, 2))
 
 
 def _check_options(d_state, d_conv, expand, dt_rank, dt_min, dt_max, dt_init) -> None:

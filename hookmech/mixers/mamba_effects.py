@@ -338,7 +338,7 @@ class MambaPatchEffects(ExactPatchEffects):
         pairs at a time from the state before s through all the steps (`PAIR_BLOCK_BYTES`: the
         block's states, read, updated and compared with the base run's, stay in cache)."""
         n_pos = run[0].shape[1]
-        inputs = self._reach_inputs(rows, positions, change, run)
+        inputs = _reach_inputs(self, rows, positions, change, run)
         gated = [change.new_empty(change.shape) for _ in inputs]
         moved = states.new_empty(len(rows), *states.shape[2:])
         last = (positions + len(inputs) - 1).clamp(max=n_pos - 1)
@@ -360,26 +360,6 @@ class MambaPatchEffects(ExactPatchEffects):
             for i, k, first in _consecutive_runs(rows[pairs] * n_pos + last[pairs]):
                 torch.sub(state[i:k], flat_states[first : first + k - i], out=moved[first_pair + i : first_pair + k])
         return [(j, step[0], gated[j]) for j, step in enumerate(inputs)], moved
-
-    def _reach_inputs(
-        self, rows: Tensor, positions: Tensor, change: Tensor, run: tuple[Tensor, Tensor, Tensor | None, Tensor]
-    ) -> list[tuple[Tensor, ...]]:
-        """Return, per step j of the convolution's reach, ``(at, u_j, Δ_j, B_j, C_j, gate_j)``: the
-        positions ``at = positions + j`` (clamped to the last) and the SSM branch's inputs and gate
-        ``[P, ...]`` there when in_x at ``positions[i]`` of row ``rows[i]`` moves by `change`
-        ``[P, d_inner]`` (`run` as `_patched_reach`'s)."""
-        conv, new_in_x, new_z, gate = run
-        n_pos = conv.shape[1]
-        inputs: list[tuple[Tensor, ...]] = []
-        for j in range(max(self.d_conv, 1)):
-            at = (positions + j).clamp(max=n_pos - 1)
-            if self.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
-                conv_j = conv[rows, at] + self.conv1d.weight[:, 0, self.d_conv - 1 - j] * change
-            else:
-                conv_j = new_in_x[rows, positions]
-            gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
-            inputs.append((at, *self._ssm_inputs(conv_j, convolved=True), gate_j))
-        return inputs
 
     def backward_patch_effects(self, patched: RunResid, memo: MixerMemo, first_row: int) -> BackwardEffects:
         """Return the recorder of `exact_patch_effects` of a patch of the input to `patched`
@@ -404,6 +384,31 @@ class MambaPatchEffects(ExactPatchEffects):
             states.append(self._base_branch(in_x, z, memo, rows)[4][:, stride - 1 :: stride].transpose(-1, -2))
             inputs.append(in_x)
         return {"state": torch.cat(states).contiguous(), "in_x": torch.cat(inputs)}
+
+
+def _reach_inputs(
+    mixer: MambaPatchEffects,
+    rows: Tensor,
+    positions: Tensor,
+    change: Tensor,
+    run: tuple[Tensor, Tensor, Tensor | None, Tensor],
+) -> list[tuple[Tensor, ...]]:
+    """Return, per step j of the convolution's reach, ``(at, u_j, Δ_j, B_j, C_j, gate_j)``: the
+    positions ``at = positions + j`` (clamped to the last) and the SSM branch's inputs and gate
+    ``[P, ...]`` there when in_x at ``positions[i]`` of row ``rows[i]`` moves by `change`
+    ``[P, d_inner]`` (`run` as `_patched_reach`'s)."""
+    conv, new_in_x, new_z, gate = run
+    n_pos = conv.shape[1]
+    inputs: list[tuple[Tensor, ...]] = []
+    for j in range(max(mixer.d_conv, 1)):
+        at = (positions + j).clamp(max=n_pos - 1)
+        if mixer.d_conv > 0:  # in_x at s enters the output at s + j with the kernel's tap d_conv - 1 - j
+            conv_j = conv[rows, at] + mixer.conv1d.weight[:, 0, mixer.d_conv - 1 - j] * change
+        else:
+            conv_j = new_in_x[rows, positions]
+        gate_j = F.silu(new_z[rows, positions]) if j == 0 and new_z is not None else gate[rows, at]
+        inputs.append((at, *mixer._ssm_inputs(conv_j, convolved=True), gate_j))
+    return inputs
 
 
 def _times_state_before(x: Tensor, flat_states: Tensor, rows: Tensor, positions: Tensor, n_pos: int) -> Tensor:
@@ -508,7 +513,7 @@ class _WindowEffects:
         self.s, self.b = changed.t().nonzero(as_tuple=True)  # [P] each, by position then row
         gate = torch.ones_like(in_x) if z is None else F.silu(z)
         change = (new_in_x - in_x)[self.b, self.s]
-        self.inputs = mixer._reach_inputs(self.b, self.s, change, (conv, new_in_x, new_z, gate))
+        self.inputs = _reach_inputs(mixer, self.b, self.s, change, (conv, new_in_x, new_z, gate))
         self.A_t = mixer._state_major_A()
         self.gated: Tensor | None = None
         self.grad_gated: Tensor | None = None

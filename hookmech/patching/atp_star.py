@@ -386,24 +386,6 @@ class _Estimator:
             gifts.append((acts(mixer_in, "clean"), {short[name]: acts(name, "clean") for name in names}))
         return gifts
 
-    def _query_log_odds(self, hook: str | None, start: Tensor, clean: Tensor, query: Tensor, answers: Tensor) -> Tensor:
-        """Return λ ``[n]`` of the logits at the query when only position-wise computation is left:
-        from `start` ``[n, 1, d_model]``, the residual entering the final norm at the query; with
-        `hook` (the final norm's output), the base run's residual there with `hook` set to `clean`."""
-        fwd_hooks = []
-        if hook is not None:
-            pos_axis = pos_axis_of(self.model.hook_dict[hook])
-            assert pos_axis is not None
-            value = _at(clean, pos_axis, query)
-            fwd_hooks = [(hook, lambda activation, hook=None: value)]
-        logits = self.model.run_with_hooks(
-            start,
-            start_at_layer=self.model.cfg.n_layers,
-            positions=torch.zeros_like(query),
-            fwd_hooks=fwd_hooks,
-        )
-        return answer_log_odds(logits, answers)
-
     def _backward(
         self,
         rows: slice,
@@ -480,7 +462,8 @@ class _Estimator:
         clean run's block input (`in_backward`, read by `_exact_terms`)."""
         assert self.resumed is not None and self.capture is not None and not self.dropped  # `atp_star_patch`
         resumed, recorded = self.resumed, self.capture
-        recorders = self._backward_recorders(rows, acts, base)
+        self.in_backward = {}
+        recorders = _backward_recorders(self, rows, acts, base)
         with torch.enable_grad(), gradients_follow_edits(points), _parameters_frozen(self.model), ExitStack() as stack:
             for _, _, recorder in recorders:
                 stack.enter_context(recorder.recording())
@@ -491,46 +474,6 @@ class _Estimator:
             if effects is not None:
                 self.in_backward[layer] = (mixer_in, effects)
         return found
-
-    def _backward_recorders(self, rows: slice, acts, base) -> list[tuple[int, Tensor, Any]]:
-        """Return ``(layer, patched mixer input, recorder)`` for each block whose exact hooks include
-        its own input or its mixer's (their patched mixer input is the clean run's) and whose mixer
-        computes those effects by the backward passes (`AtpStarModel.mixer_backward_patch_effects`)."""
-        self.in_backward = {}
-        recorders: list[tuple[int, Tensor, Any]] = []
-        for hook, layer in zip(self.exact_hooks, self.exact_layers, strict=True):
-            parsed = parse_hook(hook)
-            if parsed is None or parsed.inside is not None or parsed.part not in ("resid_pre", "mixer_in"):
-                continue
-            if layer is None or parsed.layer != layer or layer in [known for known, _, _ in recorders]:
-                continue
-            mixer_in = acts(hook, "clean")
-            if parsed.part == "resid_pre":
-                route = self.model.patch_to_next_mixer(hook, mixer_in, base)  # reads no base run
-                assert route is not None and route[2] is not None  # a block's input
-                mixer_in = route[2]
-            recorder = self.model.mixer_backward_patch_effects(
-                layer, mixer_in, self._clean_memo(layer, rows, acts), rows.start
-            )
-            if recorder is not None:
-                recorders.append((layer, mixer_in, recorder))
-        return recorders
-
-    def _clean_memo(self, layer: int, rows: slice, acts) -> MixerMemo:
-        """Return a memo of block `layer`'s mixer given its reads on the clean mixer input (with
-        `clean_reads`) and agreeing with the clean run before each row's first corrupted token."""
-        memo = MixerMemo()
-        names = self.reads.get(layer, [])
-        if self.clean_reads and names:
-            memo.give(
-                acts(block_hook(layer, "mixer_in"), "clean"),
-                {_inside_name(name): acts(name, "clean") for name in names},
-            )
-        assert self.resumed is not None  # `_resumed_backward`
-        agreement = self.resumed.agreement(rows)(layer)
-        if agreement is not None:
-            memo.agree(*agreement)
-        return memo
 
     def _final_gradient(self, base, query: Tensor, answers: Tensor) -> Tensor:
         """Return ∂λ/∂(the residual entering the final norm at the query) ``[n, 1, d_model]``, from
@@ -575,9 +518,9 @@ class _Estimator:
             route = model.patch_to_next_mixer(hook, clean, base, at=query)
             if route is None and model.resume_layer(hook) == n_layers:  # the final norm itself
                 final_resid = _at(base(model.resid_hook(n_layers)), 1, query)
-                patched = self._query_log_odds(hook, final_resid, clean, query, answers)
+                patched = _query_log_odds(self.model, hook, final_resid, clean, query, answers)
             elif route is not None and route[2] is None:  # after the last mixer
-                patched = self._query_log_odds(None, route[1], clean, query, answers)
+                patched = _query_log_odds(self.model, None, route[1], clean, query, answers)
             else:
                 patched = None
             if patched is not None:
@@ -639,6 +582,68 @@ class _Estimator:
             if variant is not None and variant < layer:
                 effects[index] = found[0]
         return effects
+
+
+def _query_log_odds(
+    model: AtpStarModel, hook: str | None, start: Tensor, clean: Tensor, query: Tensor, answers: Tensor
+) -> Tensor:
+    """Return λ ``[n]`` of the logits at the query when only position-wise computation is left:
+    from `start` ``[n, 1, d_model]``, the residual entering the final norm at the query; with
+    `hook` (the final norm's output), the base run's residual there with `hook` set to `clean`."""
+    fwd_hooks = []
+    if hook is not None:
+        pos_axis = pos_axis_of(model.hook_dict[hook])
+        assert pos_axis is not None
+        value = _at(clean, pos_axis, query)
+        fwd_hooks = [(hook, lambda activation, hook=None: value)]
+    logits = model.run_with_hooks(
+        start,
+        start_at_layer=model.cfg.n_layers,
+        positions=torch.zeros_like(query),
+        fwd_hooks=fwd_hooks,
+    )
+    return answer_log_odds(logits, answers)
+
+
+def _backward_recorders(estimator: _Estimator, rows: slice, acts, base) -> list[tuple[int, Tensor, Any]]:
+    """Return ``(layer, patched mixer input, recorder)`` for each block whose exact hooks include
+    its own input or its mixer's (their patched mixer input is the clean run's) and whose mixer
+    computes those effects by the backward passes (`AtpStarModel.mixer_backward_patch_effects`)."""
+    recorders: list[tuple[int, Tensor, Any]] = []
+    for hook, layer in zip(estimator.exact_hooks, estimator.exact_layers, strict=True):
+        parsed = parse_hook(hook)
+        if parsed is None or parsed.inside is not None or parsed.part not in ("resid_pre", "mixer_in"):
+            continue
+        if layer is None or parsed.layer != layer or layer in [known for known, _, _ in recorders]:
+            continue
+        mixer_in = acts(hook, "clean")
+        if parsed.part == "resid_pre":
+            route = estimator.model.patch_to_next_mixer(hook, mixer_in, base)  # reads no base run
+            assert route is not None and route[2] is not None  # a block's input
+            mixer_in = route[2]
+        recorder = estimator.model.mixer_backward_patch_effects(
+            layer, mixer_in, _clean_memo(estimator, layer, rows, acts), rows.start
+        )
+        if recorder is not None:
+            recorders.append((layer, mixer_in, recorder))
+    return recorders
+
+
+def _clean_memo(estimator: _Estimator, layer: int, rows: slice, acts) -> MixerMemo:
+    """Return a memo of block `layer`'s mixer given its reads on the clean mixer input (with
+    `clean_reads`) and agreeing with the clean run before each row's first corrupted token."""
+    memo = MixerMemo()
+    names = estimator.reads.get(layer, [])
+    if estimator.clean_reads and names:
+        memo.give(
+            acts(block_hook(layer, "mixer_in"), "clean"),
+            {_inside_name(name): acts(name, "clean") for name in names},
+        )
+    assert estimator.resumed is not None  # `_resumed_backward`
+    agreement = estimator.resumed.agreement(rows)(layer)
+    if agreement is not None:
+        memo.agree(*agreement)
+    return memo
 
 
 @contextmanager
