@@ -67,6 +67,7 @@ CALIBRATION = [
     ("atr-split/d64-attention-lr1e-3-s1-linear/attention_lr0.001_s1_417232", "induction", "induction at layer 1"),
     ("atr-split/d64-attention-lr1e-3-s0-linear-split1/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-split/d64-attention-lr1e-3-s0-linear-split2/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
+    ("atr-split/d64-attention-lr1e-3-s0-linear-g20/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-split/d64-attention-lr3e-3-s0-linear/attention_lr0.003_s0_33d62c", "induction", "induction at layer 1"),
     ("atr-split/d64-attention-lr3e-4-s0-linear/attention_lr0.0003_s0_230752", "induction", "induction at layer 1"),
     ("atr-split/d64-attention-lr1e-4-s0-linear/attention_lr0.0001_s0_e2d635", "induction", "induction at layer 1"),
