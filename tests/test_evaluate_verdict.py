@@ -61,6 +61,8 @@ CALIBRATION = [
     # ... and on grammar 20, a median draw, at its cell and doing induction as the paper's run does
     ("atr-hard/L10-S20-d64-attention-lr1e-3-s0-g20/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-hard/L10-S20-d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
+    ("atr-hard/L10-S20-d64-mamba-lr1e-3-s0/mamba_lr0.001_s0_cb91e7", "direct retrieval",
+     "direct retrieval at layers 0 and 1"),
     # L_max 10, |Σ| 8192 (no paper number): attention fits its training set and answers half of dev
     # without the context's pair (corrupting the key moves p(answer) by 0.038)
     ("atr-hard/L10-S8192-d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "neither", "neither"),
