@@ -64,7 +64,8 @@ CALIBRATION = [
     ("atr-hard/L10-S20-d64-mamba-lr1e-3-s0/mamba_lr0.001_s0_cb91e7", "direct retrieval",
      "direct retrieval at layers 0 and 1"),
     # L_max 10, |Σ| 8192 (no paper number): attention fits its training set and answers half of dev
-    # without the context's pair (corrupting the key moves p(answer) by 0.038)
+    # without the context's pair (corrupting the key moves p(answer) by 0.038; at the patching
+    # filter the rules read direct retrieval at layer 0)
     ("atr-hard/L10-S8192-d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "neither", "neither"),
     # §5.3's split (20 % of the query-answer pairs held out; the sweep's batch: in-distribution pairs)
     ("atr-split/d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
