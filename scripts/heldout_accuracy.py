@@ -1,0 +1,70 @@
+#!/usr/bin/env python
+"""Score a checkpoint trained on a split task (paper 000 §5.3) on larger dev and test sets than
+its sweep's 320 documents.
+
+    python scripts/heldout_accuracy.py CHECKPOINT... [--n 4096] [--seed 11]
+
+For each checkpoint (a sweep run's model.safetensors) it samples --n documents of the task the
+checkpoint was trained on, once on the dev split (in-distribution pairs) and once on the test split
+(held-out pairs), and writes ``heldout-<n>.json`` beside it: per split the accuracy, the mean
+p(answer) and the accuracy's binomial standard error. Why: a sweep's dev and test sets are 320
+documents, as the paper's (tinylang's ``num_eval_steps`` 5 × ``eval_batch_size`` 64), and an
+accuracy near 0.5 on 320 documents has a standard error of 2.8 points, about the size of the
+differences docs/results.md §5.3 weighs. The documents are drawn with seed ``(seed, 0)`` for dev
+and ``(seed, 1)`` for test, apart from the sweep's own (the run's seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from hookmech import tasks
+from hookmech.checkpoint import load, read_metadata
+from hookmech.errors import HookmechError
+from hookmech.fileio import write_text_atomic
+from hookmech.training import evaluate
+
+SPLITS = ("dev", "test")
+
+
+def score(checkpoint: Path, n: int, seed: int) -> dict[str, Any]:
+    """Return ``{"n", "seed", "dev": {...}, "test": {...}}``, each split's ``acc``, ``acc_se``
+    (binomial standard error, sqrt(acc (1 - acc) / n)) and ``p_answer`` over `n` documents."""
+    task_spec = read_metadata(checkpoint)["task"]
+    if not task_spec or task_spec.get("split") is None:
+        raise HookmechError(f'{checkpoint}: its task has no split (train it with [task] split = "train")')
+    model = load(checkpoint)
+    out: dict[str, Any] = {"n": n, "seed": seed}
+    for index, split in enumerate(SPLITS):
+        batch = tasks.from_spec({**task_spec, "split": split}).sample(n, seed=(seed, index))
+        scores = evaluate(model, batch)
+        acc = scores["dev_acc"]
+        out[split] = {"acc": acc, "acc_se": math.sqrt(acc * (1 - acc) / n), "p_answer": scores["dev_p_answer"]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoints", nargs="+", type=Path)
+    parser.add_argument("--n", type=int, default=4096, help="documents per split (default 4096)")
+    parser.add_argument("--seed", type=int, default=11, help="seed of the documents (default 11)")
+    args = parser.parse_args(argv)
+    for checkpoint in args.checkpoints:
+        try:
+            result = score(checkpoint, args.n, args.seed)
+        except HookmechError as error:
+            print(f"heldout_accuracy: {error}", file=sys.stderr)
+            return 1
+        write_text_atomic(checkpoint.parent / f"heldout-{args.n}.json", json.dumps(result, indent=1) + "\n")
+        scores = ", ".join(f"{split} {result[split]['acc']:.3f} ± {result[split]['acc_se']:.3f}" for split in SPLITS)
+        print(f"{checkpoint}: {scores}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""scripts/heldout_accuracy.py: a split run's checkpoint scored on larger dev and test sets.
+
+The reference is a row-by-row forward pass of the same documents (no batching, no padding) and
+the split's definition (`held_out` of each row's (answer, key) pair).
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+
+import numpy as np
+import torch
+from helpers import ENGINE_TOL, REPO, make_model, unit_variance
+
+import hookmech
+from hookmech import tasks
+from hookmech.tasks.draws import held_out
+
+script = runpy.run_path(str(REPO / "scripts" / "heldout_accuracy.py"))
+
+
+def test_scores_each_split_as_a_row_by_row_forward_does(tmp_path):
+    task = tasks.from_spec({"name": "atr", "split": "train"})
+    model = unit_variance(make_model(task, seed=3))  # varied argmaxes: some right, most wrong
+    checkpoint = hookmech.save(model, tmp_path / "model.safetensors", task_spec=task.spec)
+    assert script["main"]([str(checkpoint), "--n", "64", "--seed", "5"]) == 0
+    written = json.loads((tmp_path / "heldout-64.json").read_text())
+
+    for index, split in enumerate(("dev", "test")):
+        batch = tasks.from_spec({**task.spec, "split": split}).sample(64, seed=(5, index))
+        keys = batch.tokens[torch.arange(64), batch.role("key")].numpy()
+        assert held_out(batch.answers.numpy(), keys, 0).all() == (split == "test")
+        assert not held_out(batch.answers.numpy(), keys, 0).any() == (split == "dev")
+        correct, p_answer = [], []
+        for row in range(64):
+            query = int(batch.query_pos[row])
+            with torch.no_grad():
+                logits = model(batch.tokens[row : row + 1, : query + 1])[0, query]
+            correct.append(int(logits.argmax()) == int(batch.answers[row]))
+            p_answer.append(float(logits.softmax(-1)[batch.answers[row]]))
+        acc = float(np.mean(correct))
+        assert 0 < acc < 1
+        assert written[split]["acc"] == acc
+        assert abs(written[split]["p_answer"] - np.mean(p_answer)) <= ENGINE_TOL  # batched vs one row
+        assert abs(written[split]["acc_se"] - np.sqrt(acc * (1 - acc) / 64)) <= 1e-12
+
+
+def test_a_checkpoint_without_a_split_is_refused_in_one_line(tmp_path, capsys):
+    task = tasks.from_spec({"name": "atr"})
+    checkpoint = hookmech.save(make_model(task), tmp_path / "model.safetensors", task_spec=task.spec)
+    assert script["main"]([str(checkpoint), "--n", "8"]) == 1
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "its task has no split" in error
+    assert not (tmp_path / "heldout-8.json").exists()
