@@ -67,6 +67,8 @@ CALIBRATION = [
     # without the context's pair (corrupting the key moves p(answer) by 0.038; at the patching
     # filter the rules read direct retrieval at layer 0)
     ("atr-hard/L10-S8192-d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "neither", "neither"),
+    # ... where Based recalls from the context's pair, by induction (corrupting the key moves it by 0.107)
+    ("atr-hard/L10-S8192-d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
     # §5.3's split (20 % of the query-answer pairs held out; the sweep's batch: in-distribution pairs)
     ("atr-split/d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-split/d64-attention-lr1e-3-s0-linear/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
