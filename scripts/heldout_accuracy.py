@@ -1,17 +1,18 @@
 #!/usr/bin/env python
-"""Score a checkpoint trained on a split task (paper 000 §5.3) on larger dev and test sets than
-its sweep's 320 documents.
+"""Score a sweep run's checkpoint on larger dev (and, for a split task, test) sets than its
+sweep's 320 documents.
 
     python scripts/heldout_accuracy.py CHECKPOINT... [--n 4096] [--seed 11]
 
 For each checkpoint (a sweep run's model.safetensors) it samples --n documents of the task the
-checkpoint was trained on, once on the dev split (in-distribution pairs) and once on the test split
-(held-out pairs), and writes ``heldout-<n>.json`` beside it: per split the accuracy, the mean
-p(answer) and the accuracy's binomial standard error. Why: a sweep's dev and test sets are 320
-documents, as the paper's (tinylang's ``num_eval_steps`` 5 × ``eval_batch_size`` 64), and an
-accuracy near 0.5 on 320 documents has a standard error of 2.8 points, about the size of the
-differences docs/results.md §5.3 weighs. The documents are drawn with seed ``(seed, 0)`` for dev
-and ``(seed, 1)`` for test, apart from the sweep's own (the run's seed).
+checkpoint was trained on and writes ``heldout-<n>.json`` beside it: per split the accuracy, the
+mean p(answer) and the accuracy's binomial standard error. A checkpoint trained on a split task
+(paper 000 §5.3) is scored on both splits, dev (in-distribution pairs) and test (held-out pairs);
+any other on dev only. Why: a sweep's dev and test sets are 320 documents, as the paper's
+(tinylang's ``num_eval_steps`` 5 × ``eval_batch_size`` 64), and an accuracy near 0.5 on 320
+documents has a standard error of 2.8 points, about the size of the differences docs/results.md
+weighs. The documents are drawn with seed ``(seed, 0)`` for dev and ``(seed, 1)`` for test, apart
+from the sweep's own (the run's seed).
 """
 
 from __future__ import annotations
@@ -33,16 +34,18 @@ SPLITS = ("dev", "test")
 
 
 def score(checkpoint: Path, n: int, seed: int) -> dict[str, Any]:
-    """Return ``{"n", "seed", "dev": {...}, "test": {...}}``, each split's ``acc``, ``acc_se``
-    (binomial standard error, sqrt(acc (1 - acc) / n)) and ``p_answer`` over `n` documents."""
+    """Return ``{"n", "seed", "dev": {...}}`` and, for a split task, ``"test": {...}``: each
+    split's ``acc``, ``acc_se`` (binomial standard error, sqrt(acc (1 - acc) / n)) and
+    ``p_answer`` over `n` documents."""
     task_spec = read_metadata(checkpoint)["task"]
-    if not task_spec or task_spec.get("split") is None:
-        raise HookmechError(f'{checkpoint}: its task has no split (train it with [task] split = "train")')
+    if not task_spec:
+        raise HookmechError(f"{checkpoint}: it names no task (a sweep run's checkpoint does)")
+    is_split = task_spec.get("split") is not None
     model = load(checkpoint)
     out: dict[str, Any] = {"n": n, "seed": seed}
-    for index, split in enumerate(SPLITS):
-        batch = tasks.from_spec({**task_spec, "split": split}).sample(n, seed=(seed, index))
-        scores = evaluate(model, batch)
+    for index, split in enumerate(SPLITS if is_split else SPLITS[:1]):
+        spec = {**task_spec, "split": split} if is_split else task_spec
+        scores = evaluate(model, tasks.from_spec(spec).sample(n, seed=(seed, index)))
         acc = scores["dev_acc"]
         out[split] = {"acc": acc, "acc_se": math.sqrt(acc * (1 - acc) / n), "p_answer": scores["dev_p_answer"]}
     return out
@@ -61,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"heldout_accuracy: {error}", file=sys.stderr)
             return 1
         write_text_atomic(checkpoint.parent / f"heldout-{args.n}.json", json.dumps(result, indent=1) + "\n")
-        scores = ", ".join(f"{split} {result[split]['acc']:.3f} ± {result[split]['acc_se']:.3f}" for split in SPLITS)
+        scored = [split for split in SPLITS if split in result]
+        scores = ", ".join(f"{split} {result[split]['acc']:.3f} ± {result[split]['acc_se']:.3f}" for split in scored)
         print(f"{checkpoint}: {scores}")
     return 0
 

@@ -1,4 +1,4 @@
-"""scripts/heldout_accuracy.py: a split run's checkpoint scored on larger dev and test sets.
+"""scripts/heldout_accuracy.py: a run's checkpoint scored on larger dev (and test) sets.
 
 The reference is a row-by-row forward pass of the same documents (no batching, no padding) and
 the split's definition (`held_out` of each row's (answer, key) pair).
@@ -20,6 +20,25 @@ from hookmech.tasks.draws import held_out
 script = runpy.run_path(str(REPO / "scripts" / "heldout_accuracy.py"))
 
 
+def row_by_row(model, batch):
+    """Return (accuracy, mean p(answer)) of `batch` from one unpadded forward per row."""
+    correct, p_answer = [], []
+    for row in range(len(batch.answers)):
+        query = int(batch.query_pos[row])
+        with torch.no_grad():
+            logits = model(batch.tokens[row : row + 1, : query + 1])[0, query]
+        correct.append(int(logits.argmax()) == int(batch.answers[row]))
+        p_answer.append(float(logits.softmax(-1)[batch.answers[row]]))
+    return float(np.mean(correct)), float(np.mean(p_answer))
+
+
+def assert_scored_as(written, acc, p_answer, n):
+    assert 0 < acc < 1
+    assert written["acc"] == acc
+    assert abs(written["p_answer"] - p_answer) <= ENGINE_TOL  # batched vs one row
+    assert abs(written["acc_se"] - np.sqrt(acc * (1 - acc) / n)) <= 1e-12
+
+
 def test_scores_each_split_as_a_row_by_row_forward_does(tmp_path):
     task = tasks.from_spec({"name": "atr", "split": "train"})
     model = unit_variance(make_model(task, seed=3))  # varied argmaxes: some right, most wrong
@@ -32,24 +51,23 @@ def test_scores_each_split_as_a_row_by_row_forward_does(tmp_path):
         keys = batch.tokens[torch.arange(64), batch.role("key")].numpy()
         held = held_out(batch.answers.numpy(), keys, 0)
         assert held.all() if split == "test" else not held.any()
-        correct, p_answer = [], []
-        for row in range(64):
-            query = int(batch.query_pos[row])
-            with torch.no_grad():
-                logits = model(batch.tokens[row : row + 1, : query + 1])[0, query]
-            correct.append(int(logits.argmax()) == int(batch.answers[row]))
-            p_answer.append(float(logits.softmax(-1)[batch.answers[row]]))
-        acc = float(np.mean(correct))
-        assert 0 < acc < 1
-        assert written[split]["acc"] == acc
-        assert abs(written[split]["p_answer"] - np.mean(p_answer)) <= ENGINE_TOL  # batched vs one row
-        assert abs(written[split]["acc_se"] - np.sqrt(acc * (1 - acc) / 64)) <= 1e-12
+        assert_scored_as(written[split], *row_by_row(model, batch), 64)
 
 
-def test_a_checkpoint_without_a_split_is_refused_in_one_line(tmp_path, capsys):
+def test_a_task_without_a_split_is_scored_on_dev_only(tmp_path):
     task = tasks.from_spec({"name": "atr"})
-    checkpoint = hookmech.save(make_model(task), tmp_path / "model.safetensors", task_spec=task.spec)
+    model = unit_variance(make_model(task, seed=3))
+    checkpoint = hookmech.save(model, tmp_path / "model.safetensors", task_spec=task.spec)
+    assert script["main"]([str(checkpoint), "--n", "64", "--seed", "5"]) == 0
+    written = json.loads((tmp_path / "heldout-64.json").read_text())
+    assert set(written) == {"n", "seed", "dev"}
+    assert_scored_as(written["dev"], *row_by_row(model, task.sample(64, seed=(5, 0))), 64)
+
+
+def test_a_checkpoint_without_a_task_is_refused_in_one_line(tmp_path, capsys):
+    task = tasks.from_spec({"name": "atr"})
+    checkpoint = hookmech.save(make_model(task), tmp_path / "model.safetensors")
     assert script["main"]([str(checkpoint), "--n", "8"]) == 1
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "its task has no split" in error
+    assert error.count("\n") == 1 and "names no task" in error
     assert not (tmp_path / "heldout-8.json").exists()
