@@ -87,6 +87,10 @@ CALIBRATION = [
      "both: induction at layer 1, direct retrieval at layer 1"),
     ("atr-split/d64-baseconv-lr1e-3-s1-linear/baseconv_lr0.001_s1_5b57eb", "both",
      "both: induction at layer 1, direct retrieval at layer 1"),
+    ("atr-split/d64-baseconv-lr3e-3-s0-linear/baseconv_lr0.003_s0_cadf14", "both",
+     "both: induction at layer 1, direct retrieval at layer 1"),
+    ("atr-split/d64-baseconv-lr3e-4-s0-linear/baseconv_lr0.0003_s0_b0ac32", "both",
+     "both: induction at layer 1, direct retrieval at layer 1"),
     ("atr-split/d64-hyena-lr1e-3-s1-linear/hyena_lr0.001_s1_6de7ff", "direct retrieval",
      "direct retrieval at layers 0 and 1"),
 ]
