@@ -11,8 +11,10 @@ mean p(answer) and the accuracy's binomial standard error. A checkpoint trained 
 any other on dev only. Why: a sweep's dev and test sets are 320 documents, as the paper's
 (tinylang's ``num_eval_steps`` 5 × ``eval_batch_size`` 64), and an accuracy near 0.5 on 320
 documents has a standard error of 2.8 points, about the size of the differences docs/results.md
-weighs. The documents are drawn with seed ``(seed, 0)`` for dev and ``(seed, 1)`` for test, apart
-from the sweep's own (the run's seed).
+weighs. The documents are drawn with seed ``(seed, 0)`` for dev and ``(seed, 1)`` for test. With the
+run's own seed, ``--n 320`` draws the sweep's test set (test.json's number, exactly), but not its dev
+set (the sweep's is ``(seed, 1)`` of the training split): keep the default seed, apart from every
+sweep run's.
 """
 
 from __future__ import annotations
