@@ -55,6 +55,9 @@ CALIBRATION = [
     ("atr-hard/L5-S8192-d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "induction", "induction at layer 1"),
     ("atr-hard/L5-S8192-d64-based-lr1e-3-s0/based_lr0.001_s0_c23be3", "induction", "induction at layer 1"),
     ("atr-hard/L5-S8192-d64-based-lr1e-3-s1/based_lr0.001_s1_5aa6f3", "induction", "induction at layer 1"),
+    # ... and on grammar 20 (the deepest draw at L_max 5), induction with more through the key
+    ("atr-hard/L5-S8192-d64-based-lr1e-3-s0-g20/based_lr0.001_s0_c23be3", "both",
+     "both: induction at layer 1, direct retrieval at layer 1"),
     ("atr-hard/L5-S8192-d64-mamba-lr1e-3-s0/mamba_lr0.001_s0_cb91e7", "direct retrieval", "direct retrieval at layer 1"),
     # L_max 10, |Σ| 20: attention 21.6 points below the paper's cell, where its best run does induction
     ("atr-hard/L10-S20-d64-attention-lr1e-3-s0/attention_lr0.001_s0_9e1ba1", "both",
