@@ -71,3 +71,22 @@ def test_a_checkpoint_without_a_task_is_refused_in_one_line(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "names no task" in error
     assert not (tmp_path / "heldout-8.json").exists()
+
+
+def test_results_md_table_of_4096_documents_reads_the_committed_records():
+    """Each row of docs/results.md's table "the size of the evaluation sets" names its run folder;
+    its four accuracies are that run's summary.json, test.json and heldout-4096.json."""
+    text = (REPO / "docs" / "results.md").read_text()
+    table = text[text.index("| run (`results/atr-split/NAME.toml`)") :].split("\n\n")[0]
+    rows = table.splitlines()[2:]
+    assert len(rows) >= 12
+    for row in rows:
+        name = row.split("`")[1]
+        (scored_file,) = (REPO / "results" / "atr-split" / name).glob("*/heldout-4096.json")
+        records = scored_file.parent
+        dev = json.loads((records / "summary.json").read_text())["dev_acc"]
+        test = json.loads((records / "test.json").read_text())["test_acc"]
+        scored = json.loads(scored_file.read_text())
+        expected = [dev, scored["dev"]["acc"], test, scored["test"]["acc"]]
+        shown = [float(cell.strip(" *")) for column in row.split("|")[2:4] for cell in column.split("/")]
+        assert shown == [round(value, 3) for value in expected], name
